@@ -1,0 +1,38 @@
+//! The seam between the explore driver and whatever runs plans for real.
+//! The GPU backend implements [`Measurer`]; tests can implement it with a mock.
+
+use crate::plan::Plan;
+use crate::timeline::Timeline;
+
+/// What measuring one plan on hardware gives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    /// Median over timed iterations, maximum over ranks, in ms.
+    pub time_ms: f64,
+    /// Max over ranks of ||out - ref|| / ||ref||; `None` when not checked
+    /// (reference-only plans such as gemm-only or comm-only).
+    pub max_rel_err: Option<f64>,
+    /// False when the output was wrong: NaN left from poisoning, error over
+    /// tolerance, or ranks that must agree that do not. A wrong plan's time
+    /// must not be reported as if it were right.
+    pub correct: bool,
+    /// Per-task measured timeline, when asked for.
+    pub timeline: Option<Timeline>,
+}
+
+/// Error type of measurers (a backend's own typed error, boxed).
+pub type MeasureError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Runs plans on real hardware.
+pub trait Measurer {
+    /// Short backend name for reports ("gpu").
+    fn backend(&self) -> &str;
+    /// Device description for reports, e.g. "4x NVIDIA H200".
+    fn device(&self) -> String;
+    /// Prepares fresh random inputs and the sequential reference outputs for
+    /// `plan.problem`; later `measure` calls on plans of the same problem are
+    /// checked against it. `seq` is the lowered sequential plan.
+    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError>;
+    /// Checks (when `check`) and times `plan`; records a per-task timeline when `timeline`.
+    fn measure(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured, MeasureError>;
+}

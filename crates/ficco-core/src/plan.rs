@@ -1,0 +1,240 @@
+//! The plan IR: what one schedule of one operator does on every rank.
+//!
+//! A plan has, per rank, bf16 buffers (2-D, row-major), streams with
+//! priorities, and tasks in issue order. Each task runs on one stream of its
+//! rank; tasks on one stream run in order. Other orderings are explicit
+//! dependencies, which may cross ranks. NCCL tasks with the same `group` on
+//! every rank are one rendezvous (one collective call, or one grouped
+//! send/recv step).
+//!
+//! The simulator, the CPU interpreter and the GPU executor all consume this
+//! type, which is what makes predicted and measured timelines line up.
+
+use crate::schedule::{Priority, Schedule};
+use crate::workload::{Collective, Problem, ELEM_BYTES};
+use serde::{Deserialize, Serialize};
+
+/// Index of a buffer within its rank's plan.
+pub type BufId = usize;
+
+/// What a buffer holds, and so how an executor fills and checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BufferRole {
+    /// Operand A of the rank (the shard for ag-gemm). Filled with input data.
+    InputA,
+    /// Operand B of the rank. Filled with input data.
+    InputB,
+    /// The operator's per-rank output; compared with the reference.
+    Output,
+    /// Intermediate storage.
+    Scratch,
+}
+
+/// A 2-D bf16 buffer of one rank, row-major with leading dimension `cols`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub name: String,
+    pub role: BufferRole,
+    pub rows: usize,
+    pub cols: usize,
+    /// Another rank reads or writes it (peer copies); GPU executors must
+    /// allocate it so that peers can reach it at full NVLink speed.
+    pub peer_visible: bool,
+}
+
+impl Buffer {
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols * ELEM_BYTES
+    }
+}
+
+/// A sub-rectangle of a buffer of the same rank: rows [row, row+rows), cols [col, col+cols).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct View {
+    pub buf: BufId,
+    pub row: usize,
+    pub col: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl View {
+    /// The whole of buffer `buf`, which has `rows` x `cols` elements.
+    pub fn whole(buf: BufId, rows: usize, cols: usize) -> Self {
+        View { buf, row: 0, col: 0, rows, cols }
+    }
+
+    /// Rows [row, row + rows) of a view, all its columns.
+    pub fn rows(&self, row: usize, rows: usize) -> Self {
+        View { row: self.row + row, rows, ..*self }
+    }
+
+    pub fn elems(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.elems() * ELEM_BYTES
+    }
+
+    /// Whether two views of the same rank share any element.
+    pub fn overlaps(&self, other: &View) -> bool {
+        self.buf == other.buf
+            && self.row < other.row + other.rows
+            && other.row < self.row + self.rows
+            && self.col < other.col + other.cols
+            && other.col < self.col + self.cols
+    }
+}
+
+/// A view on a given rank (peer copies name both ends this way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RankView {
+    pub rank: usize,
+    pub view: View,
+}
+
+/// An NCCL operation on this rank's communicator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NcclOp {
+    /// `recv` (P x send elements, rank-major) = gather of every rank's `send`.
+    AllGather { send: View, recv: View },
+    /// `recv` = this rank's block of the sum over ranks of `send` (P x recv elements).
+    ReduceScatter { send: View, recv: View },
+    /// `recv` = sum over ranks of `send`; `send == recv` is in place.
+    AllReduce { send: View, recv: View },
+    /// One grouped call: every send and receive of this step.
+    SendRecv {
+        sends: Vec<(usize, View)>,
+        recvs: Vec<(usize, View)>,
+    },
+}
+
+impl NcclOp {
+    /// Bytes this rank puts on the wire, for cost models.
+    pub fn bytes_sent(&self, gpus: usize) -> usize {
+        match self {
+            NcclOp::AllGather { send, .. } => send.bytes() * (gpus - 1),
+            NcclOp::ReduceScatter { recv, .. } => recv.bytes() * (gpus - 1),
+            NcclOp::AllReduce { recv, .. } => 2 * recv.bytes() * (gpus - 1) / gpus,
+            NcclOp::SendRecv { sends, .. } => sends.iter().map(|(_, v)| v.bytes()).sum(),
+        }
+    }
+
+    pub fn collective(&self) -> Option<Collective> {
+        match self {
+            NcclOp::AllGather { .. } => Some(Collective::AllGather),
+            NcclOp::ReduceScatter { .. } => Some(Collective::ReduceScatter),
+            NcclOp::AllReduce { .. } => Some(Collective::AllReduce),
+            NcclOp::SendRecv { .. } => None,
+        }
+    }
+
+    pub fn short(&self) -> &'static str {
+        match self {
+            NcclOp::AllGather { .. } => "all-gather",
+            NcclOp::ReduceScatter { .. } => "reduce-scatter",
+            NcclOp::AllReduce { .. } => "all-reduce",
+            NcclOp::SendRecv { .. } => "send-recv",
+        }
+    }
+}
+
+/// What a task does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// c = a @ b (bf16 in, f32 accumulate, bf16 out), all views of this rank.
+    Gemm {
+        a: View,
+        b: View,
+        c: View,
+        /// cuBLASLt SM count target, if the schedule sets one.
+        sm_target: Option<usize>,
+    },
+    /// DMA copy; `src` or `dst` is on this rank (pull or push), issued on this rank's stream.
+    Copy { src: RankView, dst: RankView },
+    /// NCCL call; tasks with equal `group` on every rank form one rendezvous.
+    Nccl { group: usize, op: NcclOp },
+    /// dst = sum of srcs (f32 accumulate), all views of this rank with dst's shape.
+    Reduce { srcs: Vec<View>, dst: View },
+}
+
+impl TaskKind {
+    pub fn short(&self) -> &'static str {
+        match self {
+            TaskKind::Gemm { .. } => "gemm",
+            TaskKind::Copy { .. } => "copy",
+            TaskKind::Nccl { op, .. } => op.short(),
+            TaskKind::Reduce { .. } => "reduce",
+        }
+    }
+}
+
+/// A task's identity across the whole plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskId {
+    pub rank: usize,
+    pub index: usize,
+}
+
+/// One unit of work on one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Short human label for traces, e.g. "gemm s1.c0".
+    pub label: String,
+    pub stream: usize,
+    pub kind: TaskKind,
+    /// Tasks that must finish before this one starts (besides stream order).
+    pub deps: Vec<TaskId>,
+}
+
+/// What a stream is for: compute kernels, NCCL, or copy-engine transfers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StreamRole {
+    Compute,
+    Comm,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSpec {
+    pub name: String,
+    pub role: StreamRole,
+    pub priority: Priority,
+}
+
+/// Everything one rank does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankPlan {
+    pub buffers: Vec<Buffer>,
+    pub streams: Vec<StreamSpec>,
+    /// In issue order; an executor enqueues them in this order.
+    pub tasks: Vec<Task>,
+}
+
+impl RankPlan {
+    /// The buffer with `role` (the first one), if any.
+    pub fn buffer_with(&self, role: BufferRole) -> Option<BufId> {
+        self.buffers.iter().position(|b| b.role == role)
+    }
+}
+
+/// A lowered schedule: one `RankPlan` per rank (index = rank).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub problem: Problem,
+    /// The schedule's canonical name, or a reference name ("gemm-only", "comm-only").
+    pub name: String,
+    pub schedule: Option<Schedule>,
+    pub ranks: Vec<RankPlan>,
+}
+
+impl Plan {
+    pub fn task(&self, id: TaskId) -> Option<&Task> {
+        self.ranks.get(id.rank)?.tasks.get(id.index)
+    }
+
+    /// Number of tasks over all ranks.
+    pub fn task_count(&self) -> usize {
+        self.ranks.iter().map(|r| r.tasks.len()).sum()
+    }
+}

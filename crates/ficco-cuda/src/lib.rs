@@ -1,0 +1,1 @@
+//! ficco-cuda: the GPU backend.
