@@ -12,13 +12,21 @@
 //! | [`validate`] | cycles, unordered reads, races |
 //! | [`interp`] | exact CPU interpreter of plans on small integer matrices |
 //! | [`timeline`] | the timeline type shared by simulator and GPU executor |
+//! | [`models`] | model presets expanded into tensor-parallel layer scenarios |
+//! | [`suite`] | suite TOML files → scenarios (+ skipped entries) |
+//! | [`explore`] | the driver: scenario x schedules → predicted/measured report |
+//! | [`report`] | result types, JSON, nccl-tests table, Chrome trace, SVG Gantt, suite summary |
 
 pub mod error;
+pub mod explore;
 pub mod interp;
 pub mod lower;
 pub mod measure;
+pub mod models;
 pub mod plan;
+pub mod report;
 pub mod schedule;
+pub mod suite;
 pub mod timeline;
 pub mod validate;
 pub mod workload;

@@ -1,0 +1,256 @@
+//! The explore driver: one scenario, a list of schedules, a predictor and
+//! optionally a measurer in; a [`ScenarioReport`] out.
+//!
+//! The driver knows nothing of the simulator's or the GPU backend's
+//! internals: the predictor is any `Fn(&Plan) -> Result<Timeline>` and the
+//! measurer any [`Measurer`]. For each schedule it records why it was
+//! skipped (it does not fit the shape, lowering or prediction failed), or
+//! its predicted time and, with a measurer, its measured time and error.
+//! Without a measurer the measured time is the prediction (backend "sim").
+//!
+//! References: `seq` gives T_seq, `gemm-only` T_comp and `comm-only` T_comm.
+//! With a measurer, `prepare` runs once with the seq plan; reference-only
+//! plans are measured unchecked, `seq` and every schedule checked.
+
+use crate::error::{Error, Result};
+use crate::lower;
+use crate::measure::{Measured, Measurer};
+use crate::plan::Plan;
+use crate::report::{Reference, ScenarioReport, ScheduleResult};
+use crate::schedule::{enumerate, Schedule, SpaceOptions};
+use crate::timeline::Timeline;
+use crate::validate;
+use crate::workload::{Op, Problem, Scenario};
+
+/// How plans are made; [`Lowering::STANDARD`] is [`crate::lower`]. Tests and
+/// experiments can substitute hand-built plans.
+#[derive(Debug, Clone, Copy)]
+pub struct Lowering {
+    pub lower: fn(&Problem, &Schedule) -> Result<Plan>,
+    pub gemm_only: fn(&Problem) -> Plan,
+    pub comm_only: fn(&Problem) -> Plan,
+}
+
+impl Lowering {
+    pub const STANDARD: Lowering = Lowering {
+        lower: lower::lower,
+        gemm_only: lower::gemm_only,
+        comm_only: lower::comm_only,
+    };
+}
+
+impl Default for Lowering {
+    fn default() -> Self {
+        Lowering::STANDARD
+    }
+}
+
+/// Options of [`explore`].
+#[derive(Debug, Clone)]
+pub struct ExploreOptions {
+    /// Hardware profile name, reported when simulating.
+    pub hardware: String,
+    /// Keep the timelines of seq and of the best schedule (for traces and SVGs).
+    pub timelines: bool,
+    pub lowering: Lowering,
+}
+
+impl ExploreOptions {
+    pub fn new(hardware: impl Into<String>) -> Self {
+        ExploreOptions {
+            hardware: hardware.into(),
+            timelines: false,
+            lowering: Lowering::STANDARD,
+        }
+    }
+}
+
+/// A plan and its timeline (measured where there was a measurer, else predicted).
+#[derive(Debug, Clone)]
+pub struct PlanRun {
+    pub plan: Plan,
+    pub timeline: Timeline,
+}
+
+/// What [`explore`] found.
+#[derive(Debug, Clone)]
+pub struct Explored {
+    pub report: ScenarioReport,
+    /// The sequential reference, when timelines were asked for.
+    pub seq: Option<PlanRun>,
+    /// The best schedule, when timelines were asked for and one ran.
+    pub best: Option<PlanRun>,
+}
+
+/// The schedules to explore for `op`: `seq` first, then either `only` (when
+/// not empty) or the whole enumerated design space.
+pub fn schedules_for(op: Op, space: SpaceOptions, only: &[Schedule]) -> Vec<Schedule> {
+    if only.is_empty() {
+        return enumerate(op, space);
+    }
+    let mut out = vec![Schedule::SEQ];
+    for s in only {
+        if !out.contains(s) {
+            out.push(*s);
+        }
+    }
+    out
+}
+
+fn backend_err(backend: &str, what: &str, e: crate::measure::MeasureError) -> Error {
+    Error::Io(format!("{backend} backend: {what}: {e}"))
+}
+
+/// Explores `schedules` on `scenario`; see the module doc.
+pub fn explore(
+    scenario: &Scenario,
+    schedules: &[Schedule],
+    predict: &dyn Fn(&Plan) -> Result<Timeline>,
+    mut measurer: Option<&mut dyn Measurer>,
+    opts: &ExploreOptions,
+) -> Result<Explored> {
+    let problem = &scenario.problem;
+    problem.validate()?;
+    let low = opts.lowering;
+    let seq_plan = (low.lower)(problem, &Schedule::SEQ)?;
+    let gemm_plan = (low.gemm_only)(problem);
+    let comm_plan = (low.comm_only)(problem);
+    let seq_pred = predict(&seq_plan)?;
+    let comp_pred = predict(&gemm_plan)?;
+    let comm_pred = predict(&comm_plan)?;
+
+    let (backend, hardware) = match measurer.as_deref() {
+        Some(m) => (m.backend().to_string(), m.device()),
+        None => ("sim".to_string(), opts.hardware.clone()),
+    };
+    // Measured references, or the predictions.
+    let (reference, seq_measured) = match measurer.as_deref_mut() {
+        Some(m) => {
+            m.prepare(&seq_plan)
+                .map_err(|e| backend_err(&backend, "preparing inputs", e))?;
+            let seq = m
+                .measure(&seq_plan, true, opts.timelines)
+                .map_err(|e| backend_err(&backend, "measuring seq", e))?;
+            let comp = m
+                .measure(&gemm_plan, false, false)
+                .map_err(|e| backend_err(&backend, "measuring gemm-only", e))?;
+            let comm = m
+                .measure(&comm_plan, false, false)
+                .map_err(|e| backend_err(&backend, "measuring comm-only", e))?;
+            (
+                Reference::new(seq.time_ms, comp.time_ms, comm.time_ms),
+                Some(seq),
+            )
+        }
+        None => (
+            Reference::new(seq_pred.total_ms, comp_pred.total_ms, comm_pred.total_ms),
+            None,
+        ),
+    };
+
+    let mut report = ScenarioReport::new(scenario, &backend, &hardware, reference);
+    // Plans and predicted timelines of the rows that ran, by row index.
+    let mut ran: Vec<Option<(Plan, Timeline, Option<Timeline>)>> = vec![];
+    for schedule in schedules {
+        let name = schedule.name();
+        if schedule.is_seq() {
+            let (time, err, wrong, measured_tl) = match &seq_measured {
+                Some(m) => (m.time_ms, m.max_rel_err, !m.correct, m.timeline.clone()),
+                None => (seq_pred.total_ms, None, false, None),
+            };
+            report.schedules.push(ScheduleResult::ran(
+                name,
+                time,
+                seq_pred.total_ms,
+                err,
+                wrong,
+            ));
+            ran.push(Some((seq_plan.clone(), seq_pred.clone(), measured_tl)));
+            continue;
+        }
+        if let Some(reason) = schedule.misfit(problem) {
+            report.schedules.push(ScheduleResult::skipped(name, reason));
+            ran.push(None);
+            continue;
+        }
+        let plan = match (low.lower)(problem, schedule).and_then(|p| {
+            validate::validate(&p)?;
+            Ok(p)
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                let reason = match e {
+                    Error::DoesNotFit { reason, .. } => reason,
+                    e => format!("lowering failed: {e}"),
+                };
+                report.schedules.push(ScheduleResult::skipped(name, reason));
+                ran.push(None);
+                continue;
+            }
+        };
+        let pred = match predict(&plan) {
+            Ok(t) => t,
+            Err(e) => {
+                report.schedules.push(ScheduleResult::skipped(
+                    name,
+                    format!("prediction failed: {e}"),
+                ));
+                ran.push(None);
+                continue;
+            }
+        };
+        let row = match measurer.as_deref_mut() {
+            None => ScheduleResult::ran(&name, pred.total_ms, pred.total_ms, None, false),
+            Some(m) => match m.measure(&plan, true, false) {
+                Ok(Measured {
+                    time_ms,
+                    max_rel_err,
+                    correct,
+                    ..
+                }) => ScheduleResult::ran(&name, time_ms, pred.total_ms, max_rel_err, !correct),
+                Err(e) => ScheduleResult::skipped(&name, format!("measurement failed: {e}")),
+            },
+        };
+        let ok = row.skipped.is_none();
+        report.schedules.push(row);
+        ran.push(ok.then_some((plan, pred, None)));
+    }
+    report.finish();
+
+    let mut explored = Explored {
+        report,
+        seq: None,
+        best: None,
+    };
+    if opts.timelines {
+        let seq_tl = seq_measured
+            .and_then(|m| m.timeline)
+            .unwrap_or_else(|| seq_pred.clone());
+        explored.seq = Some(PlanRun {
+            plan: seq_plan,
+            timeline: seq_tl,
+        });
+        let best_idx = explored
+            .report
+            .best
+            .as_ref()
+            .and_then(|b| explored.report.schedules.iter().position(|r| &r.name == b));
+        if let Some((plan, pred, measured_tl)) = best_idx.and_then(|i| ran[i].take()) {
+            // With a measurer, time the best once more with a per-task timeline.
+            let measured_tl = match (measured_tl, measurer) {
+                (Some(t), _) => Some(t),
+                (None, Some(m)) => {
+                    m.measure(&plan, false, true)
+                        .map_err(|e| backend_err(&backend, "recording the best timeline", e))?
+                        .timeline
+                }
+                (None, None) => None,
+            };
+            explored.best = Some(PlanRun {
+                plan,
+                timeline: measured_tl.unwrap_or(pred),
+            });
+        }
+    }
+    Ok(explored)
+}

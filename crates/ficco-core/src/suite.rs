@@ -1,0 +1,233 @@
+//! Suite files: TOML lists of named scenarios, as in `suites/llama3.toml`.
+//!
+//! ```toml
+//! [[scenario]]
+//! name = "llama3-8b.qkv.t2048.p2"
+//! op = "ag-gemm"
+//! m = 2048
+//! k = 4096
+//! n = 3072
+//! gpus = 2
+//! ```
+//!
+//! Entries that ficco cannot run yet (other tables such as `[[concurrent]]`,
+//! or a `[[scenario]]` whose `op` is not an operator of this version) are
+//! returned as [`Skipped`] entries with a reason, so that a newer suite still
+//! runs what it can. A file that cannot be read or is not a valid suite is an
+//! [`Error::Suite`] naming the file and the problem.
+
+use crate::error::{Error, Result};
+use crate::workload::{Op, Problem, Scenario};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// A suite entry that was not loaded, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// The table it came from, e.g. "concurrent" or "scenario".
+    pub kind: String,
+    /// Its `name`, or "#i" (index in its table) when it has none.
+    pub name: String,
+    pub reason: String,
+}
+
+/// The scenarios of one suite file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Suite {
+    /// Where it was read from (for messages).
+    pub origin: String,
+    pub scenarios: Vec<Scenario>,
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: String,
+    op: String,
+    m: i64,
+    k: i64,
+    n: i64,
+    gpus: i64,
+}
+
+/// Reads a suite file.
+pub fn load(path: &Path) -> Result<Suite> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Suite(format!("cannot read '{origin}': {e}")))?;
+    parse(&text, &origin)
+}
+
+/// Parses suite text; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Suite> {
+    let bad = |msg: String| Error::Suite(format!("'{origin}': {msg}"));
+    let doc: toml::Table = toml::from_str(text).map_err(|e| {
+        // toml's message spans several lines (it quotes the source); keep one.
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or("").trim().to_string();
+        let detail = msg.lines().last().unwrap_or("").trim().to_string();
+        bad(format!("not valid TOML: {first} {detail}")
+            .trim()
+            .to_string())
+    })?;
+    let mut suite = Suite {
+        origin: origin.to_string(),
+        scenarios: vec![],
+        skipped: vec![],
+    };
+    let mut names = HashSet::new();
+    for (key, value) in &doc {
+        let Some(entries) = value.as_array() else {
+            return Err(bad(format!(
+                "top-level key '{key}' is not an array of tables ([[{key}]])"
+            )));
+        };
+        for (i, entry) in entries.iter().enumerate() {
+            let Some(table) = entry.as_table() else {
+                return Err(bad(format!("entry {i} of '{key}' is not a table")));
+            };
+            let name = table
+                .get("name")
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("#{i}"));
+            if key != "scenario" {
+                suite.skipped.push(Skipped {
+                    kind: key.clone(),
+                    name,
+                    reason: format!("[[{key}]] entries are not supported yet"),
+                });
+                continue;
+            }
+            if let Some(op) = table.get("op").and_then(|v| v.as_str()) {
+                if op.parse::<Op>().is_err() {
+                    suite.skipped.push(Skipped {
+                        kind: key.clone(),
+                        name,
+                        reason: format!("operator '{op}' is not supported yet"),
+                    });
+                    continue;
+                }
+            }
+            let raw: RawScenario = entry.clone().try_into().map_err(|e: toml::de::Error| {
+                bad(format!("scenario '{name}': {}", one_line(&e)))
+            })?;
+            let dim = |what: &str, v: i64| -> Result<usize> {
+                usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| {
+                    bad(format!(
+                        "scenario '{name}': {what} must be positive, got {v}"
+                    ))
+                })
+            };
+            let op: Op = raw.op.parse()?;
+            let problem = Problem::new(
+                op,
+                dim("m", raw.m)?,
+                dim("k", raw.k)?,
+                dim("n", raw.n)?,
+                dim("gpus", raw.gpus)?,
+            )
+            .map_err(|e| bad(format!("scenario '{name}': {e}")))?;
+            if !names.insert(raw.name.clone()) {
+                return Err(bad(format!("scenario name '{}' appears twice", raw.name)));
+            }
+            suite.scenarios.push(Scenario {
+                name: raw.name,
+                problem,
+            });
+        }
+    }
+    if suite.scenarios.is_empty() && suite.skipped.is_empty() {
+        return Err(bad("no [[scenario]] entries".into()));
+    }
+    Ok(suite)
+}
+
+fn one_line(e: &toml::de::Error) -> String {
+    e.message().lines().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_repo_suite() {
+        let suite = load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../suites/llama3.toml"
+        )))
+        .unwrap();
+        assert_eq!(suite.scenarios.len(), 60);
+        assert_eq!(suite.skipped.len(), 5);
+        assert!(suite.skipped.iter().all(|s| s.kind == "concurrent"));
+        assert_eq!(suite.skipped[0].name, "dp.balanced.p4");
+        let first = &suite.scenarios[0];
+        assert_eq!(first.name, "llama3-8b.qkv.t2048.p2");
+        assert_eq!(
+            first.problem,
+            Problem::new(Op::AgGemm, 2048, 4096, 3072, 2).unwrap()
+        );
+    }
+
+    #[test]
+    fn unknown_ops_are_skipped_not_errors() {
+        let s = parse(
+            "[[scenario]]\nname='x'\nop='a2a-gemm'\nm=8\nk=8\nn=8\ngpus=2\nimbalance=0.3\n\
+             [[scenario]]\nname='y'\nop='gemm-rs'\nm=8\nk=8\nn=8\ngpus=2\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(s.scenarios.len(), 1);
+        assert_eq!(s.skipped[0].name, "x");
+        assert!(s.skipped[0].reason.contains("a2a-gemm"));
+    }
+
+    #[test]
+    fn invalid_files_name_the_file_and_problem() {
+        let cases = [
+            ("[[scenario]\n", "not valid TOML"),
+            (
+                "[[scenario]]\nname='x'\nop='ag-gemm'\nm=8\nk=8\ngpus=2\n",
+                "missing field `n`",
+            ),
+            (
+                "[[scenario]]\nname='x'\nop='ag-gemm'\nm=0\nk=8\nn=8\ngpus=2\n",
+                "m must be positive",
+            ),
+            (
+                "[[scenario]]\nname='x'\nop='ag-gemm'\nm=-4\nk=8\nn=8\ngpus=2\n",
+                "m must be positive",
+            ),
+            (
+                "[[scenario]]\nname='x'\nop='ag-gemm'\nm=2\nk=8\nn=8\ngpus=4\n",
+                "smaller than the GPU count",
+            ),
+            (
+                "[[scenario]]\nname='x'\nop='ag-gemm'\nm=8\nk=8\nn=8\ngpus=2\nfoo=1\n",
+                "unknown field",
+            ),
+            (
+                "[[scenario]]\nname='x'\nop='ag-gemm'\nm=8\nk=8\nn=8\ngpus=2\n\
+                 [[scenario]]\nname='x'\nop='ag-gemm'\nm=8\nk=8\nn=8\ngpus=2\n",
+                "appears twice",
+            ),
+            ("title = 'x'\n", "not an array of tables"),
+            ("", "no [[scenario]]"),
+        ];
+        for (text, want) in cases {
+            let err = parse(text, "my.toml").unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, Error::Suite(_)), "{msg}");
+            assert!(
+                msg.contains("my.toml") && msg.contains(want),
+                "{text:?}: {msg}"
+            );
+            assert!(!msg.contains('\n'), "one line: {msg}");
+        }
+        let err = load(Path::new("/nonexistent/suite.toml")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/suite.toml"), "{err}");
+    }
+}
