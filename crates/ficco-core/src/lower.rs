@@ -663,25 +663,3 @@ impl Builder {
         }
     }
 }
-
-// TODO(lead): temporary stubs so the cli branch builds against the agreed
-// signatures; main's lower.rs replaces this whole file at merge.
-/// The GEMM of the whole problem alone (T_comp).
-pub fn gemm_only(problem: &Problem) -> Plan {
-    Plan {
-        problem: *problem,
-        name: "gemm-only".into(),
-        schedule: None,
-        ranks: vec![],
-    }
-}
-
-/// The reference collective of the whole problem alone (T_comm).
-pub fn comm_only(problem: &Problem) -> Plan {
-    Plan {
-        problem: *problem,
-        name: "comm-only".into(),
-        schedule: None,
-        ranks: vec![],
-    }
-}
