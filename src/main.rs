@@ -1,4 +1,440 @@
 //! The `ficco` command line: thin commands over ficco-core and ficco-cuda.
+//!
+//! Flags are parsed and turned into validated scenarios and schedules before
+//! anything runs; every error is printed as one line `error: ...` on stderr
+//! with exit status 2.
+
+mod backend;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ficco_core::explore::{explore, schedules_for, ExploreOptions, Explored};
+use ficco_core::measure::Measurer;
+use ficco_core::models::{self, ModelSpec};
+use ficco_core::report::{self, ScenarioReport, SuiteReport, TracePanel};
+use ficco_core::schedule::{enumerate, Schedule, SpaceOptions};
+use ficco_core::suite;
+use ficco_core::workload::{Op, Problem, Scenario};
+use ficco_core::Error;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+const DEFAULT_HW: &str = "h200-nvlink";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ficco",
+    version,
+    about = "Fine-grained compute-communication overlap on multi-GPU NVLink nodes",
+    allow_negative_numbers = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the design space of schedules for an operator, one canonical name per line.
+    Schedules(SchedulesArgs),
+    /// Predict (and, on GPUs, measure) every schedule of a scenario, a model or a suite.
+    Explore(ExploreArgs),
+}
+
+#[derive(Args, Debug)]
+struct SchedulesArgs {
+    /// Operator: ag-gemm, gemm-rs or gemm-ar.
+    #[arg(long)]
+    op: String,
+    /// Number of GPUs.
+    #[arg(long, allow_negative_numbers = true)]
+    gpus: i64,
+    /// Include resource-control variants (comm priority, GEMM SM targets).
+    #[arg(long)]
+    controls: bool,
+    /// Hardware profile (for SM targets): a built-in name or a TOML path.
+    #[arg(long, default_value = DEFAULT_HW)]
+    hw: String,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendChoice {
+    /// GPUs when available, else the simulator.
+    Auto,
+    /// The simulator with a hardware profile.
+    Sim,
+    /// Measure on GPUs (error when there are none).
+    Gpu,
+}
+
+#[derive(Args, Debug)]
+struct ExploreArgs {
+    /// Operator of a single scenario: ag-gemm, gemm-rs or gemm-ar (with --m --k --n --gpus).
+    #[arg(long, conflicts_with_all = ["model", "suite", "hidden"], requires_all = ["m", "k", "n", "gpus"])]
+    op: Option<String>,
+    /// Rows of the global GEMM (tokens).
+    #[arg(long, requires = "op")]
+    m: Option<i64>,
+    /// Inner dimension of the per-rank GEMM.
+    #[arg(long, requires = "op")]
+    k: Option<i64>,
+    /// Columns of the per-rank GEMM.
+    #[arg(long, requires = "op")]
+    n: Option<i64>,
+    /// Number of GPUs.
+    #[arg(long, conflicts_with = "suite")]
+    gpus: Option<i64>,
+    /// Model preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b); needs --tokens and --gpus.
+    #[arg(long, conflicts_with_all = ["suite", "hidden"], requires_all = ["tokens", "gpus"])]
+    model: Option<String>,
+    /// Tokens (batch x sequence) for --model or a custom model.
+    #[arg(long)]
+    tokens: Option<i64>,
+    /// Custom model: hidden size (with --ffn --kv --tokens --gpus).
+    #[arg(long, conflicts_with = "suite", requires_all = ["ffn", "kv", "tokens", "gpus"])]
+    hidden: Option<i64>,
+    /// Custom model: FFN size.
+    #[arg(long, requires = "hidden")]
+    ffn: Option<i64>,
+    /// Custom model: kv heads x head dim.
+    #[arg(long, requires = "hidden")]
+    kv: Option<i64>,
+    /// Suite TOML file (e.g. suites/llama3.toml).
+    #[arg(long)]
+    suite: Option<PathBuf>,
+    /// Where to run: auto (GPUs if present, else simulate), sim or gpu.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    backend: BackendChoice,
+    /// Hardware profile for the simulator: a built-in name or a TOML path.
+    #[arg(long, default_value = DEFAULT_HW)]
+    hw: String,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write a Chrome/Perfetto trace of the best schedule and seq.
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
+    /// Write an SVG timeline comparing seq and the best schedule.
+    #[arg(long, value_name = "FILE.svg")]
+    svg: Option<PathBuf>,
+    /// Include resource-control variants in the design space.
+    #[arg(long)]
+    controls: bool,
+    /// Restrict to these schedules (repeatable); seq is always included.
+    #[arg(long = "schedule", value_name = "NAME")]
+    schedules: Vec<String>,
+}
+
 fn main() {
-    println!("ficco");
+    // A bug must still end as one line and exit status 2, never a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "error: internal error (a bug in ficco){at}: {}",
+            one_line(&msg)
+        );
+        std::process::exit(2);
+    }));
+    if let Err(e) = run() {
+        let msg = e
+            .chain()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(": ");
+        eprintln!("error: {}", one_line(&msg));
+        std::process::exit(2);
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn run() -> Result<()> {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version.
+            e.print()?;
+            return Ok(());
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let first = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            bail!("{}", first.trim_start_matches("error: "));
+        }
+    };
+    match cli.command {
+        Command::Schedules(args) => cmd_schedules(args),
+        Command::Explore(args) => cmd_explore(args),
+    }
+}
+
+/// Writes to stdout; a closed pipe (`ficco ... | head`) is not an error.
+fn print(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to stdout"),
+    }
+}
+
+fn positive(name: &str, v: i64) -> Result<usize> {
+    if v <= 0 {
+        return Err(Error::Shape(format!("{name} must be positive, got {v}")).into());
+    }
+    Ok(usize::try_from(v)?)
+}
+
+fn space(controls: bool, hw: &backend::Hw) -> SpaceOptions {
+    SpaceOptions {
+        controls,
+        sm_count: hw.sm_count,
+        nccl_sms: hw.nccl_sms,
+    }
+}
+
+fn cmd_schedules(args: SchedulesArgs) -> Result<()> {
+    let op: Op = args.op.parse()?;
+    let gpus = positive("gpus", args.gpus)?;
+    if gpus < 2 {
+        bail!(Error::Shape(format!(
+            "gpus must be at least 2 for a communication-dependent operator, got {gpus}"
+        )));
+    }
+    let hw = backend::Hw::load(&args.hw)?;
+    let all = enumerate(op, space(args.controls, &hw));
+    let w = all.iter().map(|s| s.name().len()).max().unwrap_or(0);
+    let mut text = format!(
+        "# {} schedules of {op} on {gpus} GPUs (hardware profile '{}')\n# {:<w$}  description\n",
+        all.len(),
+        hw.name,
+        "name",
+    );
+    for s in &all {
+        text += &format!("{:<w$}  {}\n", s.name(), report::describe(s, gpus));
+    }
+    print(&text)
+}
+
+/// The scenarios the flags ask for, validated.
+fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
+    if let Some(path) = &args.suite {
+        let suite = suite::load(path)?;
+        for s in &suite.skipped {
+            eprintln!("ficco: skipped [[{}]] '{}': {}", s.kind, s.name, s.reason);
+        }
+        if suite.scenarios.is_empty() {
+            bail!(Error::Suite(format!(
+                "'{}': no scenario ficco can run",
+                path.display()
+            )));
+        }
+        return Ok(suite.scenarios);
+    }
+    let gpus = args.gpus.map(|g| positive("gpus", g)).transpose()?;
+    if let Some(op) = &args.op {
+        let op: Op = op.parse()?;
+        let (m, k, n) = (
+            positive("m", args.m.unwrap_or(0))?,
+            positive("k", args.k.unwrap_or(0))?,
+            positive("n", args.n.unwrap_or(0))?,
+        );
+        let problem = Problem::new(op, m, k, n, gpus.unwrap_or(0))?;
+        return Ok(vec![Scenario {
+            name: problem.label(),
+            problem,
+        }]);
+    }
+    let model = if let Some(name) = &args.model {
+        models::preset(name)?
+    } else if let Some(h) = args.hidden {
+        ModelSpec::custom(
+            None,
+            positive("hidden", h)?,
+            positive("ffn", args.ffn.unwrap_or(0))?,
+            positive("kv", args.kv.unwrap_or(0))?,
+        )?
+    } else {
+        bail!("say what to explore: --op OP --m M --k K --n N --gpus P, --model NAME --tokens T --gpus P, --hidden H --ffn F --kv KV --tokens T --gpus P, or --suite FILE");
+    };
+    let tokens = positive("tokens", args.tokens.unwrap_or(0))?;
+    Ok(model.scenarios(tokens, gpus.unwrap_or(0))?)
+}
+
+/// `out.json` → `out.SCENARIO.json` when several scenarios each write a file.
+fn per_scenario_path(path: &Path, scenario: &str, several: bool) -> PathBuf {
+    if !several {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{scenario}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{scenario}"),
+    };
+    path.with_file_name(name)
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text)
+        .map_err(|e| Error::Io(format!("cannot write '{}': {e}", path.display())).into())
+}
+
+fn write_timelines(args: &ExploreArgs, ex: &Explored, several: bool) -> Result<()> {
+    let Some(seq) = &ex.seq else { return Ok(()) };
+    let seq_names = report::stream_names(&seq.plan);
+    let seq_panel = TracePanel {
+        title: "seq",
+        timeline: &seq.timeline,
+        stream_names: &seq_names,
+    };
+    let best_title;
+    let best_names;
+    let mut panels = vec![];
+    if let Some(best) = ex.best.as_ref().filter(|b| b.plan.name != "seq") {
+        best_title = format!("best {}", best.plan.name);
+        best_names = report::stream_names(&best.plan);
+        panels.push(TracePanel {
+            title: &best_title,
+            timeline: &best.timeline,
+            stream_names: &best_names,
+        });
+    }
+    let scenario = &ex.report.scenario;
+    if let Some(path) = &args.trace {
+        // Best first (pid = rank), seq after (pid = 1000 + rank).
+        let mut trace_panels = panels.clone();
+        trace_panels.push(seq_panel);
+        let trace = report::chrome_trace(&trace_panels);
+        write_file(
+            &per_scenario_path(path, scenario, several),
+            &serde_json::to_string(&trace)?,
+        )?;
+    }
+    if let Some(path) = &args.svg {
+        let mut svg_panels = vec![seq_panel];
+        svg_panels.extend(panels);
+        write_file(
+            &per_scenario_path(path, scenario, several),
+            &report::svg_gantt(&svg_panels),
+        )?;
+    }
+    Ok(())
+}
+
+fn cmd_explore(args: ExploreArgs) -> Result<()> {
+    let scenarios = scenarios(&args)?;
+    let only: Vec<Schedule> = args
+        .schedules
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    let hw = backend::Hw::load(&args.hw)?;
+    let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
+    let mut measurer: Option<Box<dyn Measurer>> = match args.backend {
+        BackendChoice::Sim => None,
+        BackendChoice::Gpu => Some(backend::gpu_measurer(max_gpus)?),
+        BackendChoice::Auto => match backend::gpu_measurer(max_gpus) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                let reason = one_line(&e.to_string());
+                let reason = reason
+                    .strip_prefix("GPU backend not available: ")
+                    .unwrap_or(&reason);
+                eprintln!(
+                    "ficco: no GPU backend available ({reason}); simulating with hardware profile '{}'",
+                    hw.name
+                );
+                None
+            }
+        },
+    };
+    let space = space(args.controls, &hw);
+    let predict = |plan: &ficco_core::plan::Plan| backend::predict(plan, &hw);
+    let mut opts = ExploreOptions::new(&hw.name);
+    opts.timelines = args.trace.is_some() || args.svg.is_some();
+    let several = scenarios.len() > 1;
+
+    let bar = if several && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(scenarios.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut reports: Vec<ScenarioReport> = vec![];
+    for sc in &scenarios {
+        bar.set_message(sc.name.clone());
+        let schedules = schedules_for(sc.problem.op, space, &only);
+        let ex = explore(
+            sc,
+            &schedules,
+            &predict,
+            measurer.as_deref_mut().map(|m| m as &mut dyn Measurer),
+            &opts,
+        )
+        .with_context(|| format!("scenario '{}'", sc.name))?;
+        if only.iter().all(|s| {
+            ex.report
+                .row(&s.name())
+                .is_some_and(|r| r.skipped.is_some())
+        }) && !only.is_empty()
+            && !several
+        {
+            let why: Vec<String> = ex
+                .report
+                .schedules
+                .iter()
+                .filter_map(|r| Some(format!("{}: {}", r.name, r.skipped.as_ref()?)))
+                .collect();
+            bail!(Error::DoesNotFit {
+                schedule: args.schedules.join(", "),
+                reason: why.join("; "),
+            });
+        }
+        write_timelines(&args, &ex, several)?;
+        reports.push(ex.report);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    if args.json {
+        let text = if several {
+            serde_json::to_string_pretty(&SuiteReport { scenarios: reports })?
+        } else {
+            serde_json::to_string_pretty(&reports[0])?
+        };
+        return print(&(text + "\n"));
+    }
+    let mut text = String::new();
+    for (i, r) in reports.iter().enumerate() {
+        if i > 0 {
+            text.push('\n');
+        }
+        text += &r.table();
+    }
+    if several {
+        text.push('\n');
+        text += &report::summarize(&reports).table();
+    }
+    print(&text)
 }

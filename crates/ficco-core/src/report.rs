@@ -233,7 +233,10 @@ impl ScenarioReport {
         let r = &self.reference;
         let mut s = String::new();
         let _ = writeln!(s, "# ficco explore: {}", self.scenario);
-        let _ = writeln!(s, "# problem: {}", self.problem().label());
+        let label = self.problem().label();
+        if label != self.scenario {
+            let _ = writeln!(s, "# problem: {label}");
+        }
         let _ = writeln!(
             s,
             "# backend: {}   hardware: {}",
@@ -341,6 +344,39 @@ fn ms(x: f64) -> String {
 
 fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map(f).unwrap_or_else(|| "-".into())
+}
+
+/// A short description of a schedule for listings, e.g.
+/// "4 chunks per shard (32 steps), copy engines, all peers at once, 2 compute streams".
+pub fn describe(s: &crate::schedule::Schedule, gpus: usize) -> String {
+    use crate::schedule::{Engine, Granularity, Order, Priority};
+    let gran = match s.granularity {
+        Granularity::Seq => {
+            return "sequential reference: the whole collective, then the GEMM (or the reverse)"
+                .into()
+        }
+        Granularity::Shard => format!("one step per shard ({gpus} steps)"),
+        Granularity::Fine(c) => format!("{c} chunks per shard ({} steps)", c * gpus),
+    };
+    let engine = match s.engine {
+        Engine::Nccl => "NCCL kernels",
+        Engine::Copy => "copy engines (no SMs)",
+    };
+    let order = match s.order {
+        Order::Ring => "one peer per step, staggered",
+        Order::All => "all peers at once",
+    };
+    let mut d = format!("{gran}, {engine}, {order}");
+    if s.compute_streams == 2 {
+        d += ", 2 compute streams";
+    }
+    if let Some(sm) = s.sm_target {
+        d += &format!(", GEMM SM target {sm}");
+    }
+    if s.comm_priority == Priority::High {
+        d += ", high comm priority";
+    }
+    d
 }
 
 // ---------------------------------------------------------------- summary
