@@ -200,8 +200,8 @@ pub fn predict(plan: &Plan, hw: &Hw) -> ficco_core::Result<Timeline> {
 
 /// The GPU backend's measurer for `gpus` GPUs.
 /// TODO(lead): construct the `ficco-cuda` measurer here once the gpu branch lands.
-pub fn gpu_measurer(gpus: usize) -> Result<Box<dyn Measurer>> {
+pub fn gpu_measurer(_gpus: usize) -> Result<Box<dyn Measurer>> {
     Err(anyhow!(
-        "GPU backend not available: the CUDA executor is not wired into this build yet (wanted {gpus} GPUs)"
+        "GPU backend not available: the CUDA executor is not wired into this build yet"
     ))
 }

@@ -39,16 +39,17 @@ enum Command {
     /// List the design space of schedules for an operator, one canonical name per line.
     Schedules(SchedulesArgs),
     /// Predict (and, on GPUs, measure) every schedule of a scenario, a model or a suite.
-    Explore(ExploreArgs),
+    Explore(Box<ExploreArgs>),
 }
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 struct SchedulesArgs {
     /// Operator: ag-gemm, gemm-rs or gemm-ar.
     #[arg(long)]
     op: String,
     /// Number of GPUs.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long)]
     gpus: i64,
     /// Include resource-control variants (comm priority, GEMM SM targets).
     #[arg(long)]
@@ -69,6 +70,7 @@ enum BackendChoice {
 }
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 struct ExploreArgs {
     /// Operator of a single scenario: ag-gemm, gemm-rs or gemm-ar (with --m --k --n --gpus).
     #[arg(long, conflicts_with_all = ["model", "suite", "hidden"], requires_all = ["m", "k", "n", "gpus"])]
@@ -169,17 +171,20 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Err(e) => {
+            // clap's message is a paragraph, then usage and a hint: keep the paragraph.
             let rendered = e.render().to_string();
-            let first = rendered
+            let paragraph = rendered
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            bail!("{}", first.trim_start_matches("error: "));
+                .skip_while(|l| l.trim().is_empty())
+                .take_while(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            bail!("{}", paragraph.trim_start_matches("error: "));
         }
     };
     match cli.command {
         Command::Schedules(args) => cmd_schedules(args),
-        Command::Explore(args) => cmd_explore(args),
+        Command::Explore(args) => cmd_explore(*args),
     }
 }
 
