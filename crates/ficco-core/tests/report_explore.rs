@@ -1,0 +1,299 @@
+//! The explore driver with a fake predictor and a mock measurer.
+
+use ficco_core::error::{Error, Result};
+use ficco_core::explore::{explore, schedules_for, ExploreOptions, Lowering};
+use ficco_core::measure::{MeasureError, Measured, Measurer};
+use ficco_core::plan::{Plan, RankPlan};
+use ficco_core::schedule::{Schedule, SpaceOptions};
+use ficco_core::timeline::{Span, Timeline};
+use ficco_core::workload::{Op, Problem, Scenario};
+use std::collections::HashMap;
+
+fn scenario() -> Scenario {
+    Scenario {
+        name: "tiny".into(),
+        problem: Problem::new(Op::AgGemm, 64, 32, 16, 4).unwrap(),
+    }
+}
+
+/// Predicted time: a fixed table by plan name (unknown names: 1.0 ms).
+fn table_predict(times: HashMap<&'static str, f64>) -> impl Fn(&Plan) -> Result<Timeline> {
+    move |plan: &Plan| {
+        let t = times.get(plan.name.as_str()).copied().unwrap_or(1.0);
+        Ok(Timeline {
+            name: plan.name.clone(),
+            spans: vec![Span {
+                rank: 0,
+                stream: 0,
+                task: 0,
+                label: plan.name.clone(),
+                kind: "gemm".into(),
+                start_ms: 0.0,
+                end_ms: t,
+            }],
+            total_ms: t,
+        })
+    }
+}
+
+fn sched(name: &str) -> Schedule {
+    name.parse().unwrap()
+}
+
+#[derive(Default)]
+struct Mock {
+    prepared: Vec<String>,
+    calls: Vec<(String, bool, bool)>,
+    times: HashMap<String, f64>,
+    wrong: Vec<String>,
+    fail: Vec<String>,
+}
+
+impl Measurer for Mock {
+    fn backend(&self) -> &str {
+        "gpu"
+    }
+    fn device(&self) -> String {
+        "4x Mock GPU".into()
+    }
+    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError> {
+        self.prepared.push(seq.name.clone());
+        Ok(())
+    }
+    fn measure(
+        &mut self,
+        plan: &Plan,
+        check: bool,
+        timeline: bool,
+    ) -> Result<Measured, MeasureError> {
+        self.calls.push((plan.name.clone(), check, timeline));
+        if self.fail.contains(&plan.name) {
+            return Err("out of memory".into());
+        }
+        let time_ms = self.times.get(&plan.name).copied().unwrap_or(2.0);
+        let wrong = self.wrong.contains(&plan.name);
+        Ok(Measured {
+            time_ms,
+            max_rel_err: check.then_some(if wrong { 0.5 } else { 1e-3 }),
+            correct: !wrong,
+            timeline: timeline.then(|| Timeline {
+                name: format!("measured {}", plan.name),
+                spans: vec![],
+                total_ms: time_ms,
+            }),
+        })
+    }
+}
+
+#[test]
+fn sim_reports_predictions_best_and_selected() {
+    let predict = table_predict(HashMap::from([
+        ("seq", 2.0),
+        ("gemm-only", 1.2),
+        ("comm-only", 0.8),
+        ("shard-copy-all", 1.6),
+        ("fine2-copy-all", 1.4),
+    ]));
+    let schedules = [
+        Schedule::SEQ,
+        sched("shard-copy-all"),
+        sched("fine2-copy-all"),
+        sched("fine8-copy-all"),  // 64 rows / (4 x 8): fits
+        sched("fine32-copy-all"), // does not fit
+    ];
+    let mut opts = ExploreOptions::new("h200-nvlink");
+    opts.timelines = true;
+    let ex = explore(&scenario(), &schedules, &predict, None, &opts).unwrap();
+    let r = &ex.report;
+    assert_eq!(r.backend, "sim");
+    assert_eq!(r.hardware, "h200-nvlink");
+    assert_eq!(r.reference.sequential_ms, 2.0);
+    assert_eq!(r.reference.ideal_ms, 1.2);
+    assert_eq!(r.schedules.len(), 5);
+    let fine2 = r.row("fine2-copy-all").unwrap();
+    assert_eq!(fine2.time_ms, Some(1.4));
+    assert_eq!(fine2.predicted_ms, Some(1.4));
+    assert!(fine2.max_rel_err.is_none());
+    assert!((fine2.speedup.unwrap() - 2.0 / 1.4).abs() < 1e-12);
+    assert!((fine2.efficiency.unwrap() - 0.6 / 0.8).abs() < 1e-12);
+    let skipped = r.row("fine32-copy-all").unwrap();
+    assert!(skipped.skipped.as_ref().unwrap().contains("not divisible"));
+    assert!(skipped.time_ms.is_none() && skipped.predicted_ms.is_none());
+    // fine8 is predicted at 1.0 ms (the default), so it is both best and selected.
+    assert_eq!(r.best.as_deref(), Some("fine8-copy-all"));
+    assert_eq!(r.selected.as_deref(), Some("fine8-copy-all"));
+    let seq = ex.seq.unwrap();
+    assert_eq!(seq.plan.name, "seq");
+    assert_eq!(ex.best.unwrap().timeline.total_ms, 1.0);
+}
+
+#[test]
+fn measurer_is_prepared_once_and_wrong_results_are_never_best() {
+    let predict = table_predict(HashMap::from([
+        ("seq", 2.0),
+        ("gemm-only", 1.2),
+        ("comm-only", 0.8),
+        ("shard-copy-all", 1.1),
+        ("fine2-copy-all", 1.5),
+        ("fine4-copy-all", 1.3),
+    ]));
+    let mut mock = Mock {
+        times: HashMap::from([
+            ("seq".to_string(), 2.1),
+            ("gemm-only".to_string(), 1.3),
+            ("comm-only".to_string(), 0.9),
+            ("shard-copy-all".to_string(), 1.0),
+            ("fine2-copy-all".to_string(), 1.5),
+            ("fine4-copy-all".to_string(), 1.4),
+        ]),
+        wrong: vec!["shard-copy-all".into()],
+        fail: vec!["fine4-copy-all".into()],
+        ..Default::default()
+    };
+    let schedules = schedules_for(
+        Op::AgGemm,
+        SpaceOptions::default(),
+        &[
+            sched("shard-copy-all"),
+            sched("fine2-copy-all"),
+            sched("fine4-copy-all"),
+        ],
+    );
+    assert_eq!(schedules[0], Schedule::SEQ);
+    let mut opts = ExploreOptions::new("ignored");
+    opts.timelines = true;
+    let ex = explore(&scenario(), &schedules, &predict, Some(&mut mock), &opts).unwrap();
+    let r = &ex.report;
+    assert_eq!(mock.prepared, vec!["seq".to_string()]);
+    // References: seq checked, gemm-only and comm-only unchecked.
+    assert!(mock.calls.contains(&("seq".into(), true, true)));
+    assert!(mock.calls.contains(&("gemm-only".into(), false, false)));
+    assert!(mock.calls.contains(&("comm-only".into(), false, false)));
+    assert!(mock.calls.contains(&("fine2-copy-all".into(), true, false)));
+    assert_eq!(r.backend, "gpu");
+    assert_eq!(r.hardware, "4x Mock GPU");
+    assert_eq!(r.reference.sequential_ms, 2.1);
+    assert_eq!(r.reference.ideal_ms, 1.3);
+
+    let wrong = r.row("shard-copy-all").unwrap();
+    assert!(wrong.wrong);
+    assert_eq!(wrong.time_ms, Some(1.0));
+    assert_eq!(wrong.max_rel_err, Some(0.5));
+    let failed = r.row("fine4-copy-all").unwrap();
+    assert!(failed.skipped.as_ref().unwrap().contains("out of memory"));
+    // The fastest is wrong: best is the fastest correct one; selection is by prediction.
+    assert_eq!(r.best.as_deref(), Some("fine2-copy-all"));
+    assert_eq!(r.selected.as_deref(), Some("shard-copy-all"));
+    let fine2 = r.row("fine2-copy-all").unwrap();
+    assert_eq!((fine2.time_ms, fine2.predicted_ms), (Some(1.5), Some(1.5)));
+    assert_eq!(fine2.max_rel_err, Some(1e-3));
+    // The best timeline was measured again with a timeline.
+    assert!(mock.calls.contains(&("fine2-copy-all".into(), false, true)));
+    assert_eq!(ex.best.unwrap().timeline.name, "measured fine2-copy-all");
+    assert_eq!(ex.seq.unwrap().timeline.name, "measured seq");
+
+    let json = serde_json::to_value(r).unwrap();
+    let rows = json["schedules"].as_array().unwrap();
+    assert_eq!(rows[1]["wrong"], true);
+    assert!(rows[2].get("wrong").is_none());
+}
+
+/// A plan with one empty rank per GPU (valid: nothing to check).
+fn tiny_plan(problem: &Problem, name: &str) -> Plan {
+    Plan {
+        problem: *problem,
+        name: name.into(),
+        schedule: None,
+        ranks: vec![
+            RankPlan {
+                buffers: vec![],
+                streams: vec![],
+                tasks: vec![],
+            };
+            problem.gpus
+        ],
+    }
+}
+
+#[test]
+fn driver_works_with_hand_built_plans() {
+    fn lower(p: &Problem, s: &Schedule) -> Result<Plan> {
+        match s.name().as_str() {
+            "shard-nccl-ring" => Err(Error::InvalidPlan("boom".into())),
+            "shard-nccl-all" => Err(Error::DoesNotFit {
+                schedule: s.name(),
+                reason: "no room".into(),
+            }),
+            n => Ok(tiny_plan(p, n)),
+        }
+    }
+    let mut opts = ExploreOptions::new("hw");
+    opts.lowering = Lowering {
+        lower,
+        gemm_only: |p| tiny_plan(p, "gemm-only"),
+        comm_only: |p| tiny_plan(p, "comm-only"),
+    };
+    let predict = |plan: &Plan| -> Result<Timeline> {
+        if plan.name == "shard-copy-ring" {
+            return Err(Error::InvalidPlan("cannot simulate".into()));
+        }
+        let t = match plan.name.as_str() {
+            "seq" => 3.0,
+            "gemm-only" => 2.0,
+            "comm-only" => 1.0,
+            _ => 2.5,
+        };
+        Ok(Timeline {
+            name: plan.name.clone(),
+            spans: vec![],
+            total_ms: t,
+        })
+    };
+    let schedules: Vec<Schedule> = [
+        "seq",
+        "shard-nccl-ring",
+        "shard-nccl-all",
+        "shard-copy-ring",
+        "shard-copy-all",
+    ]
+    .iter()
+    .map(|s| sched(s))
+    .collect();
+    let r = explore(&scenario(), &schedules, &predict, None, &opts)
+        .unwrap()
+        .report;
+    let reason = |n: &str| r.row(n).unwrap().skipped.clone().unwrap_or_default();
+    assert!(reason("shard-nccl-ring").contains("lowering failed"));
+    assert_eq!(reason("shard-nccl-all"), "no room");
+    assert!(reason("shard-copy-ring").contains("prediction failed"));
+    assert_eq!(r.best.as_deref(), Some("shard-copy-all"));
+    assert_eq!(r.row("shard-copy-all").unwrap().efficiency, Some(0.5));
+    assert_eq!(r.row("seq").unwrap().efficiency, Some(0.0));
+}
+
+#[test]
+fn invalid_problems_are_errors() {
+    let sc = Scenario {
+        name: "bad".into(),
+        problem: Problem {
+            op: Op::GemmRs,
+            m: 2,
+            k: 8,
+            n: 8,
+            gpus: 4,
+        },
+    };
+    let predict = table_predict(HashMap::new());
+    let err = explore(
+        &sc,
+        &[Schedule::SEQ],
+        &predict,
+        None,
+        &ExploreOptions::new("hw"),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("smaller than the GPU count"),
+        "{err}"
+    );
+}
