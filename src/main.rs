@@ -170,6 +170,9 @@ fn run() -> Result<()> {
             e.print()?;
             return Ok(());
         }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            bail!("a command is required: schedules or explore (see 'ficco --help')");
+        }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
             let rendered = e.render().to_string();

@@ -114,6 +114,7 @@ fn bad_input_is_one_line_and_exit_2() {
         "at least 2",
     );
     assert_fails(&["frobnicate"], "frobnicate");
+    assert_fails(&[], "a command is required");
 }
 
 #[test]
