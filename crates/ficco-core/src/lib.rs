@@ -12,13 +12,19 @@
 //! | [`validate`] | cycles, unordered reads, races |
 //! | [`interp`] | exact CPU interpreter of plans on small integer matrices |
 //! | [`timeline`] | the timeline type shared by simulator and GPU executor |
+//! | [`profile`] | hardware profiles (built in, or TOML files) |
+//! | [`cost`] | the cost model: GEMM, NCCL, copy and reduce times |
+//! | [`sim`] | the discrete-event simulator: plan + profile → timeline |
 
+pub mod cost;
 pub mod error;
 pub mod interp;
 pub mod lower;
 pub mod measure;
 pub mod plan;
+pub mod profile;
 pub mod schedule;
+pub mod sim;
 pub mod timeline;
 pub mod validate;
 pub mod workload;
