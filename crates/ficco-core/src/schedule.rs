@@ -343,7 +343,7 @@ mod tests {
 
     #[test]
     fn misfit_explains_divisibility() {
-        let p = Problem::new(Op::AgGemm, 96, 64, 64, 4).unwrap();
+        let p = Problem::new(Op::AgGemm, 48, 64, 64, 4).unwrap();
         let s: Schedule = "fine8-copy-ring".parse().unwrap();
         let why = s.misfit(&p).unwrap();
         assert!(why.contains("not divisible"), "{why}");
