@@ -10,8 +10,10 @@
 //!   full tile (tile quantization) and a partial last wave costs a full wave
 //!   (wave quantization), which is what makes small chunks inefficient. A
 //!   launch overhead is added, and the time is never below the HBM roofline.
-//!   The tile shape is the one that gives the least time, like a library
-//!   heuristic would pick.
+//!   The tile shape and split-K factor (up to `gemm.max_split_k`, used only
+//!   while output tiles leave SMs idle; each extra split writes and reads f32
+//!   partials) are those that give the least time, as a library heuristic
+//!   would pick.
 //! - **NCCL collectives**: `latency + bus bytes per rank / bus bandwidth`, with
 //!   per-(collective, P) parameters fitted on measurements; bus bytes are
 //!   nccl-tests' (`size·(P-1)/P`, twice that for all-reduce).
@@ -37,7 +39,10 @@ pub fn bytes_per_ms(gbs: f64) -> f64 {
 pub struct GemmCost {
     pub tile_m: usize,
     pub tile_n: usize,
-    /// Output tiles.
+    /// Split-K factor: each output tile is computed as this many pieces of
+    /// depth k / split_k (1 = no split).
+    pub split_k: usize,
+    /// Work tiles (output tiles x split_k).
     pub tiles: usize,
     /// SMs the GEMM runs on.
     pub sms: usize,
@@ -77,19 +82,29 @@ pub fn gemm_cost(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> Ge
     let memory_ms = ((m * k + k * n + m * n) * ELEM_BYTES) as f64 / bytes_per_ms(hw.hbm_gbs);
     let mut best: Option<GemmCost> = None;
     for &[tm, tn] in &hw.gemm.tile_shapes {
-        let tiles = m.div_ceil(tm) * n.div_ceil(tn);
-        let c = GemmCost {
-            tile_m: tm,
-            tile_n: tn,
-            tiles,
-            sms,
-            waves: tiles.div_ceil(sms),
-            wave_ms: tile_ms(hw, tm, tn, k),
-            launch_ms: hw.launch_us * US,
-            memory_ms,
-        };
-        if best.is_none_or(|b| c.total_ms() < b.total_ms()) {
-            best = Some(c);
+        let out_tiles = m.div_ceil(tm) * n.div_ceil(tn);
+        for split_k in 1..=hw.gemm.max_split_k.max(1) {
+            // Split only while it fills idle SMs.
+            if split_k > 1 && out_tiles * (split_k - 1) >= sms {
+                break;
+            }
+            let tiles = out_tiles * split_k;
+            // f32 partials written and read back once more per extra split.
+            let partials = (split_k - 1) as f64 * (m * n * 8) as f64 / bytes_per_ms(hw.hbm_gbs);
+            let c = GemmCost {
+                tile_m: tm,
+                tile_n: tn,
+                split_k,
+                tiles,
+                sms,
+                waves: tiles.div_ceil(sms),
+                wave_ms: tile_ms(hw, tm, tn, k.div_ceil(split_k)),
+                launch_ms: hw.launch_us * US,
+                memory_ms: memory_ms + partials,
+            };
+            if best.is_none_or(|b| c.total_ms() < b.total_ms()) {
+                best = Some(c);
+            }
         }
     }
     best.expect("profile has tile shapes")
@@ -167,10 +182,11 @@ mod tests {
 
     #[test]
     fn waves_quantize() {
-        let hw = hw();
-        let one = gemm_cost(&hw, 128, 4096, 128 * 132, 132);
+        let mut hw = hw();
+        hw.gemm.tile_shapes = vec![[128, 128]];
+        let one = gemm_cost(&hw, 128 * 12, 4096, 128 * 11, 132);
         assert_eq!(one.waves, 1);
-        let c = gemm_cost(&hw, 128, 4096, 128 * 133, 132);
+        let c = gemm_cost(&hw, 128 * 12, 4096, 128 * 12, 132);
         assert_eq!(c.waves, 2);
         assert!(c.total_ms() > 1.9 * (one.total_ms() - one.launch_ms));
         // Fewer SMs, more waves.

@@ -36,6 +36,9 @@ pub struct GemmParams {
     pub sustained_tflops: f64,
     /// Per-tile fixed cost (prologue, epilogue) as extra K elements.
     pub k_overhead: f64,
+    /// Largest split-K factor the library may use when output tiles leave
+    /// SMs idle (1 = never split).
+    pub max_split_k: usize,
 }
 
 /// NVLink of one GPU.

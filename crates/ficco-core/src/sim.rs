@@ -78,11 +78,17 @@ enum State {
 #[derive(Debug, Clone)]
 enum Work {
     Gemm {
-        tiles_left: usize,
+        /// Tiles not yet given an SM.
+        undispatched: usize,
+        /// SM cap (`sm_target`, else every SM).
         cap: usize,
+        /// Time of one tile on one SM, ms.
         wave_ms: f64,
         launch_ms: f64,
-        wave_sms: usize,
+        /// SMs held now, over all waves in flight.
+        held: usize,
+        /// Waves in flight.
+        waves: usize,
     },
     Copy {
         bytes: f64,
@@ -131,7 +137,8 @@ struct Flow {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum ActKind {
-    Wave(usize),
+    /// A GEMM's wave: (task, SMs it holds).
+    Wave(usize, usize),
     Reduce(usize),
     Flow(usize),
 }
@@ -168,10 +175,9 @@ struct Sim<'a> {
     /// Per rank: SMs held (may exceed sm_count with high-priority kernels).
     held: Vec<usize>,
     ce_busy: Vec<usize>,
-    /// Per rank: kernels (NCCL, reduce) waiting for SMs, in launch order.
-    kernel_wait: Vec<Vec<usize>>,
-    /// Per rank: GEMMs waiting for their next wave, kept in launch order.
-    gemm_wait: Vec<Vec<usize>>,
+    /// Per rank: kernels waiting for SMs: NCCL and reduce kernels not yet
+    /// resident, GEMMs with tiles not yet dispatched.
+    sm_wait: Vec<Vec<usize>>,
     ce_wait: Vec<Vec<usize>>,
     dirty: Vec<bool>,
     next_seq: usize,
@@ -239,11 +245,12 @@ impl<'a> Sim<'a> {
                         let cap = sm_target.unwrap_or(hw.sm_count).clamp(1, hw.sm_count);
                         let c = cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap);
                         Work::Gemm {
-                            tiles_left: c.tiles,
+                            undispatched: c.tiles,
                             cap,
                             wave_ms: c.effective_wave_ms(),
                             launch_ms: c.launch_ms,
-                            wave_sms: 0,
+                            held: 0,
+                            waves: 0,
                         }
                     }
                     TaskKind::Copy { src, dst } => {
@@ -329,8 +336,7 @@ impl<'a> Sim<'a> {
             groups,
             held: vec![0; p],
             ce_busy: vec![0; p],
-            kernel_wait: vec![Vec::new(); p],
-            gemm_wait: vec![Vec::new(); p],
+            sm_wait: vec![Vec::new(); p],
             ce_wait: vec![Vec::new(); p],
             dirty: vec![false; p],
             next_seq: 0,
@@ -392,7 +398,7 @@ impl<'a> Sim<'a> {
                     TimerKind::GemmLaunched(i) => {
                         let r = self.nodes[i].rank;
                         self.nodes[i].state = State::Running;
-                        self.gemm_wait[r].push(i);
+                        self.sm_wait[r].push(i);
                         self.dirty[r] = true;
                     }
                     TimerKind::FlowStarts(f) => {
@@ -434,7 +440,7 @@ impl<'a> Sim<'a> {
             }
             Work::Nccl { .. } | Work::Reduce { .. } => {
                 self.nodes[i].state = State::Waiting;
-                self.kernel_wait[r].push(i);
+                self.sm_wait[r].push(i);
                 self.dirty[r] = true;
             }
         }
@@ -452,86 +458,95 @@ impl<'a> Sim<'a> {
                 self.ce_busy[r] += 1;
                 self.start_copy(i);
             }
-            // Kernels first (NCCL, reduce), in launch order.
-            let sm = self.hw.sm_count;
-            let mut k = 0;
-            while k < self.kernel_wait[r].len() {
-                let i = self.kernel_wait[r][k];
-                let free = sm.saturating_sub(self.held[r]);
-                let hi = self.nodes[i].hi;
-                let granted = match self.nodes[i].work {
-                    Work::Nccl { group } => {
-                        let need = self.hw.nccl_sms;
-                        if hi || free >= need {
-                            self.held[r] += need;
-                            self.nodes[i].state = State::Resident;
-                            self.nodes[i].start = self.now;
-                            self.groups[group].resident += 1;
-                            if self.groups[group].resident == self.groups[group].members.len() {
-                                self.start_group(group);
-                            }
-                            true
-                        } else {
-                            false
-                        }
-                    }
-                    Work::Reduce { nominal_ms, .. } => {
-                        let want = self.hw.reduce.full_bw_sms.min(sm);
-                        let got = if hi { want } else { want.min(free) };
-                        if got > 0 {
-                            self.held[r] += got;
-                            self.nodes[i].work = Work::Reduce {
-                                nominal_ms,
-                                sms: got,
-                            };
-                            self.nodes[i].state = State::Running;
-                            self.nodes[i].start = self.now;
-                            self.active.push(Active {
-                                kind: ActKind::Reduce(i),
-                                remaining: nominal_ms,
-                                rate: 0.0,
-                            });
-                            true
-                        } else {
-                            false
-                        }
-                    }
-                    _ => unreachable!("only kernels wait here"),
-                };
-                if granted {
-                    self.kernel_wait[r].remove(k);
-                } else {
-                    k += 1;
-                }
-            }
-            // Then GEMM waves, in launch order.
-            if !self.gemm_wait[r].is_empty() {
-                let nodes = &self.nodes;
-                self.gemm_wait[r].sort_by_key(|&i| nodes[i].seq);
-                while let Some(&i) = self.gemm_wait[r].first() {
-                    let free = sm.saturating_sub(self.held[r]);
-                    if free == 0 {
-                        break;
-                    }
-                    if let Work::Gemm {
-                        tiles_left,
-                        cap,
-                        wave_ms,
-                        ref mut wave_sms,
-                        ..
-                    } = self.nodes[i].work
-                    {
-                        let g = free.min(cap).min(tiles_left);
-                        *wave_sms = g;
+            self.allocate_sms(r);
+        }
+    }
+
+    /// Hands free SMs of rank `r` to waiting kernels: high-priority ones first,
+    /// then in launch order. A GEMM takes as many SMs as it may for its
+    /// undispatched tiles; a normal-priority NCCL or reduce kernel that does
+    /// not fit blocks the kernels launched after it (in-order dispatch).
+    fn allocate_sms(&mut self, r: usize) {
+        if self.sm_wait[r].is_empty() {
+            return;
+        }
+        let sm = self.hw.sm_count;
+        let nodes = &self.nodes;
+        self.sm_wait[r].sort_by_key(|&i| (!nodes[i].hi, nodes[i].seq));
+        let mut k = 0;
+        while k < self.sm_wait[r].len() {
+            let i = self.sm_wait[r][k];
+            let free = sm.saturating_sub(self.held[r]);
+            let hi = self.nodes[i].hi;
+            // Whether the task leaves the queue, and whether later ones may pass it.
+            let (leaves, blocks) = match self.nodes[i].work {
+                Work::Gemm {
+                    ref mut undispatched,
+                    cap,
+                    wave_ms,
+                    ref mut held,
+                    ref mut waves,
+                    ..
+                } => {
+                    let g = free.min(cap.saturating_sub(*held)).min(*undispatched);
+                    if g > 0 {
+                        *undispatched -= g;
+                        *held += g;
+                        *waves += 1;
                         self.held[r] += g;
                         self.active.push(Active {
-                            kind: ActKind::Wave(i),
+                            kind: ActKind::Wave(i, g),
                             remaining: wave_ms,
                             rate: 0.0,
                         });
                     }
-                    self.gemm_wait[r].remove(0);
+                    (*undispatched == 0, false)
                 }
+                Work::Nccl { group } => {
+                    let need = self.hw.nccl_sms;
+                    if hi || free >= need {
+                        self.held[r] += need;
+                        self.nodes[i].state = State::Resident;
+                        self.nodes[i].start = self.now;
+                        self.groups[group].resident += 1;
+                        if self.groups[group].resident == self.groups[group].members.len() {
+                            self.start_group(group);
+                        }
+                        (true, false)
+                    } else {
+                        (false, true)
+                    }
+                }
+                Work::Reduce { nominal_ms, .. } => {
+                    let want = self.hw.reduce.full_bw_sms.min(sm);
+                    let got = if hi { want } else { want.min(free) };
+                    if got > 0 {
+                        self.held[r] += got;
+                        self.nodes[i].work = Work::Reduce {
+                            nominal_ms,
+                            sms: got,
+                        };
+                        self.nodes[i].state = State::Running;
+                        self.nodes[i].start = self.now;
+                        self.active.push(Active {
+                            kind: ActKind::Reduce(i),
+                            remaining: nominal_ms,
+                            rate: 0.0,
+                        });
+                        (true, false)
+                    } else {
+                        (false, true)
+                    }
+                }
+                Work::Copy { .. } => unreachable!("copies wait for copy engines"),
+            };
+            if leaves {
+                self.sm_wait[r].remove(k);
+            } else {
+                k += 1;
+            }
+            if blocks && !hi {
+                break;
             }
         }
     }
@@ -648,25 +663,24 @@ impl<'a> Sim<'a> {
 
     fn finish(&mut self, k: ActKind) {
         match k {
-            ActKind::Wave(i) => {
+            ActKind::Wave(i, g) => {
                 let r = self.nodes[i].rank;
                 let Work::Gemm {
-                    ref mut tiles_left,
-                    ref mut wave_sms,
+                    undispatched,
+                    ref mut held,
+                    ref mut waves,
                     ..
                 } = self.nodes[i].work
                 else {
                     unreachable!()
                 };
-                *tiles_left -= *wave_sms;
-                self.held[r] -= *wave_sms;
-                *wave_sms = 0;
-                let left = *tiles_left;
+                *held -= g;
+                *waves -= 1;
+                let finished = undispatched == 0 && *waves == 0;
+                self.held[r] -= g;
                 self.dirty[r] = true;
-                if left == 0 {
+                if finished {
                     self.complete(i);
-                } else {
-                    self.gemm_wait[r].push(i);
                 }
             }
             ActKind::Reduce(i) => {
@@ -718,7 +732,7 @@ impl<'a> Sim<'a> {
         let mut copy_on = vec![false; p];
         for a in &self.active {
             match a.kind {
-                ActKind::Wave(i) => gemm_on[self.nodes[i].rank] = true,
+                ActKind::Wave(i, _) => gemm_on[self.nodes[i].rank] = true,
                 ActKind::Flow(f) => {
                     let fl = &self.flows[f];
                     for &r in &fl.ranks {
@@ -755,7 +769,7 @@ impl<'a> Sim<'a> {
         let full = self.hw.reduce.full_bw_sms as f64;
         for a in &mut self.active {
             match a.kind {
-                ActKind::Wave(i) => {
+                ActKind::Wave(i, _) => {
                     let r = self.nodes[i].rank;
                     let mut s: f64 = 1.0;
                     if nccl_on[r] {
