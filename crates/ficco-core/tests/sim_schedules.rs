@@ -142,3 +142,29 @@ fn overlap_beats_seq_on_the_mission_shape() {
     }
     assert!(t < 0.9 * seq, "best {best} {t} vs seq {seq}");
 }
+
+#[test]
+fn simulated_seq_plan_equals_the_cost_model_on_every_anchor_scenario() {
+    let hw = hw();
+    for line in include_str!("../data/anchor-h200x4.jsonl").lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let get = |k: &str| v[k].as_u64().unwrap() as usize;
+        let op: Op = v["op"].as_str().unwrap().parse().unwrap();
+        let p = Problem::new(op, get("m"), get("k"), get("n"), get("gpus")).unwrap();
+        let t = simulate(&lower(&p, &Schedule::SEQ).unwrap(), &hw)
+            .unwrap()
+            .total_ms;
+        let want = cost::problem_seq_ms(&hw, &p);
+        assert!(
+            (t / want - 1.0).abs() < 1e-6,
+            "{}: {t} vs {want}",
+            p.label()
+        );
+        let measured = v["seq_ms"].as_f64().unwrap();
+        assert!(
+            (t / measured - 1.0).abs() < 0.3,
+            "{}: {t} vs {measured}",
+            p.label()
+        );
+    }
+}
