@@ -9,21 +9,24 @@
 //!   dependencies (which may cross ranks) are done. NCCL tasks with the same
 //!   group form one rendezvous: the transfer starts when every member's kernel
 //!   is resident on its GPU, and all members end together.
-//! - **SMs** (per GPU). A GEMM runs in waves: at the start of each wave it
-//!   takes `min(free SMs, sm_target, tiles left)` SMs and holds them for one
-//!   tile time, so wave and tile quantization fall out of the model, and a
-//!   second GEMM (another compute stream) fills the SMs left in the first's
-//!   tail. An NCCL kernel holds `nccl_sms` SMs from the moment it is resident
-//!   until its collective ends (also while it waits for late peers). A reduce
-//!   kernel takes up to `reduce.full_bw_sms` SMs and runs proportionally
-//!   slower with fewer.
-//! - **Priority.** Kernels waiting for SMs are served at each release of SMs
-//!   (a GEMM wave's end, a kernel's end): NCCL and reduce kernels first, in
-//!   launch order, then GEMM waves in launch order. So a normal-priority NCCL
-//!   kernel launched while a GEMM holds every SM waits for that GEMM's current
-//!   wave of tiles to drain (unless `sm_target` leaves room), while a kernel on
-//!   a high-priority stream is resident at once, oversubscribing the SMs: the
-//!   GEMM's next waves get fewer SMs.
+//! - **SMs** (per GPU). A GEMM is a pool of tiles (see [`crate::cost`]);
+//!   whenever SMs are free it dispatches a wave of `min(free SMs, sm_target -
+//!   SMs it holds, tiles left)` tiles, each held for one tile time. So wave
+//!   and tile quantization fall out of the model, SMs freed mid-wave are
+//!   taken at once by a GEMM with tiles left, and a second GEMM (another
+//!   compute stream) only gets the SMs the first leaves in its tail. An NCCL
+//!   kernel holds `nccl_sms` SMs from the moment it is resident until its
+//!   collective ends (also while it waits for late peers). A reduce kernel
+//!   takes up to `reduce.full_bw_sms` SMs and runs proportionally slower with
+//!   fewer.
+//! - **Priority** (in-order block dispatch). Kernels wanting SMs are served
+//!   high-priority streams first, then in launch order; a normal-priority
+//!   NCCL or reduce kernel that does not fit blocks those launched after it.
+//!   So a normal-priority NCCL kernel launched while an earlier GEMM still
+//!   has tiles to dispatch waits until the GEMM's last wave is dispatched
+//!   (unless `sm_target` leaves it room), while one on a high-priority stream
+//!   is resident at once, oversubscribing the SMs: the GEMM's later waves get
+//!   fewer SMs.
 //! - **Copy engines** (per GPU). A copy takes one of the issuing rank's copy
 //!   engines (FIFO when all are busy) and no SMs.
 //! - **NVLink** (full switch). Each GPU has an egress and an ingress capacity
