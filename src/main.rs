@@ -223,7 +223,7 @@ fn cmd_schedules(args: SchedulesArgs) -> Result<()> {
             "gpus must be at least 2 for a communication-dependent operator, got {gpus}"
         )));
     }
-    let hw = backend::Hw::load(&args.hw)?;
+    let hw = backend::load_hw(&args.hw)?;
     let all = enumerate(op, space(args.controls, &hw));
     let w = all.iter().map(|s| s.name().len()).max().unwrap_or(0);
     let mut text = format!(
@@ -353,7 +353,7 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
         .iter()
         .map(|s| s.parse())
         .collect::<Result<_, _>>()?;
-    let hw = backend::Hw::load(&args.hw)?;
+    let hw = backend::load_hw(&args.hw)?;
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
     let mut measurer: Option<Box<dyn Measurer>> = match args.backend {
         BackendChoice::Sim => None,

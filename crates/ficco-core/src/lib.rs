@@ -16,7 +16,11 @@
 //! | [`suite`] | suite TOML files → scenarios (+ skipped entries) |
 //! | [`explore`] | the driver: scenario x schedules → predicted/measured report |
 //! | [`report`] | result types, JSON, nccl-tests table, Chrome trace, SVG Gantt, suite summary |
+//! | [`profile`] | hardware profiles (built in, or TOML files) |
+//! | [`cost`] | the cost model: GEMM, NCCL, copy and reduce times |
+//! | [`sim`] | the discrete-event simulator: plan + profile → timeline |
 
+pub mod cost;
 pub mod error;
 pub mod explore;
 pub mod interp;
@@ -24,8 +28,10 @@ pub mod lower;
 pub mod measure;
 pub mod models;
 pub mod plan;
+pub mod profile;
 pub mod report;
 pub mod schedule;
+pub mod sim;
 pub mod suite;
 pub mod timeline;
 pub mod validate;

@@ -1,0 +1,216 @@
+//! The cost model: pure functions from shapes and a [`HwProfile`] to times in
+//! milliseconds. The simulator ([`crate::sim`]) uses the same pieces, so a
+//! task that runs alone in a simulation takes exactly the time given here.
+//!
+//! Modelling assumptions:
+//! - **GEMM** (`c[m,n] = a[m,k] @ b[k,n]`, bf16): the output is cut into tiles
+//!   of one of the profile's shapes; each SM computes one tile at a time, so a
+//!   GEMM on `s` SMs runs `waves = ceil(tiles / s)` waves, each taking
+//!   `2·tm·tn·(k + k_overhead) / (sustained / sm_count)`. Partial tiles cost a
+//!   full tile (tile quantization) and a partial last wave costs a full wave
+//!   (wave quantization), which is what makes small chunks inefficient. A
+//!   launch overhead is added, and the time is never below the HBM roofline.
+//!   The tile shape and split-K factor (up to `gemm.max_split_k`, used only
+//!   while output tiles leave SMs idle; each extra split writes and reads f32
+//!   partials) are those that give the least time, as a library heuristic
+//!   would pick.
+//! - **NCCL collectives**: `latency + bus bytes per rank / bus bandwidth`, with
+//!   per-(collective, P) parameters fitted on measurements; bus bytes are
+//!   nccl-tests' (`size·(P-1)/P`, twice that for all-reduce).
+//! - **Grouped send/recv**: `latency + max(bytes sent, bytes received) / p2p bw`.
+//! - **Copy engine**: `latency + bytes / min(copy-engine bw, usable NVLink bw)`.
+//! - **Reduce**: `launch + (sources + 1)·bytes / HBM bandwidth` (read every
+//!   source, write the result), at full bandwidth with `full_bw_sms` SMs.
+//! - **Sequential reference**: collective then GEMM with no gap between them
+//!   (the GEMM is launched behind the collective on the device).
+
+use crate::profile::HwProfile;
+use crate::workload::{Collective, Op, Problem, ELEM_BYTES};
+
+const US: f64 = 1e-3;
+
+/// Bytes per millisecond of a bandwidth in GB/s.
+pub fn bytes_per_ms(gbs: f64) -> f64 {
+    gbs * 1e6
+}
+
+/// How a GEMM is cut into tiles and waves on a given number of SMs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmCost {
+    pub tile_m: usize,
+    pub tile_n: usize,
+    /// Split-K factor: each output tile is computed as this many pieces of
+    /// depth k / split_k (1 = no split).
+    pub split_k: usize,
+    /// Work tiles (output tiles x split_k).
+    pub tiles: usize,
+    /// SMs the GEMM runs on.
+    pub sms: usize,
+    /// ceil(tiles / sms).
+    pub waves: usize,
+    /// Time of one wave (one tile per SM), ms.
+    pub wave_ms: f64,
+    /// Launch overhead, ms.
+    pub launch_ms: f64,
+    /// HBM roofline floor of the whole GEMM (excluding launch), ms.
+    pub memory_ms: f64,
+}
+
+impl GemmCost {
+    /// Total time alone: launch + max(waves x wave time, memory floor).
+    pub fn total_ms(&self) -> f64 {
+        self.launch_ms + (self.waves as f64 * self.wave_ms).max(self.memory_ms)
+    }
+
+    /// Time per wave once the memory floor is accounted for (the floor is
+    /// spread over the waves), ms.
+    pub fn effective_wave_ms(&self) -> f64 {
+        let compute = self.waves as f64 * self.wave_ms;
+        self.wave_ms * (self.memory_ms / compute).max(1.0)
+    }
+}
+
+/// Time of one tile of `tm x tn` over depth `k`, ms (one SM).
+pub fn tile_ms(hw: &HwProfile, tm: usize, tn: usize, k: usize) -> f64 {
+    let per_sm_flops_per_ms = hw.gemm.sustained_tflops * 1e9 / hw.sm_count as f64;
+    2.0 * tm as f64 * tn as f64 * (k as f64 + hw.gemm.k_overhead) / per_sm_flops_per_ms
+}
+
+/// The tiling with the least time for `m x k x n` on `sms` SMs (at least 1).
+pub fn gemm_cost(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> GemmCost {
+    let sms = sms.clamp(1, hw.sm_count);
+    let memory_ms = ((m * k + k * n + m * n) * ELEM_BYTES) as f64 / bytes_per_ms(hw.hbm_gbs);
+    let mut best: Option<GemmCost> = None;
+    for &[tm, tn] in &hw.gemm.tile_shapes {
+        let out_tiles = m.div_ceil(tm) * n.div_ceil(tn);
+        for split_k in 1..=hw.gemm.max_split_k.max(1) {
+            // Split only while it fills idle SMs.
+            if split_k > 1 && out_tiles * (split_k - 1) >= sms {
+                break;
+            }
+            let tiles = out_tiles * split_k;
+            // f32 partials written and read back once more per extra split.
+            let partials = (split_k - 1) as f64 * (m * n * 8) as f64 / bytes_per_ms(hw.hbm_gbs);
+            let c = GemmCost {
+                tile_m: tm,
+                tile_n: tn,
+                split_k,
+                tiles,
+                sms,
+                waves: tiles.div_ceil(sms),
+                wave_ms: tile_ms(hw, tm, tn, k.div_ceil(split_k)),
+                launch_ms: hw.launch_us * US,
+                memory_ms: memory_ms + partials,
+            };
+            if best.is_none_or(|b| c.total_ms() < b.total_ms()) {
+                best = Some(c);
+            }
+        }
+    }
+    best.expect("profile has tile shapes")
+}
+
+/// GEMM time alone on `sms` SMs, ms.
+pub fn gemm_ms(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> f64 {
+    gemm_cost(hw, m, k, n, sms).total_ms()
+}
+
+/// Bus bytes per rank of a collective whose NCCL "size" is `size` bytes.
+pub fn bus_bytes(coll: Collective, size: usize, gpus: usize) -> f64 {
+    let f = (gpus - 1) as f64 / gpus as f64;
+    match coll {
+        Collective::AllGather | Collective::ReduceScatter => size as f64 * f,
+        Collective::AllReduce => 2.0 * size as f64 * f,
+    }
+}
+
+/// Time of one NCCL collective over `gpus` ranks whose NCCL "size" (the
+/// gathered buffer for all-gather, the input for reduce-scatter, the buffer
+/// for all-reduce) is `size` bytes, ms.
+pub fn collective_ms(hw: &HwProfile, coll: Collective, size: usize, gpus: usize) -> f64 {
+    let p = hw.collective(coll, gpus);
+    p.latency_us * US + bus_bytes(coll, size, gpus) / bytes_per_ms(p.bus_gbs)
+}
+
+/// Time of one grouped NCCL send/recv step in which a rank sends `sent` and
+/// receives `received` bytes, ms.
+pub fn sendrecv_ms(hw: &HwProfile, sent: usize, received: usize) -> f64 {
+    hw.nccl.p2p_latency_us * US + sent.max(received) as f64 / bytes_per_ms(hw.nccl.p2p_bus_gbs)
+}
+
+/// Bandwidth of one copy-engine transfer alone, GB/s.
+pub fn copy_gbs(hw: &HwProfile) -> f64 {
+    hw.copy_engine.bw_gbs.min(hw.nvlink.usable_gbs)
+}
+
+/// Time of one copy-engine transfer of `bytes` alone (peer or local), ms.
+pub fn copy_ms(hw: &HwProfile, bytes: usize) -> f64 {
+    hw.copy_engine.latency_us * US + bytes as f64 / bytes_per_ms(copy_gbs(hw))
+}
+
+/// Time of a reduce kernel summing `srcs` views of `bytes` each into one, ms.
+pub fn reduce_ms(hw: &HwProfile, srcs: usize, bytes: usize) -> f64 {
+    hw.reduce.launch_us * US + ((srcs + 1) * bytes) as f64 / bytes_per_ms(hw.hbm_gbs)
+}
+
+/// The GEMM of the sequential reference alone (all SMs), ms. For ag-gemm
+/// this is the gathered [M, K] x [K, N].
+pub fn problem_gemm_ms(hw: &HwProfile, p: &Problem) -> f64 {
+    gemm_ms(hw, p.m, p.k, p.n, hw.sm_count)
+}
+
+/// The collective of the sequential reference alone, ms.
+pub fn problem_comm_ms(hw: &HwProfile, p: &Problem) -> f64 {
+    collective_ms(hw, p.op.collective(), p.comm_bytes(), p.gpus)
+}
+
+/// The sequential reference: collective then GEMM (ag-gemm), or GEMM then
+/// collective (gemm-rs, gemm-ar), with no gap, ms.
+pub fn problem_seq_ms(hw: &HwProfile, p: &Problem) -> f64 {
+    match p.op {
+        Op::AgGemm | Op::GemmRs | Op::GemmAr => problem_comm_ms(hw, p) + problem_gemm_ms(hw, p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hw() -> HwProfile {
+        HwProfile::builtin("h200-nvlink").unwrap()
+    }
+
+    #[test]
+    fn waves_quantize() {
+        let mut hw = hw();
+        hw.gemm.tile_shapes = vec![[128, 128]];
+        let one = gemm_cost(&hw, 128 * 12, 4096, 128 * 11, 132);
+        assert_eq!(one.waves, 1);
+        let c = gemm_cost(&hw, 128 * 12, 4096, 128 * 12, 132);
+        assert_eq!(c.waves, 2);
+        assert!(c.total_ms() > 1.9 * (one.total_ms() - one.launch_ms));
+        // Fewer SMs, more waves.
+        assert!(
+            gemm_ms(&hw, 4096, 4096, 4096, 66) > 1.9 * gemm_ms(&hw, 4096, 4096, 4096, 132) - 0.01
+        );
+    }
+
+    #[test]
+    fn small_chunks_are_less_efficient() {
+        let hw = hw();
+        let whole = gemm_ms(&hw, 8192, 8192, 2560, 132);
+        let chunks = 32.0 * gemm_ms(&hw, 256, 8192, 2560, 132);
+        assert!(chunks > 1.1 * whole, "{chunks} vs {whole}");
+    }
+
+    #[test]
+    fn mission_bandwidths() {
+        let hw = hw();
+        // 256 MiB copy GPU0->1: 0.69 ms measured.
+        let t = copy_ms(&hw, 256 << 20);
+        assert!((t - 0.69).abs() < 0.03, "{t}");
+        // All-gather, 32 MiB per rank, 4 GPUs: 0.35 ms measured.
+        let t = collective_ms(&hw, Collective::AllGather, 4 * (32 << 20), 4);
+        assert!((t - 0.35).abs() < 0.05, "{t}");
+    }
+}

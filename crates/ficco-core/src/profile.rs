@@ -1,0 +1,368 @@
+//! Hardware profiles: the named, file-backed description of a multi-GPU node
+//! that the cost model ([`crate::cost`]) and the simulator ([`crate::sim`])
+//! read. This is the "network + compute hardware" layer in ASTRA-sim's terms.
+//!
+//! A profile is a TOML file. Two are built in (embedded from
+//! `crates/ficco-core/profiles/`):
+//!
+//! - `h200-nvlink`: 4x H200 on NVSwitch, calibrated against the 60 measured
+//!   scenarios of `data/anchor-h200x4.jsonl` and the bandwidths of MISSION.md.
+//! - `h100-nvlink`: derived from `h200-nvlink` by public specs, not calibrated.
+//!
+//! Any other profile is a TOML file with the same fields; [`HwProfile::load`]
+//! takes a built-in name or a path. Units are in the field names: `_us`
+//! microseconds, `_gbs` GB/s (1e9 bytes per second), `_tflops` 1e12 FLOP/s.
+//!
+//! Modelling assumptions the fields encode:
+//! - Full-switch topology: every GPU reaches every other at the same speed,
+//!   and the bottleneck is each GPU's NVLink egress and ingress.
+//! - NCCL collectives run at a per-(collective, P) bus bandwidth after a fixed
+//!   latency, and their kernels hold `nccl_sms` SMs while they run.
+//! - Contention is a set of constant time multipliers (see [`Contention`]).
+
+use crate::error::{Error, Result};
+use crate::workload::Collective;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// GEMM efficiency parameters (see [`crate::cost::gemm_cost`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmParams {
+    /// Output tile shapes `[rows, cols]` a cuBLASLt-like library may pick; the
+    /// model takes whichever gives the least time.
+    pub tile_shapes: Vec<[usize; 2]>,
+    /// Whole-GPU throughput at which full tiles complete, TFLOP/s.
+    pub sustained_tflops: f64,
+    /// Per-tile fixed cost (prologue, epilogue) as extra K elements.
+    pub k_overhead: f64,
+    /// Largest split-K factor the library may use when output tiles leave
+    /// SMs idle (1 = never split).
+    pub max_split_k: usize,
+}
+
+/// NVLink of one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkParams {
+    /// Only "switch" (full NVSwitch crossbar) is modelled.
+    pub topology: String,
+    /// Spec bandwidth per direction per GPU, GB/s (documentation).
+    pub bw_gbs: f64,
+    /// Bandwidth transfers reach per direction per GPU, GB/s: the capacity of
+    /// each GPU's egress and of its ingress in the simulator.
+    pub usable_gbs: f64,
+    /// One-way latency, µs.
+    pub latency_us: f64,
+}
+
+/// DMA copy engines of one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopyEngineParams {
+    /// Copy engines usable for peer copies (asyncEngineCount).
+    pub count: usize,
+    /// Bandwidth of one copy engine, GB/s.
+    pub bw_gbs: f64,
+    /// Fixed cost of one copy (launch and DMA setup), µs.
+    pub latency_us: f64,
+}
+
+/// One collective's calibrated bus bandwidth at one GPU count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveParams {
+    pub kind: Collective,
+    pub gpus: usize,
+    /// Bus bytes per rank per second, GB/s (nccl-tests' busbw).
+    pub bus_gbs: f64,
+    pub latency_us: f64,
+}
+
+/// NCCL parameters besides `HwProfile::nccl_sms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclParams {
+    /// Grouped send/recv: bytes per rank per second (the larger of what a rank
+    /// sends and what it receives), GB/s.
+    pub p2p_bus_gbs: f64,
+    pub p2p_latency_us: f64,
+    /// Per-(collective, P) parameters.
+    pub collective: Vec<CollectiveParams>,
+}
+
+/// Memory-bound reduce kernels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReduceParams {
+    /// SMs a reduce kernel needs to reach full HBM bandwidth; with fewer it
+    /// runs proportionally slower.
+    pub full_bw_sms: usize,
+    pub launch_us: f64,
+}
+
+/// Contention between compute and communication, as time multipliers (≥ 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Contention {
+    /// GEMM tiles run this much slower while an NCCL transfer runs on the GPU
+    /// (HBM and L2 traffic; the SMs NCCL holds are accounted separately).
+    pub gemm_slowdown_nccl: f64,
+    /// GEMM tiles run this much slower while a copy-engine transfer reads or
+    /// writes the GPU's HBM.
+    pub gemm_slowdown_copy: f64,
+    /// NCCL transfers run this much slower while a GEMM runs on any of their GPUs.
+    pub nccl_slowdown_gemm: f64,
+    /// Copy-engine transfers run this much slower while a GEMM runs on either end.
+    pub copy_slowdown_gemm: f64,
+}
+
+/// A hardware profile (see the module doc).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HwProfile {
+    pub name: String,
+    pub description: String,
+    /// SMs per GPU.
+    pub sm_count: usize,
+    /// Dense bf16 peak, TFLOP/s (documentation and roofline).
+    pub bf16_peak_tflops: f64,
+    /// HBM bandwidth, GB/s.
+    pub hbm_gbs: f64,
+    /// SMs an NCCL kernel occupies while it runs.
+    pub nccl_sms: usize,
+    /// Kernel launch overhead, µs.
+    pub launch_us: f64,
+    pub gemm: GemmParams,
+    pub nvlink: LinkParams,
+    pub copy_engine: CopyEngineParams,
+    pub nccl: NcclParams,
+    pub reduce: ReduceParams,
+    pub contention: Contention,
+}
+
+const BUILTIN: [(&str, &str); 2] = [
+    ("h200-nvlink", include_str!("../profiles/h200-nvlink.toml")),
+    ("h100-nvlink", include_str!("../profiles/h100-nvlink.toml")),
+];
+
+const BUILTIN_NAMES: [&str; 2] = [BUILTIN[0].0, BUILTIN[1].0];
+
+impl HwProfile {
+    /// Names of the built-in profiles.
+    pub fn builtin_names() -> &'static [&'static str] {
+        &BUILTIN_NAMES
+    }
+
+    /// A built-in profile by name.
+    pub fn builtin(name: &str) -> Result<HwProfile> {
+        let (_, text) = BUILTIN
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| unknown(name))?;
+        Self::from_toml(text).map_err(|e| Error::Profile(format!("built-in '{name}': {e}")))
+    }
+
+    /// A built-in name, or the path of a TOML profile file.
+    pub fn load(name_or_path: &str) -> Result<HwProfile> {
+        if BUILTIN_NAMES.contains(&name_or_path) {
+            return Self::builtin(name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        let looks_like_path = name_or_path.ends_with(".toml")
+            || name_or_path.contains('/')
+            || name_or_path.contains('\\');
+        if !path.exists() && !looks_like_path {
+            return Err(unknown(name_or_path));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Profile(format!("cannot read profile file '{name_or_path}': {e}"))
+        })?;
+        Self::from_toml(&text)
+            .map_err(|e| Error::Profile(format!("profile file '{name_or_path}': {e}")))
+    }
+
+    /// Parses and checks a profile from TOML text.
+    pub fn from_toml(text: &str) -> std::result::Result<HwProfile, String> {
+        let hw: HwProfile = toml::from_str(text).map_err(|e| e.to_string())?;
+        hw.check()?;
+        Ok(hw)
+    }
+
+    /// Checks that every quantity is usable (positive, multipliers ≥ 1, ...).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let pos = |what: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{what} must be positive, got {v}"))
+            }
+        };
+        let nonneg = |what: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{what} must be zero or more, got {v}"))
+            }
+        };
+        if self.sm_count == 0 {
+            return Err("sm_count must be positive".into());
+        }
+        if self.nccl_sms >= self.sm_count {
+            return Err(format!(
+                "nccl_sms = {} must be less than sm_count = {}",
+                self.nccl_sms, self.sm_count
+            ));
+        }
+        pos("bf16_peak_tflops", self.bf16_peak_tflops)?;
+        pos("hbm_gbs", self.hbm_gbs)?;
+        nonneg("launch_us", self.launch_us)?;
+        if self.gemm.tile_shapes.is_empty()
+            || self.gemm.tile_shapes.iter().any(|t| t[0] == 0 || t[1] == 0)
+        {
+            return Err(
+                "gemm.tile_shapes needs at least one [rows, cols] with both positive".into(),
+            );
+        }
+        pos("gemm.sustained_tflops", self.gemm.sustained_tflops)?;
+        nonneg("gemm.k_overhead", self.gemm.k_overhead)?;
+        if self.nvlink.topology != "switch" {
+            return Err(format!(
+                "nvlink.topology '{}' is not modelled (only \"switch\")",
+                self.nvlink.topology
+            ));
+        }
+        pos("nvlink.bw_gbs", self.nvlink.bw_gbs)?;
+        pos("nvlink.usable_gbs", self.nvlink.usable_gbs)?;
+        nonneg("nvlink.latency_us", self.nvlink.latency_us)?;
+        if self.copy_engine.count == 0 {
+            return Err("copy_engine.count must be positive".into());
+        }
+        pos("copy_engine.bw_gbs", self.copy_engine.bw_gbs)?;
+        nonneg("copy_engine.latency_us", self.copy_engine.latency_us)?;
+        pos("nccl.p2p_bus_gbs", self.nccl.p2p_bus_gbs)?;
+        nonneg("nccl.p2p_latency_us", self.nccl.p2p_latency_us)?;
+        for c in [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllReduce,
+        ] {
+            if !self.nccl.collective.iter().any(|p| p.kind == c) {
+                return Err(format!("nccl.collective has no entry for {}", c.name()));
+            }
+        }
+        for p in &self.nccl.collective {
+            pos("nccl.collective.bus_gbs", p.bus_gbs)?;
+            nonneg("nccl.collective.latency_us", p.latency_us)?;
+            if p.gpus < 2 {
+                return Err(format!(
+                    "nccl.collective.gpus must be at least 2, got {}",
+                    p.gpus
+                ));
+            }
+        }
+        if self.reduce.full_bw_sms == 0 {
+            return Err("reduce.full_bw_sms must be positive".into());
+        }
+        nonneg("reduce.launch_us", self.reduce.launch_us)?;
+        let c = &self.contention;
+        for (what, v) in [
+            ("contention.gemm_slowdown_nccl", c.gemm_slowdown_nccl),
+            ("contention.gemm_slowdown_copy", c.gemm_slowdown_copy),
+            ("contention.nccl_slowdown_gemm", c.nccl_slowdown_gemm),
+            ("contention.copy_slowdown_gemm", c.copy_slowdown_gemm),
+        ] {
+            if !(v.is_finite() && v >= 1.0) {
+                return Err(format!(
+                    "{what} is a time multiplier and must be at least 1, got {v}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parameters of `kind` at `gpus` ranks: the entry with the largest
+    /// listed P not above `gpus`, or else the smallest listed P.
+    pub fn collective(&self, kind: Collective, gpus: usize) -> &CollectiveParams {
+        let of_kind = || self.nccl.collective.iter().filter(move |p| p.kind == kind);
+        of_kind()
+            .filter(|p| p.gpus <= gpus)
+            .max_by_key(|p| p.gpus)
+            .or_else(|| of_kind().min_by_key(|p| p.gpus))
+            .expect("checked: every collective has an entry")
+    }
+}
+
+fn unknown(name: &str) -> Error {
+    Error::Profile(format!(
+        "unknown hardware profile '{name}' (built in: {}; or give a TOML file path)",
+        BUILTIN_NAMES.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_load_and_check() {
+        for name in HwProfile::builtin_names() {
+            let hw = HwProfile::builtin(name).unwrap();
+            assert_eq!(&hw.name, name);
+            assert_eq!(HwProfile::load(name).unwrap(), hw);
+        }
+        assert!(HwProfile::builtin("h100-nvlink")
+            .unwrap()
+            .description
+            .contains("not calibrated"));
+    }
+
+    #[test]
+    fn unknown_names_and_bad_files_say_why() {
+        let e = HwProfile::load("a100").unwrap_err().to_string();
+        assert!(e.contains("unknown hardware profile 'a100'"), "{e}");
+        assert!(e.contains("h200-nvlink, h100-nvlink"), "{e}");
+        let e = HwProfile::load("/nonexistent/x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot read"), "{e}");
+        let dir = std::env::temp_dir().join(format!("ficco-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "name = 3").unwrap();
+        let e = HwProfile::load(bad.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad.toml"), "{e}");
+        let good = dir.join("mine.toml");
+        let text = BUILTIN[0]
+            .1
+            .replace("name = \"h200-nvlink\"", "name = \"mine\"");
+        std::fs::write(&good, text).unwrap();
+        assert_eq!(
+            HwProfile::load(good.to_str().unwrap()).unwrap().name,
+            "mine"
+        );
+        let neg = dir.join("neg.toml");
+        std::fs::write(
+            &neg,
+            BUILTIN[0]
+                .1
+                .replace("sustained_tflops = 770.0", "sustained_tflops = -1.0"),
+        )
+        .unwrap();
+        let e = HwProfile::load(neg.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sustained_tflops must be positive"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn collective_falls_back_to_nearest_smaller_p() {
+        let hw = HwProfile::builtin("h200-nvlink").unwrap();
+        assert_eq!(hw.collective(Collective::AllGather, 8).gpus, 4);
+        assert_eq!(hw.collective(Collective::AllGather, 3).gpus, 2);
+        assert_eq!(hw.collective(Collective::AllReduce, 2).gpus, 2);
+    }
+}

@@ -1,0 +1,876 @@
+//! The discrete-event simulator: a [`Plan`] and a [`HwProfile`] in, a
+//! predicted [`Timeline`] out. It is the "system + network" layer in ASTRA-sim's
+//! terms: one event queue over every rank, resources per GPU, and fluid rates
+//! recomputed at every event.
+//!
+//! # What it models
+//!
+//! - **Ordering.** A task starts when its stream predecessor and its explicit
+//!   dependencies (which may cross ranks) are done. NCCL tasks with the same
+//!   group form one rendezvous: the transfer starts when every member's kernel
+//!   is resident on its GPU, and all members end together.
+//! - **SMs** (per GPU). A GEMM is a pool of tiles (see [`crate::cost`]);
+//!   whenever SMs are free it dispatches a wave of `min(free SMs, sm_target -
+//!   SMs it holds, tiles left)` tiles, each held for one tile time. So wave
+//!   and tile quantization fall out of the model, SMs freed mid-wave are
+//!   taken at once by a GEMM with tiles left, and a second GEMM (another
+//!   compute stream) only gets the SMs the first leaves in its tail. An NCCL
+//!   kernel holds `nccl_sms` SMs from the moment it is resident until its
+//!   collective ends (also while it waits for late peers). A reduce kernel
+//!   takes up to `reduce.full_bw_sms` SMs and runs proportionally slower with
+//!   fewer.
+//! - **Priority** (in-order block dispatch). Kernels wanting SMs are served
+//!   high-priority streams first, then in launch order; a normal-priority
+//!   NCCL or reduce kernel that does not fit blocks those launched after it.
+//!   So a normal-priority NCCL kernel launched while an earlier GEMM still
+//!   has tiles to dispatch waits until the GEMM's last wave is dispatched
+//!   (unless `sm_target` leaves it room), while one on a high-priority stream
+//!   is resident at once, oversubscribing the SMs: the GEMM's later waves get
+//!   fewer SMs.
+//! - **Copy engines** (per GPU). A copy takes one of the issuing rank's copy
+//!   engines (FIFO when all are busy) and no SMs.
+//! - **NVLink** (full switch). Each GPU has an egress and an ingress capacity
+//!   (`nvlink.usable_gbs`). Every transfer in flight (copy, collective, send/
+//!   recv) is a flow with its own rate cap (copy-engine bandwidth, NCCL bus
+//!   bandwidth); rates are max-min fair over the links, recomputed at every
+//!   event. A transfer first spends its fixed latency, then moves its bytes.
+//! - **Contention.** While any NCCL transfer runs on a GPU, its GEMM waves run
+//!   `gemm_slowdown_nccl` times slower; while a copy reads or writes the GPU,
+//!   `gemm_slowdown_copy` (the larger applies). While a GEMM wave runs on one
+//!   of its GPUs, an NCCL transfer's rate cap is divided by
+//!   `nccl_slowdown_gemm` and a copy's by `copy_slowdown_gemm`.
+//!
+//! A task that runs alone takes exactly its [`crate::cost`] time, so the
+//! sequential plan (one collective, then one GEMM) simulates to
+//! `cost::problem_seq_ms`.
+//!
+//! Span starts are when the task begins to occupy its resource: a GEMM at
+//! launch, a copy when it gets a copy engine, an NCCL kernel when it is
+//! resident (so waiting for peers is inside its span), a reduce when it gets SMs.
+//!
+//! A plan in which some task can never start (a dependency cycle, or a
+//! rendezvous a rank never reaches) is an [`Error::InvalidPlan`] naming it.
+
+use crate::cost;
+use crate::error::{Error, Result};
+use crate::plan::{NcclOp, Plan, TaskId, TaskKind};
+use crate::profile::HwProfile;
+use crate::schedule::Priority;
+use crate::timeline::{Span, Timeline};
+use std::collections::HashMap;
+
+const EPS: f64 = 1e-12;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    /// Waiting for predecessors.
+    Blocked,
+    /// GEMM: launch overhead running (timer).
+    Launching,
+    /// Waiting for SMs (kernels) or a copy engine (copies).
+    Waiting,
+    /// NCCL kernel resident, waiting for the rendezvous or in it.
+    Resident,
+    /// Copy: latency phase or transfer.
+    Moving,
+    /// GEMM between or inside waves, reduce running.
+    Running,
+    Done,
+}
+
+#[derive(Debug, Clone)]
+enum Work {
+    Gemm {
+        /// Tiles not yet given an SM.
+        undispatched: usize,
+        /// SM cap (`sm_target`, else every SM).
+        cap: usize,
+        /// Time of one tile on one SM, ms.
+        wave_ms: f64,
+        launch_ms: f64,
+        /// SMs held now, over all waves in flight.
+        held: usize,
+        /// Waves in flight.
+        waves: usize,
+    },
+    Copy {
+        bytes: f64,
+        src: usize,
+        dst: usize,
+    },
+    Nccl {
+        group: usize,
+    },
+    Reduce {
+        nominal_ms: f64,
+        sms: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    rank: usize,
+    index: usize,
+    hi: bool,
+    work: Work,
+    preds_left: usize,
+    succs: Vec<usize>,
+    state: State,
+    start: f64,
+    end: f64,
+    /// Launch order among kernels of the rank (FIFO for SMs).
+    seq: usize,
+}
+
+/// A transfer in flight.
+#[derive(Debug, Clone)]
+struct Flow {
+    /// Tasks that end when the flow ends.
+    members: Vec<usize>,
+    /// (resource, bytes on it per byte of progress); resource r < P is
+    /// egress of GPU r, P + r ingress of GPU r.
+    usage: Vec<(usize, f64)>,
+    /// Bytes to move per rank (the progress unit).
+    usage_work: f64,
+    /// Rate cap alone, bytes/ms.
+    cap: f64,
+    is_copy: bool,
+    ranks: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ActKind {
+    /// A GEMM's wave: (task, SMs it holds).
+    Wave(usize, usize),
+    Reduce(usize),
+    Flow(usize),
+}
+
+#[derive(Debug, Clone)]
+struct Active {
+    kind: ActKind,
+    remaining: f64,
+    rate: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum TimerKind {
+    GemmLaunched(usize),
+    /// Latency phase of a flow is over: it starts moving bytes.
+    FlowStarts(usize),
+}
+
+struct Group {
+    members: Vec<usize>,
+    resident: usize,
+}
+
+struct Sim<'a> {
+    plan: &'a Plan,
+    hw: &'a HwProfile,
+    p: usize,
+    nodes: Vec<Node>,
+    now: f64,
+    timers: Vec<(f64, TimerKind)>,
+    active: Vec<Active>,
+    flows: Vec<Flow>,
+    groups: Vec<Group>,
+    /// Per rank: SMs held (may exceed sm_count with high-priority kernels).
+    held: Vec<usize>,
+    ce_busy: Vec<usize>,
+    /// Per rank: kernels waiting for SMs: NCCL and reduce kernels not yet
+    /// resident, GEMMs with tiles not yet dispatched.
+    sm_wait: Vec<Vec<usize>>,
+    ce_wait: Vec<Vec<usize>>,
+    dirty: Vec<bool>,
+    next_seq: usize,
+    done: usize,
+}
+
+/// Simulates `plan` on `hw` and returns the predicted timeline.
+pub fn simulate(plan: &Plan, hw: &HwProfile) -> Result<Timeline> {
+    let mut sim = Sim::new(plan, hw)?;
+    sim.run(plan)?;
+    let spans = sim
+        .nodes
+        .iter()
+        .map(|n| {
+            let task = &plan.ranks[n.rank].tasks[n.index];
+            Span {
+                rank: n.rank,
+                stream: task.stream,
+                task: n.index,
+                label: task.label.clone(),
+                kind: task.kind.short().to_string(),
+                start_ms: n.start,
+                end_ms: n.end,
+            }
+        })
+        .collect();
+    Ok(Timeline {
+        name: plan.name.clone(),
+        spans,
+        total_ms: 0.0,
+    }
+    .finish())
+}
+
+impl<'a> Sim<'a> {
+    fn new(plan: &'a Plan, hw: &'a HwProfile) -> Result<Self> {
+        let p = plan.ranks.len();
+        let mut offset = Vec::with_capacity(p);
+        let mut total = 0;
+        for rp in &plan.ranks {
+            offset.push(total);
+            total += rp.tasks.len();
+        }
+        let gid = |id: TaskId| -> Option<usize> {
+            let rp = plan.ranks.get(id.rank)?;
+            (id.index < rp.tasks.len()).then(|| offset[id.rank] + id.index)
+        };
+        let mut nodes = Vec::with_capacity(total);
+        let mut group_ix: HashMap<usize, usize> = HashMap::new();
+        let mut groups: Vec<Group> = Vec::new();
+        for (rank, rp) in plan.ranks.iter().enumerate() {
+            for (index, task) in rp.tasks.iter().enumerate() {
+                let stream = rp.streams.get(task.stream).ok_or_else(|| {
+                    Error::InvalidPlan(format!(
+                        "task '{}' (rank {rank}, index {index}) is on stream {} but rank {rank} has {} streams",
+                        task.label,
+                        task.stream,
+                        rp.streams.len()
+                    ))
+                })?;
+                let work = match &task.kind {
+                    TaskKind::Gemm {
+                        a, b, sm_target, ..
+                    } => {
+                        let cap = sm_target.unwrap_or(hw.sm_count).clamp(1, hw.sm_count);
+                        let c = cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap);
+                        Work::Gemm {
+                            undispatched: c.tiles,
+                            cap,
+                            wave_ms: c.effective_wave_ms(),
+                            launch_ms: c.launch_ms,
+                            held: 0,
+                            waves: 0,
+                        }
+                    }
+                    TaskKind::Copy { src, dst } => {
+                        if src.rank >= p || dst.rank >= p || (src.rank != rank && dst.rank != rank)
+                        {
+                            return Err(Error::InvalidPlan(format!(
+                                "copy '{}' on rank {rank} must read or write rank {rank} (src rank {}, dst rank {}, {p} ranks)",
+                                task.label, src.rank, dst.rank
+                            )));
+                        }
+                        Work::Copy {
+                            bytes: src.view.bytes() as f64,
+                            src: src.rank,
+                            dst: dst.rank,
+                        }
+                    }
+                    TaskKind::Nccl { group, .. } => {
+                        let gi = *group_ix.entry(*group).or_insert_with(|| {
+                            groups.push(Group {
+                                members: Vec::new(),
+                                resident: 0,
+                            });
+                            groups.len() - 1
+                        });
+                        groups[gi].members.push(nodes.len());
+                        Work::Nccl { group: gi }
+                    }
+                    TaskKind::Reduce { srcs, dst } => Work::Reduce {
+                        nominal_ms: cost::reduce_ms(hw, srcs.len(), dst.bytes()),
+                        sms: 0,
+                    },
+                };
+                nodes.push(Node {
+                    rank,
+                    index,
+                    hi: stream.priority == Priority::High,
+                    work,
+                    preds_left: 0,
+                    succs: Vec::new(),
+                    state: State::Blocked,
+                    start: f64::NAN,
+                    end: f64::NAN,
+                    seq: 0,
+                });
+            }
+        }
+        // Stream order and explicit dependencies.
+        for (rank, rp) in plan.ranks.iter().enumerate() {
+            let mut last_on_stream: HashMap<usize, usize> = HashMap::new();
+            for (index, task) in rp.tasks.iter().enumerate() {
+                let me = offset[rank] + index;
+                let mut preds: Vec<usize> = Vec::with_capacity(task.deps.len() + 1);
+                if let Some(&prev) = last_on_stream.get(&task.stream) {
+                    preds.push(prev);
+                }
+                last_on_stream.insert(task.stream, me);
+                for &d in &task.deps {
+                    let g = gid(d).ok_or_else(|| {
+                        Error::InvalidPlan(format!(
+                            "task '{}' (rank {rank}, index {index}) depends on rank {} task {}, which does not exist",
+                            task.label, d.rank, d.index
+                        ))
+                    })?;
+                    preds.push(g);
+                }
+                preds.sort_unstable();
+                preds.dedup();
+                nodes[me].preds_left = preds.len();
+                for pr in preds {
+                    nodes[pr].succs.push(me);
+                }
+            }
+        }
+        Ok(Sim {
+            plan,
+            hw,
+            p,
+            nodes,
+            now: 0.0,
+            timers: Vec::new(),
+            active: Vec::new(),
+            flows: Vec::new(),
+            groups,
+            held: vec![0; p],
+            ce_busy: vec![0; p],
+            sm_wait: vec![Vec::new(); p],
+            ce_wait: vec![Vec::new(); p],
+            dirty: vec![false; p],
+            next_seq: 0,
+            done: 0,
+        })
+    }
+
+    fn run(&mut self, plan: &Plan) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].preds_left == 0 {
+                self.launch(i);
+            }
+        }
+        loop {
+            self.allocate();
+            if self.done == self.nodes.len() {
+                return Ok(());
+            }
+            self.update_rates();
+            // Next event.
+            let mut t_next = f64::INFINITY;
+            for &(t, _) in &self.timers {
+                t_next = t_next.min(t);
+            }
+            for a in &self.active {
+                if a.rate > 0.0 {
+                    t_next = t_next.min(self.now + a.remaining / a.rate);
+                }
+            }
+            if !t_next.is_finite() {
+                return Err(self.deadlock(plan));
+            }
+            let t_next = t_next.max(self.now);
+            let dt = t_next - self.now;
+            self.now = t_next;
+            // Fluid progress and completions.
+            let mut finished: Vec<ActKind> = Vec::new();
+            let now = self.now;
+            self.active.retain_mut(|a| {
+                if a.rate > 0.0 && a.remaining / a.rate <= dt + EPS * now.max(1.0) {
+                    finished.push(a.kind);
+                    false
+                } else {
+                    a.remaining -= a.rate * dt;
+                    true
+                }
+            });
+            let mut fired: Vec<TimerKind> = Vec::new();
+            self.timers.retain(|&(t, k)| {
+                if t <= now + EPS * now.max(1.0) {
+                    fired.push(k);
+                    false
+                } else {
+                    true
+                }
+            });
+            for k in fired {
+                match k {
+                    TimerKind::GemmLaunched(i) => {
+                        let r = self.nodes[i].rank;
+                        self.nodes[i].state = State::Running;
+                        self.sm_wait[r].push(i);
+                        self.dirty[r] = true;
+                    }
+                    TimerKind::FlowStarts(f) => {
+                        let remaining = self.flow_work(f);
+                        self.active.push(Active {
+                            kind: ActKind::Flow(f),
+                            remaining,
+                            rate: 0.0,
+                        });
+                    }
+                }
+            }
+            for k in finished {
+                self.finish(k);
+            }
+        }
+    }
+
+    /// Bytes a flow moves (its progress unit).
+    fn flow_work(&self, f: usize) -> f64 {
+        self.flows[f].usage_work
+    }
+
+    fn launch(&mut self, i: usize) {
+        let r = self.nodes[i].rank;
+        self.nodes[i].seq = self.next_seq;
+        self.next_seq += 1;
+        match self.nodes[i].work {
+            Work::Gemm { launch_ms, .. } => {
+                self.nodes[i].state = State::Launching;
+                self.nodes[i].start = self.now;
+                self.timers
+                    .push((self.now + launch_ms, TimerKind::GemmLaunched(i)));
+            }
+            Work::Copy { .. } => {
+                self.nodes[i].state = State::Waiting;
+                self.ce_wait[r].push(i);
+                self.dirty[r] = true;
+            }
+            Work::Nccl { .. } | Work::Reduce { .. } => {
+                self.nodes[i].state = State::Waiting;
+                self.sm_wait[r].push(i);
+                self.dirty[r] = true;
+            }
+        }
+    }
+
+    /// Hands free SMs and copy engines to waiting tasks on every dirty rank.
+    fn allocate(&mut self) {
+        for r in 0..self.p {
+            if !std::mem::take(&mut self.dirty[r]) {
+                continue;
+            }
+            // Copy engines.
+            while self.ce_busy[r] < self.hw.copy_engine.count && !self.ce_wait[r].is_empty() {
+                let i = self.ce_wait[r].remove(0);
+                self.ce_busy[r] += 1;
+                self.start_copy(i);
+            }
+            self.allocate_sms(r);
+        }
+    }
+
+    /// Hands free SMs of rank `r` to waiting kernels: high-priority ones first,
+    /// then in launch order. A GEMM takes as many SMs as it may for its
+    /// undispatched tiles; a normal-priority NCCL or reduce kernel that does
+    /// not fit blocks the kernels launched after it (in-order dispatch).
+    fn allocate_sms(&mut self, r: usize) {
+        if self.sm_wait[r].is_empty() {
+            return;
+        }
+        let sm = self.hw.sm_count;
+        let nodes = &self.nodes;
+        self.sm_wait[r].sort_by_key(|&i| (!nodes[i].hi, nodes[i].seq));
+        let mut k = 0;
+        while k < self.sm_wait[r].len() {
+            let i = self.sm_wait[r][k];
+            let free = sm.saturating_sub(self.held[r]);
+            let hi = self.nodes[i].hi;
+            // Whether the task leaves the queue, and whether later ones may pass it.
+            let (leaves, blocks) = match self.nodes[i].work {
+                Work::Gemm {
+                    ref mut undispatched,
+                    cap,
+                    wave_ms,
+                    ref mut held,
+                    ref mut waves,
+                    ..
+                } => {
+                    let g = free.min(cap.saturating_sub(*held)).min(*undispatched);
+                    if g > 0 {
+                        *undispatched -= g;
+                        *held += g;
+                        *waves += 1;
+                        self.held[r] += g;
+                        self.active.push(Active {
+                            kind: ActKind::Wave(i, g),
+                            remaining: wave_ms,
+                            rate: 0.0,
+                        });
+                    }
+                    (*undispatched == 0, false)
+                }
+                Work::Nccl { group } => {
+                    let need = self.hw.nccl_sms;
+                    if hi || free >= need {
+                        self.held[r] += need;
+                        self.nodes[i].state = State::Resident;
+                        self.nodes[i].start = self.now;
+                        self.groups[group].resident += 1;
+                        if self.groups[group].resident == self.groups[group].members.len() {
+                            self.start_group(group);
+                        }
+                        (true, false)
+                    } else {
+                        (false, true)
+                    }
+                }
+                Work::Reduce { nominal_ms, .. } => {
+                    let want = self.hw.reduce.full_bw_sms.min(sm);
+                    let got = if hi { want } else { want.min(free) };
+                    if got > 0 {
+                        self.held[r] += got;
+                        self.nodes[i].work = Work::Reduce {
+                            nominal_ms,
+                            sms: got,
+                        };
+                        self.nodes[i].state = State::Running;
+                        self.nodes[i].start = self.now;
+                        self.active.push(Active {
+                            kind: ActKind::Reduce(i),
+                            remaining: nominal_ms,
+                            rate: 0.0,
+                        });
+                        (true, false)
+                    } else {
+                        (false, true)
+                    }
+                }
+                Work::Copy { .. } => unreachable!("copies wait for copy engines"),
+            };
+            if leaves {
+                self.sm_wait[r].remove(k);
+            } else {
+                k += 1;
+            }
+            if blocks && !hi {
+                break;
+            }
+        }
+    }
+
+    fn start_copy(&mut self, i: usize) {
+        let Work::Copy { bytes, src, dst } = self.nodes[i].work else {
+            unreachable!()
+        };
+        self.nodes[i].state = State::Moving;
+        self.nodes[i].start = self.now;
+        let p = self.p;
+        let (usage, cap) = if src == dst {
+            (
+                Vec::new(),
+                cost::bytes_per_ms(cost::copy_gbs(self.hw).min(self.hw.hbm_gbs / 2.0)),
+            )
+        } else {
+            (
+                vec![(src, 1.0), (p + dst, 1.0)],
+                cost::bytes_per_ms(cost::copy_gbs(self.hw)),
+            )
+        };
+        let f = self.flows.len();
+        self.flows.push(Flow {
+            members: vec![i],
+            usage,
+            usage_work: bytes,
+            cap,
+            is_copy: true,
+            ranks: if src == dst {
+                vec![src]
+            } else {
+                vec![src, dst]
+            },
+        });
+        let lat = self.hw.copy_engine.latency_us * 1e-3;
+        self.timers.push((self.now + lat, TimerKind::FlowStarts(f)));
+    }
+
+    fn start_group(&mut self, g: usize) {
+        let members = self.groups[g].members.clone();
+        let p = self.p;
+        let gpus = members.len();
+        let hw = self.hw;
+        let mut usage = Vec::new();
+        let mut ranks = Vec::new();
+        let (work, cap, lat_ms);
+        let first = &self.nodes[members[0]];
+        let first_op = self.op_of(first.rank, first.index);
+        match first_op.collective() {
+            Some(coll) => {
+                let cp = hw.collective(coll, gpus.max(2));
+                work = first_op.bytes_sent(gpus.max(2)) as f64;
+                cap = cost::bytes_per_ms(cp.bus_gbs);
+                lat_ms = cp.latency_us * 1e-3;
+                for &m in &members {
+                    let r = self.nodes[m].rank;
+                    usage.push((r, 1.0));
+                    usage.push((p + r, 1.0));
+                    ranks.push(r);
+                }
+            }
+            None => {
+                let mut sent = vec![0.0; p];
+                let mut recv = vec![0.0; p];
+                for &m in &members {
+                    let r = self.nodes[m].rank;
+                    ranks.push(r);
+                    if let NcclOp::SendRecv { sends, recvs } = self.op_of(r, self.nodes[m].index) {
+                        sent[r] += sends.iter().map(|(_, v)| v.bytes() as f64).sum::<f64>();
+                        recv[r] += recvs.iter().map(|(_, v)| v.bytes() as f64).sum::<f64>();
+                    }
+                }
+                let w = sent
+                    .iter()
+                    .chain(recv.iter())
+                    .fold(0.0f64, |a, &b| a.max(b));
+                work = w;
+                cap = cost::bytes_per_ms(hw.nccl.p2p_bus_gbs);
+                lat_ms = hw.nccl.p2p_latency_us * 1e-3;
+                if w > 0.0 {
+                    for r in 0..p {
+                        if sent[r] > 0.0 {
+                            usage.push((r, sent[r] / w));
+                        }
+                        if recv[r] > 0.0 {
+                            usage.push((p + r, recv[r] / w));
+                        }
+                    }
+                }
+            }
+        }
+        ranks.sort_unstable();
+        ranks.dedup();
+        let f = self.flows.len();
+        self.flows.push(Flow {
+            members,
+            usage,
+            usage_work: work,
+            cap,
+            is_copy: false,
+            ranks,
+        });
+        self.timers
+            .push((self.now + lat_ms, TimerKind::FlowStarts(f)));
+    }
+
+    fn op_of(&self, rank: usize, index: usize) -> &'a NcclOp {
+        match &self.plan.ranks[rank].tasks[index].kind {
+            TaskKind::Nccl { op, .. } => op,
+            _ => unreachable!("group members are NCCL tasks"),
+        }
+    }
+
+    fn finish(&mut self, k: ActKind) {
+        match k {
+            ActKind::Wave(i, g) => {
+                let r = self.nodes[i].rank;
+                let Work::Gemm {
+                    undispatched,
+                    ref mut held,
+                    ref mut waves,
+                    ..
+                } = self.nodes[i].work
+                else {
+                    unreachable!()
+                };
+                *held -= g;
+                *waves -= 1;
+                let finished = undispatched == 0 && *waves == 0;
+                self.held[r] -= g;
+                self.dirty[r] = true;
+                if finished {
+                    self.complete(i);
+                }
+            }
+            ActKind::Reduce(i) => {
+                let r = self.nodes[i].rank;
+                if let Work::Reduce { sms, .. } = self.nodes[i].work {
+                    self.held[r] -= sms;
+                }
+                self.dirty[r] = true;
+                self.complete(i);
+            }
+            ActKind::Flow(f) => {
+                let members = std::mem::take(&mut self.flows[f].members);
+                let is_copy = self.flows[f].is_copy;
+                for m in members {
+                    let r = self.nodes[m].rank;
+                    if is_copy {
+                        self.ce_busy[r] -= 1;
+                    } else {
+                        self.held[r] -= self.hw.nccl_sms;
+                    }
+                    self.dirty[r] = true;
+                    self.complete(m);
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, i: usize) {
+        self.nodes[i].state = State::Done;
+        self.nodes[i].end = self.now;
+        self.done += 1;
+        let succs = std::mem::take(&mut self.nodes[i].succs);
+        for &s in &succs {
+            self.nodes[s].preds_left -= 1;
+            if self.nodes[s].preds_left == 0 {
+                self.launch(s);
+            }
+        }
+        self.nodes[i].succs = succs;
+    }
+
+    /// Recomputes every active rate: GEMM waves from contention, reduces from
+    /// their SMs, flows by max-min fair sharing of NVLink.
+    fn update_rates(&mut self) {
+        let p = self.p;
+        let c = &self.hw.contention;
+        let mut gemm_on = vec![false; p];
+        let mut nccl_on = vec![false; p];
+        let mut copy_on = vec![false; p];
+        for a in &self.active {
+            match a.kind {
+                ActKind::Wave(i, _) => gemm_on[self.nodes[i].rank] = true,
+                ActKind::Flow(f) => {
+                    let fl = &self.flows[f];
+                    for &r in &fl.ranks {
+                        if fl.is_copy {
+                            copy_on[r] = true;
+                        } else {
+                            nccl_on[r] = true;
+                        }
+                    }
+                }
+                ActKind::Reduce(_) => {}
+            }
+        }
+        // Flow caps under contention.
+        let mut flow_ix: Vec<usize> = Vec::new();
+        let mut caps: Vec<f64> = Vec::new();
+        for (ai, a) in self.active.iter().enumerate() {
+            if let ActKind::Flow(f) = a.kind {
+                let fl = &self.flows[f];
+                let slowed = fl.ranks.iter().any(|&r| gemm_on[r]);
+                let div = match (slowed, fl.is_copy) {
+                    (false, _) => 1.0,
+                    (true, true) => c.copy_slowdown_gemm,
+                    (true, false) => c.nccl_slowdown_gemm,
+                };
+                flow_ix.push(ai);
+                caps.push(fl.cap / div);
+            }
+        }
+        let rates = self.water_fill(&flow_ix, &caps);
+        for (j, &ai) in flow_ix.iter().enumerate() {
+            self.active[ai].rate = rates[j];
+        }
+        let full = self.hw.reduce.full_bw_sms as f64;
+        for a in &mut self.active {
+            match a.kind {
+                ActKind::Wave(i, _) => {
+                    let r = self.nodes[i].rank;
+                    let mut s: f64 = 1.0;
+                    if nccl_on[r] {
+                        s = s.max(c.gemm_slowdown_nccl);
+                    }
+                    if copy_on[r] {
+                        s = s.max(c.gemm_slowdown_copy);
+                    }
+                    a.rate = 1.0 / s;
+                }
+                ActKind::Reduce(i) => {
+                    if let Work::Reduce { sms, .. } = self.nodes[i].work {
+                        a.rate = (sms as f64 / full).min(1.0);
+                    }
+                }
+                ActKind::Flow(_) => {}
+            }
+        }
+    }
+
+    /// Max-min fair rates (bytes/ms) of the flows at `flow_ix` (indices into
+    /// `active`) with rate caps `caps`, over every GPU's egress and ingress.
+    fn water_fill(&self, flow_ix: &[usize], caps: &[f64]) -> Vec<f64> {
+        let n = flow_ix.len();
+        let mut rate = vec![0.0; n];
+        if n == 0 {
+            return rate;
+        }
+        let link = cost::bytes_per_ms(self.hw.nvlink.usable_gbs);
+        let mut residual = vec![link; 2 * self.p];
+        let mut frozen = vec![false; n];
+        let usage = |j: usize| -> &Vec<(usize, f64)> {
+            let ActKind::Flow(f) = self.active[flow_ix[j]].kind else {
+                unreachable!()
+            };
+            &self.flows[f].usage
+        };
+        let mut load = vec![0.0; 2 * self.p];
+        loop {
+            load.iter_mut().for_each(|x| *x = 0.0);
+            let mut any = false;
+            let mut delta = f64::INFINITY;
+            for j in 0..n {
+                if frozen[j] {
+                    continue;
+                }
+                any = true;
+                delta = delta.min(caps[j] - rate[j]);
+                for &(res, coef) in usage(j) {
+                    load[res] += coef;
+                }
+            }
+            if !any {
+                break;
+            }
+            for res in 0..load.len() {
+                if load[res] > 0.0 {
+                    delta = delta.min(residual[res] / load[res]);
+                }
+            }
+            let delta = delta.max(0.0);
+            for res in 0..load.len() {
+                residual[res] -= delta * load[res];
+            }
+            for j in 0..n {
+                if frozen[j] {
+                    continue;
+                }
+                rate[j] += delta;
+                let saturated = usage(j)
+                    .iter()
+                    .any(|&(res, _)| residual[res] <= link * 1e-9);
+                if rate[j] >= caps[j] * (1.0 - 1e-12) || saturated {
+                    frozen[j] = true;
+                }
+            }
+        }
+        rate
+    }
+
+    fn deadlock(&self, plan: &Plan) -> Error {
+        let stuck = self
+            .nodes
+            .iter()
+            .find(|n| n.state == State::Resident)
+            .or_else(|| self.nodes.iter().find(|n| n.state != State::Done))
+            .expect("not all done");
+        let task = &plan.ranks[stuck.rank].tasks[stuck.index];
+        let why = match stuck.state {
+            State::Resident => {
+                "its NCCL rendezvous never completes: some rank's matching task never becomes ready"
+            }
+            State::Blocked => "it waits on tasks that never finish (a dependency cycle)",
+            _ => "the resources it waits for are never released",
+        };
+        Error::InvalidPlan(format!(
+            "deadlock at {:.4} ms: task '{}' (rank {}, index {}) can never finish: {}",
+            self.now, task.label, stuck.rank, stuck.index, why
+        ))
+    }
+}
