@@ -1,1 +1,346 @@
-//! CPU interpreter.
+//! An exact CPU interpreter of plans, for proving schedules correct.
+//!
+//! It runs a plan on small matrices of integer-valued f64, so every sum is
+//! exact whatever its order: a schedule is right exactly when its output
+//! equals the sequential reference bit for bit. Tasks run one at a time in a
+//! happens-before order; an NCCL rendezvous runs as one step for all ranks.
+//! Memory nothing has written is NaN, so a read of it shows in the output.
+
+use crate::error::{Error, Result};
+use crate::plan::{BufferRole, NcclOp, Plan, TaskKind, View};
+use crate::validate::HappensBefore;
+use crate::workload::{Op, Problem};
+use std::collections::HashSet;
+
+/// A row-major matrix of f64.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f64>,
+}
+
+impl Matrix {
+    pub fn filled(rows: usize, cols: usize, v: f64) -> Self {
+        Matrix {
+            rows,
+            cols,
+            data: vec![v; rows * cols],
+        }
+    }
+
+    fn at(&self, r: usize, c: usize) -> f64 {
+        self.data[r * self.cols + c]
+    }
+
+    /// self @ other, exact for small integers.
+    pub fn matmul(&self, other: &Matrix) -> Matrix {
+        let mut out = Matrix::filled(self.rows, other.cols, 0.0);
+        for i in 0..self.rows {
+            for k in 0..self.cols {
+                let a = self.at(i, k);
+                for j in 0..other.cols {
+                    out.data[i * other.cols + j] += a * other.at(k, j);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Per-rank operands of a problem.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// A of each rank: [M/P, K] for ag-gemm, [M, K] otherwise.
+    pub a: Vec<Matrix>,
+    /// B of each rank: [K, N].
+    pub b: Vec<Matrix>,
+}
+
+/// splitmix64: enough randomness for test data, no dependency needed.
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Inputs {
+    /// Random integers in [-4, 4] (never all zero), from `seed`.
+    pub fn random(problem: &Problem, seed: u64) -> Self {
+        let mut st = seed;
+        let mut mat = |rows, cols| {
+            let data = (0..rows * cols)
+                .map(|_| (next(&mut st) % 9) as f64 - 4.0)
+                .collect();
+            Matrix { rows, cols, data }
+        };
+        let a_rows = match problem.op {
+            Op::AgGemm => problem.shard_rows(),
+            Op::GemmRs | Op::GemmAr => problem.m,
+        };
+        let a = (0..problem.gpus).map(|_| mat(a_rows, problem.k)).collect();
+        let b = (0..problem.gpus)
+            .map(|_| mat(problem.k, problem.n))
+            .collect();
+        Inputs { a, b }
+    }
+}
+
+/// The operator's definition, computed directly: each rank's expected output.
+pub fn reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
+    let (p, r) = (problem.gpus, problem.shard_rows());
+    match problem.op {
+        Op::AgGemm => {
+            let mut gathered = Matrix::filled(problem.m, problem.k, 0.0);
+            for (q, a) in inputs.a.iter().enumerate() {
+                gathered.data[q * r * problem.k..(q + 1) * r * problem.k].copy_from_slice(&a.data);
+            }
+            inputs.b.iter().map(|b| gathered.matmul(b)).collect()
+        }
+        Op::GemmRs | Op::GemmAr => {
+            let mut sum = Matrix::filled(problem.m, problem.n, 0.0);
+            for (a, b) in inputs.a.iter().zip(&inputs.b) {
+                for (s, x) in sum.data.iter_mut().zip(a.matmul(b).data) {
+                    *s += x;
+                }
+            }
+            if problem.op == Op::GemmAr {
+                return vec![sum; p];
+            }
+            (0..p)
+                .map(|q| Matrix {
+                    rows: r,
+                    cols: problem.n,
+                    data: sum.data[q * r * problem.n..(q + 1) * r * problem.n].to_vec(),
+                })
+                .collect()
+        }
+    }
+}
+
+/// Memory of every rank: one matrix per buffer.
+struct Memory(Vec<Vec<Matrix>>);
+
+impl Memory {
+    fn read(&self, rank: usize, v: &View) -> Matrix {
+        let b = &self.0[rank][v.buf];
+        let mut out = Matrix::filled(v.rows, v.cols, 0.0);
+        for i in 0..v.rows {
+            let src = (v.row + i) * b.cols + v.col;
+            out.data[i * v.cols..(i + 1) * v.cols].copy_from_slice(&b.data[src..src + v.cols]);
+        }
+        out
+    }
+
+    fn write(&mut self, rank: usize, v: &View, m: &Matrix) {
+        let b = &mut self.0[rank][v.buf];
+        for i in 0..v.rows {
+            let dst = (v.row + i) * b.cols + v.col;
+            b.data[dst..dst + v.cols].copy_from_slice(&m.data[i * v.cols..(i + 1) * v.cols]);
+        }
+    }
+}
+
+fn add(acc: &mut Matrix, x: &Matrix) {
+    for (a, b) in acc.data.iter_mut().zip(&x.data) {
+        *a += b;
+    }
+}
+
+/// Runs `plan` on `inputs`; returns each rank's output buffer. The plan must
+/// be valid ([`crate::validate::validate`]); this only rechecks ordering.
+pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
+    let hb = HappensBefore::build(plan)?;
+    let mut mem = Memory(
+        plan.ranks
+            .iter()
+            .enumerate()
+            .map(|(r, rp)| {
+                rp.buffers
+                    .iter()
+                    .map(|b| {
+                        let given = match b.role {
+                            BufferRole::InputA => Some(&inputs.a[r]),
+                            BufferRole::InputB => Some(&inputs.b[r]),
+                            _ => None,
+                        };
+                        match given {
+                            Some(m) if (m.rows, m.cols) == (b.rows, b.cols) => Ok(m.clone()),
+                            Some(m) => Err(Error::InvalidPlan(format!(
+                                "rank {r} buffer '{}' is [{}, {}] but the input is [{}, {}]",
+                                b.name, b.rows, b.cols, m.rows, m.cols
+                            ))),
+                            None => Ok(Matrix::filled(b.rows, b.cols, f64::NAN)),
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let mut done_groups = HashSet::new();
+    for id in &hb.order {
+        let rank = id.rank;
+        let task = &plan.ranks[rank].tasks[id.index];
+        match &task.kind {
+            TaskKind::Gemm { a, b, c, .. } => {
+                let out = mem.read(rank, a).matmul(&mem.read(rank, b));
+                mem.write(rank, c, &out);
+            }
+            TaskKind::Copy { src, dst } => {
+                let m = mem.read(src.rank, &src.view);
+                mem.write(dst.rank, &dst.view, &m);
+            }
+            TaskKind::Reduce { srcs, dst } => {
+                let mut acc = mem.read(rank, &srcs[0]);
+                for s in &srcs[1..] {
+                    add(&mut acc, &mem.read(rank, s));
+                }
+                mem.write(rank, dst, &acc);
+            }
+            TaskKind::Nccl { group, .. } => {
+                if !done_groups.insert(*group) {
+                    continue;
+                }
+                run_group(plan, *group, &mut mem)?;
+            }
+        }
+    }
+    plan.ranks
+        .iter()
+        .enumerate()
+        .map(|(r, rp)| {
+            let id = rp
+                .buffer_with(BufferRole::Output)
+                .ok_or_else(|| Error::InvalidPlan(format!("rank {r} has no output buffer")))?;
+            Ok(mem.0[r][id].clone())
+        })
+        .collect()
+}
+
+/// One NCCL rendezvous: read every member's sends, then write every receive.
+fn run_group(plan: &Plan, group: usize, mem: &mut Memory) -> Result<()> {
+    let ops: Vec<&NcclOp> = plan
+        .ranks
+        .iter()
+        .map(|rp| {
+            rp.tasks.iter().find_map(|t| match &t.kind {
+                TaskKind::Nccl { group: g, op } if *g == group => Some(op),
+                _ => None,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::InvalidPlan(format!("NCCL group {group} lacks a rank")))?;
+    let mut writes: Vec<(usize, View, Matrix)> = vec![];
+    let flat = |m: Matrix| m.data;
+    match ops[0] {
+        NcclOp::AllGather { .. } => {
+            let parts: Vec<Vec<f64>> = ops
+                .iter()
+                .enumerate()
+                .map(|(r, op)| match op {
+                    NcclOp::AllGather { send, .. } => flat(mem.read(r, send)),
+                    _ => vec![],
+                })
+                .collect();
+            let all: Vec<f64> = parts.concat();
+            for (r, op) in ops.iter().enumerate() {
+                if let NcclOp::AllGather { recv, .. } = op {
+                    let m = Matrix {
+                        rows: recv.rows,
+                        cols: recv.cols,
+                        data: all.clone(),
+                    };
+                    writes.push((r, *recv, m));
+                }
+            }
+        }
+        NcclOp::ReduceScatter { .. } | NcclOp::AllReduce { .. } => {
+            let mut sum: Option<Vec<f64>> = None;
+            for (r, op) in ops.iter().enumerate() {
+                let (NcclOp::ReduceScatter { send, .. } | NcclOp::AllReduce { send, .. }) = op
+                else {
+                    continue;
+                };
+                let d = flat(mem.read(r, send));
+                match sum.as_mut() {
+                    None => sum = Some(d),
+                    Some(s) => s.iter_mut().zip(d).for_each(|(a, b)| *a += b),
+                }
+            }
+            let sum = sum.unwrap_or_default();
+            for (r, op) in ops.iter().enumerate() {
+                match op {
+                    NcclOp::ReduceScatter { recv, .. } => {
+                        let n = recv.elems();
+                        let data = sum[r * n..(r + 1) * n].to_vec();
+                        writes.push((
+                            r,
+                            *recv,
+                            Matrix {
+                                rows: recv.rows,
+                                cols: recv.cols,
+                                data,
+                            },
+                        ));
+                    }
+                    NcclOp::AllReduce { recv, .. } => {
+                        writes.push((
+                            r,
+                            *recv,
+                            Matrix {
+                                rows: recv.rows,
+                                cols: recv.cols,
+                                data: sum.clone(),
+                            },
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        NcclOp::SendRecv { .. } => {
+            for (r, op) in ops.iter().enumerate() {
+                let NcclOp::SendRecv { recvs, .. } = op else {
+                    continue;
+                };
+                for (q, view) in recvs {
+                    let NcclOp::SendRecv { sends, .. } = ops[*q] else {
+                        continue;
+                    };
+                    // The k-th receive from q on r matches the k-th send to r on q.
+                    let k = recvs
+                        .iter()
+                        .take_while(|(x, v)| !(x == q && v == view))
+                        .filter(|(x, _)| x == q)
+                        .count();
+                    let (_, sv) =
+                        sends
+                            .iter()
+                            .filter(|(x, _)| *x == r)
+                            .nth(k)
+                            .ok_or_else(|| {
+                                Error::InvalidPlan(format!(
+                                    "NCCL group {group}: no send from {q} to {r}"
+                                ))
+                            })?;
+                    let m = mem.read(*q, sv);
+                    writes.push((
+                        r,
+                        *view,
+                        Matrix {
+                            rows: view.rows,
+                            cols: view.cols,
+                            data: m.data,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    for (r, v, m) in writes {
+        mem.write(r, &v, &m);
+    }
+    Ok(())
+}

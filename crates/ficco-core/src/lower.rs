@@ -1,11 +1,665 @@
 //! Lowering: a schedule of a problem becomes a plan per rank.
+//!
+//! Every lowering splits M only (rows of A, C and the output), so every view
+//! is a block of full rows and every transfer is contiguous. With P ranks,
+//! R = M/P rows per shard and c chunks per shard, a chunk is h = R/c rows.
+//!
+//! * `ag-gemm`: the local shard's GEMM runs first, straight from the input,
+//!   while peers' chunks arrive in the gathered buffer `ag`; each arriving
+//!   chunk gets its own GEMM. Copy engines pull from the peer's input shard.
+//! * `gemm-rs`: each rank computes its partial for peer d's rows and sends it
+//!   (copy engines push into d's `recv` slot for this rank), computes its own
+//!   block last, then sums the P slots per chunk with a reduce kernel. NCCL
+//!   with order `all` instead computes chunk j of every block into a
+//!   chunk-major slab and reduce-scatters the slab.
+//! * `gemm-ar`: NCCL all-reduces each chunk as soon as its GEMM is done; copy
+//!   engines do gemm-rs's push + reduce and then push each reduced chunk to
+//!   every peer.
+//!
+//! Tasks are created step by step for all ranks at once, so a dependency on
+//! another rank always names a task created earlier: issuing tasks in plan
+//! order on every rank can never wait for a task that is issued later.
+
 use crate::error::{Error, Result};
-use crate::plan::Plan;
-use crate::schedule::Schedule;
-use crate::workload::Problem;
+use crate::plan::{
+    BufId, Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task,
+    TaskId, TaskKind, View,
+};
+use crate::schedule::{Engine, Order, Priority, Schedule};
+use crate::workload::{Op, Problem};
 
 /// Lowers `schedule` for `problem`. Fails with `DoesNotFit` when the schedule cannot run the shape.
 pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
-    let _ = (problem, schedule);
-    Err(Error::InvalidPlan("not yet".into()))
+    problem.validate()?;
+    if let Some(reason) = schedule.misfit(problem) {
+        return Err(Error::DoesNotFit {
+            schedule: schedule.name(),
+            reason,
+        });
+    }
+    let mut b = Builder::new(problem, schedule);
+    if schedule.is_seq() {
+        b.seq();
+    } else {
+        match (problem.op, schedule.engine) {
+            (Op::AgGemm, Engine::Copy) => b.ag_copy(),
+            (Op::AgGemm, Engine::Nccl) => b.ag_nccl(),
+            (Op::GemmRs, Engine::Nccl) if schedule.order == Order::All => b.rs_nccl_all(),
+            (Op::GemmRs, _) | (Op::GemmAr, Engine::Copy) => b.rs_pairwise(),
+            (Op::GemmAr, Engine::Nccl) => b.ar_nccl(),
+        }
+    }
+    Ok(b.finish(schedule.name(), Some(*schedule)))
+}
+
+/// The GEMM of the whole problem alone (T_comp): [M, K] x [K, N] on every rank.
+pub fn gemm_only(problem: &Problem) -> Plan {
+    let (m, k, n) = (problem.m, problem.k, problem.n);
+    let ranks = (0..problem.gpus)
+        .map(|_| RankPlan {
+            buffers: vec![
+                buffer("a", BufferRole::InputA, m, k, false),
+                buffer("b", BufferRole::InputB, k, n, false),
+                buffer("c", BufferRole::Output, m, n, false),
+            ],
+            streams: vec![stream("compute0", StreamRole::Compute, Priority::Normal)],
+            tasks: vec![Task {
+                label: "gemm".into(),
+                stream: 0,
+                kind: TaskKind::Gemm {
+                    a: View::whole(0, m, k),
+                    b: View::whole(1, k, n),
+                    c: View::whole(2, m, n),
+                    sm_target: None,
+                },
+                deps: vec![],
+            }],
+        })
+        .collect();
+    Plan {
+        problem: *problem,
+        name: "gemm-only".into(),
+        schedule: None,
+        ranks,
+    }
+}
+
+/// The reference collective of the whole problem alone (T_comm), over NCCL.
+pub fn comm_only(problem: &Problem) -> Plan {
+    let (m, r) = (problem.m, problem.shard_rows());
+    let cols = match problem.op {
+        Op::AgGemm => problem.k,
+        Op::GemmRs | Op::GemmAr => problem.n,
+    };
+    let (in_rows, out_rows) = match problem.op {
+        Op::AgGemm => (r, m),
+        Op::GemmRs => (m, r),
+        Op::GemmAr => (m, m),
+    };
+    let send = View::whole(0, in_rows, cols);
+    let recv = View::whole(1, out_rows, cols);
+    let op = match problem.op {
+        Op::AgGemm => NcclOp::AllGather { send, recv },
+        Op::GemmRs => NcclOp::ReduceScatter { send, recv },
+        Op::GemmAr => NcclOp::AllReduce { send, recv },
+    };
+    let ranks = (0..problem.gpus)
+        .map(|_| RankPlan {
+            buffers: vec![
+                buffer("in", BufferRole::InputA, in_rows, cols, false),
+                buffer("out", BufferRole::Output, out_rows, cols, false),
+            ],
+            streams: vec![stream("comm", StreamRole::Comm, Priority::Normal)],
+            tasks: vec![Task {
+                label: op.short().into(),
+                stream: 0,
+                kind: TaskKind::Nccl {
+                    group: 0,
+                    op: op.clone(),
+                },
+                deps: vec![],
+            }],
+        })
+        .collect();
+    Plan {
+        problem: *problem,
+        name: "comm-only".into(),
+        schedule: None,
+        ranks,
+    }
+}
+
+fn buffer(name: &str, role: BufferRole, rows: usize, cols: usize, peer_visible: bool) -> Buffer {
+    Buffer {
+        name: name.into(),
+        role,
+        rows,
+        cols,
+        peer_visible,
+    }
+}
+
+fn stream(name: &str, role: StreamRole, priority: Priority) -> StreamSpec {
+    StreamSpec {
+        name: name.into(),
+        role,
+        priority,
+    }
+}
+
+/// Named buffers of one lowering; every rank has the same layout.
+#[derive(Clone, Copy)]
+struct Bufs {
+    a: BufId,
+    b: BufId,
+    out: BufId,
+    /// ag-gemm: gathered A [M, K]; gemm-rs/ar: local partials [M, N].
+    work: BufId,
+    /// gemm-rs/ar: per-source receive slots [M, N] (slot q = rows q*R..).
+    recv: BufId,
+}
+
+struct Builder {
+    p: Problem,
+    s: Schedule,
+    ranks: Vec<RankPlan>,
+    bufs: Bufs,
+    /// Per rank: GEMMs issued so far (to alternate compute streams).
+    gemms: Vec<usize>,
+    next_group: usize,
+    compute_streams: usize,
+    comm_streams: usize,
+    /// Index of the reduce stream, when the lowering has one.
+    reduce_stream: Option<usize>,
+}
+
+impl Builder {
+    fn new(p: &Problem, s: &Schedule) -> Self {
+        let (m, k, n, r) = (p.m, p.k, p.n, p.shard_rows());
+        let copy = s.engine == Engine::Copy && !s.is_seq();
+        let compute_streams = if s.is_seq() { 1 } else { s.compute_streams };
+        let comm_streams = if copy && s.order == Order::All {
+            p.gpus - 1
+        } else {
+            1
+        };
+        let needs_reduce = !s.is_seq()
+            && (p.op == Op::GemmRs && !(s.engine == Engine::Nccl && s.order == Order::All)
+                || p.op == Op::GemmAr && s.engine == Engine::Copy);
+        let mut streams: Vec<StreamSpec> = (0..compute_streams)
+            .map(|i| {
+                stream(
+                    &format!("compute{i}"),
+                    StreamRole::Compute,
+                    Priority::Normal,
+                )
+            })
+            .collect();
+        let comm_priority = if s.is_seq() {
+            Priority::Normal
+        } else {
+            s.comm_priority
+        };
+        for i in 0..comm_streams {
+            let name = if comm_streams == 1 {
+                "comm".to_string()
+            } else {
+                format!("comm{i}")
+            };
+            streams.push(stream(&name, StreamRole::Comm, comm_priority));
+        }
+        let reduce_stream = needs_reduce.then(|| {
+            streams.push(stream("reduce", StreamRole::Compute, Priority::Normal));
+            streams.len() - 1
+        });
+        let buffers = match p.op {
+            Op::AgGemm => vec![
+                buffer("a", BufferRole::InputA, r, k, copy),
+                buffer("b", BufferRole::InputB, k, n, false),
+                buffer("c", BufferRole::Output, m, n, false),
+                buffer("ag", BufferRole::Scratch, m, k, false),
+            ],
+            Op::GemmRs | Op::GemmAr => {
+                let out_rows = if p.op == Op::GemmRs { r } else { m };
+                let mut v = vec![
+                    buffer("a", BufferRole::InputA, m, k, false),
+                    buffer("b", BufferRole::InputB, k, n, false),
+                    buffer(
+                        "out",
+                        BufferRole::Output,
+                        out_rows,
+                        n,
+                        copy && p.op == Op::GemmAr,
+                    ),
+                ];
+                if p.op == Op::GemmRs || needs_reduce {
+                    v.push(buffer("part", BufferRole::Scratch, m, n, false));
+                }
+                if needs_reduce {
+                    v.push(buffer("recv", BufferRole::Scratch, m, n, copy));
+                }
+                v
+            }
+        };
+        let bufs = Bufs {
+            a: 0,
+            b: 1,
+            out: 2,
+            work: 3,
+            recv: 4,
+        };
+        let ranks = (0..p.gpus)
+            .map(|_| RankPlan {
+                buffers: buffers.clone(),
+                streams: streams.clone(),
+                tasks: vec![],
+            })
+            .collect();
+        Builder {
+            p: *p,
+            s: *s,
+            ranks,
+            bufs,
+            gemms: vec![0; p.gpus],
+            next_group: 0,
+            compute_streams,
+            comm_streams,
+            reduce_stream,
+        }
+    }
+
+    fn finish(self, name: String, schedule: Option<Schedule>) -> Plan {
+        Plan {
+            problem: self.p,
+            name,
+            schedule,
+            ranks: self.ranks,
+        }
+    }
+
+    fn gpus(&self) -> usize {
+        self.p.gpus
+    }
+
+    fn shard(&self) -> usize {
+        self.p.shard_rows()
+    }
+
+    fn chunk(&self) -> usize {
+        self.shard() / self.s.granularity.chunks()
+    }
+
+    fn chunks(&self) -> usize {
+        self.s.granularity.chunks()
+    }
+
+    fn view(&self, buf: BufId, row: usize, rows: usize) -> View {
+        let b = &self.ranks[0].buffers[buf];
+        View {
+            buf,
+            row,
+            col: 0,
+            rows,
+            cols: b.cols,
+        }
+    }
+
+    fn whole(&self, buf: BufId) -> View {
+        let b = &self.ranks[0].buffers[buf];
+        View::whole(buf, b.rows, b.cols)
+    }
+
+    /// Comm stream index for peer offset `s` (1..P).
+    fn comm_stream(&self, s: usize) -> usize {
+        self.compute_streams + if self.comm_streams == 1 { 0 } else { s - 1 }
+    }
+
+    fn push(
+        &mut self,
+        rank: usize,
+        stream: usize,
+        label: String,
+        kind: TaskKind,
+        deps: Vec<TaskId>,
+    ) -> TaskId {
+        let tasks = &mut self.ranks[rank].tasks;
+        // Same-stream predecessors are ordered already; keep deps minimal.
+        let deps = deps
+            .into_iter()
+            .filter(|d| !(d.rank == rank && tasks[d.index].stream == stream))
+            .collect();
+        tasks.push(Task {
+            label,
+            stream,
+            kind,
+            deps,
+        });
+        TaskId {
+            rank,
+            index: tasks.len() - 1,
+        }
+    }
+
+    /// A GEMM of `a` rows into `c`, on the next compute stream of the rotation.
+    fn gemm(&mut self, rank: usize, label: String, a: View, c: View, deps: Vec<TaskId>) -> TaskId {
+        let stream = self.gemms[rank] % self.compute_streams;
+        self.gemms[rank] += 1;
+        let kind = TaskKind::Gemm {
+            a,
+            b: self.whole(self.bufs.b),
+            c,
+            sm_target: self.s.sm_target,
+        };
+        self.push(rank, stream, label, kind, deps)
+    }
+
+    fn nccl(
+        &mut self,
+        group: usize,
+        rank: usize,
+        stream: usize,
+        label: String,
+        op: NcclOp,
+        deps: Vec<TaskId>,
+    ) -> TaskId {
+        self.push(rank, stream, label, TaskKind::Nccl { group, op }, deps)
+    }
+
+    fn group(&mut self) -> usize {
+        self.next_group += 1;
+        self.next_group - 1
+    }
+
+    fn seq(&mut self) {
+        let bb = self.bufs;
+        let g = self.group();
+        let comm = self.compute_streams;
+        for r in 0..self.gpus() {
+            match self.p.op {
+                Op::AgGemm => {
+                    let op = NcclOp::AllGather {
+                        send: self.whole(bb.a),
+                        recv: self.whole(bb.work),
+                    };
+                    let t = self.nccl(g, r, comm, "all-gather".into(), op, vec![]);
+                    self.gemm(
+                        r,
+                        "gemm".into(),
+                        self.whole(bb.work),
+                        self.whole(bb.out),
+                        vec![t],
+                    );
+                }
+                Op::GemmRs => {
+                    let t = self.gemm(
+                        r,
+                        "gemm".into(),
+                        self.whole(bb.a),
+                        self.whole(bb.work),
+                        vec![],
+                    );
+                    let op = NcclOp::ReduceScatter {
+                        send: self.whole(bb.work),
+                        recv: self.whole(bb.out),
+                    };
+                    self.nccl(g, r, comm, "reduce-scatter".into(), op, vec![t]);
+                }
+                Op::GemmAr => {
+                    let out = self.whole(bb.out);
+                    let t = self.gemm(r, "gemm".into(), self.whole(bb.a), out, vec![]);
+                    let op = NcclOp::AllReduce {
+                        send: out,
+                        recv: out,
+                    };
+                    self.nccl(g, r, comm, "all-reduce".into(), op, vec![t]);
+                }
+            }
+        }
+    }
+
+    /// Peer order of step s for rank r: pull from / push to (r + s) mod P.
+    fn peer(&self, r: usize, s: usize) -> usize {
+        (r + s) % self.gpus()
+    }
+
+    /// (step, chunk) pairs in the schedule's order: ring is peer-major, all is chunk-major.
+    fn steps(&self) -> Vec<(usize, usize)> {
+        let (p, c) = (self.gpus(), self.chunks());
+        match self.s.order {
+            Order::Ring => (1..p).flat_map(|s| (0..c).map(move |j| (s, j))).collect(),
+            Order::All => (0..c).flat_map(|j| (1..p).map(move |s| (s, j))).collect(),
+        }
+    }
+
+    fn local_ag_gemm(&mut self, r: usize) {
+        let bb = self.bufs;
+        let (sr, a) = (self.shard(), self.whole(bb.a));
+        let c = self.view(bb.out, r * sr, sr);
+        self.gemm(r, "gemm local".into(), a, c, vec![]);
+    }
+
+    fn ag_copy(&mut self) {
+        let bb = self.bufs;
+        let (sr, h) = (self.shard(), self.chunk());
+        for r in 0..self.gpus() {
+            self.local_ag_gemm(r);
+            for (s, j) in self.steps() {
+                let q = self.peer(r, s);
+                let src = RankView {
+                    rank: q,
+                    view: self.view(bb.a, j * h, h),
+                };
+                let dst_view = self.view(bb.work, q * sr + j * h, h);
+                let dst = RankView {
+                    rank: r,
+                    view: dst_view,
+                };
+                let cs = self.comm_stream(s);
+                let t = self.push(
+                    r,
+                    cs,
+                    format!("pull q{q}.c{j}"),
+                    TaskKind::Copy { src, dst },
+                    vec![],
+                );
+                let out = self.view(bb.out, q * sr + j * h, h);
+                self.gemm(r, format!("gemm q{q}.c{j}"), dst_view, out, vec![t]);
+            }
+        }
+    }
+
+    fn ag_nccl(&mut self) {
+        let bb = self.bufs;
+        let (p, sr, h, c) = (self.gpus(), self.shard(), self.chunk(), self.chunks());
+        let comm = self.comm_stream(1);
+        for r in 0..p {
+            self.local_ag_gemm(r);
+        }
+        // One rendezvous per ring step and chunk, or per chunk with every peer.
+        let rounds: Vec<Vec<(usize, usize)>> = match self.s.order {
+            Order::Ring => self.steps().into_iter().map(|sj| vec![sj]).collect(),
+            Order::All => (0..c).map(|j| (1..p).map(|s| (s, j)).collect()).collect(),
+        };
+        for round in rounds {
+            let g = self.group();
+            for r in 0..p {
+                let mut sends = vec![];
+                let mut recvs = vec![];
+                for &(s, j) in &round {
+                    sends.push(((r + p - s) % p, self.view(bb.a, j * h, h)));
+                    let q = self.peer(r, s);
+                    recvs.push((q, self.view(bb.work, q * sr + j * h, h)));
+                }
+                let label = match round.as_slice() {
+                    [(s, j)] => format!("send-recv s{s}.c{j}"),
+                    _ => format!("send-recv all.c{}", round[0].1),
+                };
+                let t = self.nccl(
+                    g,
+                    r,
+                    comm,
+                    label,
+                    NcclOp::SendRecv {
+                        sends,
+                        recvs: recvs.clone(),
+                    },
+                    vec![],
+                );
+                for (q, v) in recvs {
+                    let j = (v.row - q * sr) / h;
+                    let out = self.view(bb.out, v.row, h);
+                    self.gemm(r, format!("gemm q{q}.c{j}"), v, out, vec![t]);
+                }
+            }
+        }
+    }
+
+    /// gemm-rs (any engine except nccl-all) and gemm-ar over copy engines:
+    /// partials for each peer are sent pairwise, then reduced per chunk.
+    // Rank and chunk indices address several per-rank tables at once.
+    #[allow(clippy::needless_range_loop)]
+    fn rs_pairwise(&mut self) {
+        let bb = self.bufs;
+        let (p, sr, h, c) = (self.gpus(), self.shard(), self.chunk(), self.chunks());
+        let copy = self.s.engine == Engine::Copy;
+        // arrivals[r][j]: tasks that deliver chunk j of some peer's partial into r's recv.
+        let mut arrivals: Vec<Vec<Vec<TaskId>>> = vec![vec![vec![]; c]; p];
+        let steps = self.steps();
+        let rounds: Vec<Vec<(usize, usize)>> = steps.iter().map(|&sj| vec![sj]).collect();
+        for round in rounds {
+            let (s, j) = round[0];
+            let g = (!copy).then(|| self.group());
+            for r in 0..p {
+                let d = self.peer(r, s);
+                let part = self.view(bb.work, d * sr + j * h, h);
+                let a = self.view(bb.a, d * sr + j * h, h);
+                let gm = self.gemm(r, format!("gemm d{d}.c{j}"), a, part, vec![]);
+                let cs = self.comm_stream(s);
+                if let Some(g) = g {
+                    let from = (r + p - s) % p;
+                    let op = NcclOp::SendRecv {
+                        sends: vec![(d, part)],
+                        recvs: vec![(from, self.view(bb.recv, from * sr + j * h, h))],
+                    };
+                    let t = self.nccl(g, r, cs, format!("send-recv s{s}.c{j}"), op, vec![gm]);
+                    arrivals[r][j].push(t);
+                } else {
+                    let dst = RankView {
+                        rank: d,
+                        view: self.view(bb.recv, r * sr + j * h, h),
+                    };
+                    let src = RankView {
+                        rank: r,
+                        view: part,
+                    };
+                    let t = self.push(
+                        r,
+                        cs,
+                        format!("push d{d}.c{j}"),
+                        TaskKind::Copy { src, dst },
+                        vec![gm],
+                    );
+                    arrivals[d][j].push(t);
+                }
+            }
+        }
+        for r in 0..p {
+            for (j, arrived) in arrivals[r].iter_mut().enumerate() {
+                let a = self.view(bb.a, r * sr + j * h, h);
+                let own = self.view(bb.recv, r * sr + j * h, h);
+                let t = self.gemm(r, format!("gemm own.c{j}"), a, own, vec![]);
+                arrived.push(t);
+            }
+        }
+        let reduce_stream = self.reduce_stream.unwrap_or(0);
+        let mut reduced = vec![vec![]; p];
+        for r in 0..p {
+            for j in 0..c {
+                let srcs = (0..p)
+                    .map(|q| self.view(bb.recv, q * sr + j * h, h))
+                    .collect();
+                let dst_row = if self.p.op == Op::GemmRs {
+                    j * h
+                } else {
+                    r * sr + j * h
+                };
+                let dst = self.view(bb.out, dst_row, h);
+                let deps = arrivals[r][j].clone();
+                let t = self.push(
+                    r,
+                    reduce_stream,
+                    format!("reduce c{j}"),
+                    TaskKind::Reduce { srcs, dst },
+                    deps,
+                );
+                reduced[r].push((t, dst));
+            }
+        }
+        if self.p.op == Op::GemmAr {
+            // All-gather phase: push each reduced chunk into every peer's output.
+            for r in 0..p {
+                for (s, j) in self.steps() {
+                    let d = self.peer(r, s);
+                    let (t, view) = reduced[r][j];
+                    let src = RankView { rank: r, view };
+                    let dst = RankView { rank: d, view };
+                    let cs = self.comm_stream(s);
+                    self.push(
+                        r,
+                        cs,
+                        format!("bcast d{d}.c{j}"),
+                        TaskKind::Copy { src, dst },
+                        vec![t],
+                    );
+                }
+            }
+        }
+    }
+
+    /// gemm-rs over NCCL, order all: chunk j of every block goes into a
+    /// chunk-major slab that one reduce-scatter sums.
+    fn rs_nccl_all(&mut self) {
+        let bb = self.bufs;
+        let (p, sr, h, c) = (self.gpus(), self.shard(), self.chunk(), self.chunks());
+        let comm = self.comm_stream(1);
+        for j in 0..c {
+            let g = self.group();
+            for r in 0..p {
+                let slab = self.view(bb.work, j * p * h, p * h);
+                let mut deps = vec![];
+                // Own block last, so peers' blocks are ready first.
+                for s in 1..=p {
+                    let d = self.peer(r, s);
+                    let a = self.view(bb.a, d * sr + j * h, h);
+                    let part = self.view(bb.work, j * p * h + d * h, h);
+                    deps.push(self.gemm(r, format!("gemm d{d}.c{j}"), a, part, vec![]));
+                }
+                let op = NcclOp::ReduceScatter {
+                    send: slab,
+                    recv: self.view(bb.out, j * h, h),
+                };
+                self.nccl(g, r, comm, format!("reduce-scatter c{j}"), op, deps);
+            }
+        }
+    }
+
+    /// gemm-ar over NCCL: all-reduce each chunk in place once its GEMM is done.
+    fn ar_nccl(&mut self) {
+        let bb = self.bufs;
+        let (p, h) = (self.gpus(), self.chunk());
+        let comm = self.comm_stream(1);
+        for i in 0..p * self.chunks() {
+            let g = self.group();
+            for r in 0..p {
+                let a = self.view(bb.a, i * h, h);
+                let out = self.view(bb.out, i * h, h);
+                let t = self.gemm(r, format!("gemm c{i}"), a, out, vec![]);
+                let op = NcclOp::AllReduce {
+                    send: out,
+                    recv: out,
+                };
+                self.nccl(g, r, comm, format!("all-reduce c{i}"), op, vec![t]);
+            }
+        }
+    }
 }

@@ -34,5 +34,10 @@ pub trait Measurer {
     /// checked against it. `seq` is the lowered sequential plan.
     fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError>;
     /// Checks (when `check`) and times `plan`; records a per-task timeline when `timeline`.
-    fn measure(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured, MeasureError>;
+    fn measure(
+        &mut self,
+        plan: &Plan,
+        check: bool,
+        timeline: bool,
+    ) -> Result<Measured, MeasureError>;
 }

@@ -61,12 +61,22 @@ pub struct View {
 impl View {
     /// The whole of buffer `buf`, which has `rows` x `cols` elements.
     pub fn whole(buf: BufId, rows: usize, cols: usize) -> Self {
-        View { buf, row: 0, col: 0, rows, cols }
+        View {
+            buf,
+            row: 0,
+            col: 0,
+            rows,
+            cols,
+        }
     }
 
     /// Rows [row, row + rows) of a view, all its columns.
     pub fn rows(&self, row: usize, rows: usize) -> Self {
-        View { row: self.row + row, rows, ..*self }
+        View {
+            row: self.row + row,
+            rows,
+            ..*self
+        }
     }
 
     pub fn elems(&self) -> usize {

@@ -175,7 +175,11 @@ impl FromStr for Schedule {
                 }
                 Granularity::Fine(c)
             }
-            _ => return Err(bad("expected 'seq' or a name starting with shard- or fineC-")),
+            _ => {
+                return Err(bad(
+                    "expected 'seq' or a name starting with shard- or fineC-",
+                ))
+            }
         };
         let engine = match parts.next() {
             Some("nccl") => Engine::Nccl,
@@ -320,8 +324,16 @@ mod tests {
     #[test]
     fn bad_names_say_why() {
         for bad in [
-            "", "par", "fine", "fine1-copy-all", "fineX-copy-all", "shard-dma-all",
-            "shard-copy-tree", "shard-copy-all-hi-2s", "shard-copy-all-sm0", "shard-copy-all-x",
+            "",
+            "par",
+            "fine",
+            "fine1-copy-all",
+            "fineX-copy-all",
+            "shard-dma-all",
+            "shard-copy-tree",
+            "shard-copy-all-hi-2s",
+            "shard-copy-all-sm0",
+            "shard-copy-all-x",
         ] {
             let err = bad.parse::<Schedule>().unwrap_err();
             assert!(matches!(err, Error::BadSchedule { .. }), "{bad}: {err}");
@@ -331,10 +343,14 @@ mod tests {
 
     #[test]
     fn misfit_explains_divisibility() {
-        let p = Problem::new(Op::AgGemm, 96, 64, 64, 4).unwrap();
+        let p = Problem::new(Op::AgGemm, 48, 64, 64, 4).unwrap();
         let s: Schedule = "fine8-copy-ring".parse().unwrap();
         let why = s.misfit(&p).unwrap();
         assert!(why.contains("not divisible"), "{why}");
-        assert!("fine2-copy-ring".parse::<Schedule>().unwrap().misfit(&p).is_none());
+        assert!("fine2-copy-ring"
+            .parse::<Schedule>()
+            .unwrap()
+            .misfit(&p)
+            .is_none());
     }
 }

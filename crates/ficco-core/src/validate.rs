@@ -1,9 +1,585 @@
-//! Plan validation.
-use crate::error::Result;
-use crate::plan::Plan;
+//! Plan validation: what must hold before any executor runs a plan.
+//!
+//! * Structure: indices in range, views inside their buffers, operand shapes
+//!   that agree, NCCL calls that match on every rank in the same order.
+//! * No cycle in happens-before (stream order, dependencies, and NCCL
+//!   rendezvous, where every member waits for every member's predecessors),
+//!   and none in issue order (each rank's host thread issues its tasks in plan
+//!   order and may wait for another rank to issue a dependency first).
+//! * Every read of non-input memory is covered by writes ordered before it.
+//! * No two unordered tasks touch overlapping memory where either writes.
 
-/// Rejects cycles, reads not ordered after their writes, and races.
+use crate::error::{Error, Result};
+use crate::plan::{BufferRole, NcclOp, Plan, TaskId, TaskKind, View};
+use std::collections::HashMap;
+
+/// Rejects structural errors, cycles, reads not ordered after their writes, and races.
 pub fn validate(plan: &Plan) -> Result<()> {
-    let _ = plan;
+    check_structure(plan)?;
+    check_issue_order(plan)?;
+    let hb = HappensBefore::build(plan)?;
+    check_memory(plan, &hb)
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidPlan(msg)
+}
+
+fn name(plan: &Plan, id: TaskId) -> String {
+    let label = plan.task(id).map(|t| t.label.as_str()).unwrap_or("?");
+    format!("rank {} task {} '{}'", id.rank, id.index, label)
+}
+
+fn check_view(plan: &Plan, rank: usize, v: &View, what: &str, id: TaskId) -> Result<()> {
+    let rp = plan.ranks.get(rank).ok_or_else(|| {
+        invalid(format!(
+            "{}: {what} names rank {rank}, which does not exist",
+            name(plan, id)
+        ))
+    })?;
+    let b = rp.buffers.get(v.buf).ok_or_else(|| {
+        invalid(format!(
+            "{}: {what} names buffer {} that rank {rank} lacks",
+            name(plan, id),
+            v.buf
+        ))
+    })?;
+    if v.rows == 0 || v.cols == 0 || v.row + v.rows > b.rows || v.col + v.cols > b.cols {
+        return Err(invalid(format!(
+            "{}: {what} [{}+{}, {}+{}] is empty or outside buffer '{}' [{}, {}]",
+            name(plan, id),
+            v.row,
+            v.rows,
+            v.col,
+            v.cols,
+            b.name,
+            b.rows,
+            b.cols
+        )));
+    }
+    Ok(())
+}
+
+/// NCCL takes a pointer and a count, so its views must be contiguous.
+fn contiguous(plan: &Plan, rank: usize, v: &View) -> bool {
+    let cols = plan.ranks[rank].buffers[v.buf].cols;
+    v.rows == 1 || (v.col == 0 && v.cols == cols)
+}
+
+fn check_structure(plan: &Plan) -> Result<()> {
+    let p = plan.problem.gpus;
+    if plan.ranks.len() != p {
+        return Err(invalid(format!(
+            "{} rank plans for {p} GPUs",
+            plan.ranks.len()
+        )));
+    }
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for (i, t) in rp.tasks.iter().enumerate() {
+            let id = TaskId { rank: r, index: i };
+            if t.stream >= rp.streams.len() {
+                return Err(invalid(format!(
+                    "{}: stream {} does not exist",
+                    name(plan, id),
+                    t.stream
+                )));
+            }
+            for d in &t.deps {
+                if plan.task(*d).is_none() || *d == id {
+                    return Err(invalid(format!("{}: bad dependency {d:?}", name(plan, id))));
+                }
+            }
+            match &t.kind {
+                TaskKind::Gemm { a, b, c, sm_target } => {
+                    for (v, w) in [(a, "a"), (b, "b"), (c, "c")] {
+                        check_view(plan, r, v, w, id)?;
+                    }
+                    if a.rows != c.rows || a.cols != b.rows || b.cols != c.cols {
+                        return Err(invalid(format!(
+                            "{}: GEMM shapes disagree: [{}x{}] x [{}x{}] -> [{}x{}]",
+                            name(plan, id),
+                            a.rows,
+                            a.cols,
+                            b.rows,
+                            b.cols,
+                            c.rows,
+                            c.cols
+                        )));
+                    }
+                    if *sm_target == Some(0) {
+                        return Err(invalid(format!("{}: SM target 0", name(plan, id))));
+                    }
+                }
+                TaskKind::Copy { src, dst } => {
+                    check_view(plan, src.rank, &src.view, "copy source", id)?;
+                    check_view(plan, dst.rank, &dst.view, "copy destination", id)?;
+                    if src.rank != r && dst.rank != r {
+                        return Err(invalid(format!(
+                            "{}: neither end of the copy is on rank {r}",
+                            name(plan, id)
+                        )));
+                    }
+                    if (src.view.rows, src.view.cols) != (dst.view.rows, dst.view.cols) {
+                        return Err(invalid(format!(
+                            "{}: copy ends differ in shape",
+                            name(plan, id)
+                        )));
+                    }
+                }
+                TaskKind::Reduce { srcs, dst } => {
+                    check_view(plan, r, dst, "reduce destination", id)?;
+                    if srcs.is_empty() {
+                        return Err(invalid(format!("{}: reduce of nothing", name(plan, id))));
+                    }
+                    for s in srcs {
+                        check_view(plan, r, s, "reduce source", id)?;
+                        if (s.rows, s.cols) != (dst.rows, dst.cols) {
+                            return Err(invalid(format!(
+                                "{}: reduce operands differ in shape",
+                                name(plan, id)
+                            )));
+                        }
+                    }
+                }
+                TaskKind::Nccl { op, .. } => {
+                    let views: Vec<&View> = match op {
+                        NcclOp::AllGather { send, recv }
+                        | NcclOp::ReduceScatter { send, recv }
+                        | NcclOp::AllReduce { send, recv } => vec![send, recv],
+                        NcclOp::SendRecv { sends, recvs } => {
+                            for (peer, _) in sends.iter().chain(recvs) {
+                                if *peer >= p || *peer == r {
+                                    return Err(invalid(format!(
+                                        "{}: bad peer {peer}",
+                                        name(plan, id)
+                                    )));
+                                }
+                            }
+                            sends.iter().chain(recvs).map(|(_, v)| v).collect()
+                        }
+                    };
+                    for v in views {
+                        check_view(plan, r, v, "NCCL buffer", id)?;
+                        if !contiguous(plan, r, v) {
+                            return Err(invalid(format!(
+                                "{}: NCCL buffer is not contiguous",
+                                name(plan, id)
+                            )));
+                        }
+                    }
+                    let ok = match op {
+                        NcclOp::AllGather { send, recv } => recv.elems() == p * send.elems(),
+                        NcclOp::ReduceScatter { send, recv } => send.elems() == p * recv.elems(),
+                        NcclOp::AllReduce { send, recv } => send.elems() == recv.elems(),
+                        NcclOp::SendRecv { .. } => true,
+                    };
+                    if !ok {
+                        return Err(invalid(format!(
+                            "{}: NCCL counts disagree with {p} ranks",
+                            name(plan, id)
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    check_nccl_matching(plan)
+}
+
+/// Every rank makes the same NCCL calls in the same order, on one stream, and
+/// every send has its matching receive.
+fn check_nccl_matching(plan: &Plan) -> Result<()> {
+    let mut seqs: Vec<Vec<(usize, TaskId)>> = vec![];
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        let mut seq = vec![];
+        let mut stream = None;
+        for (i, t) in rp.tasks.iter().enumerate() {
+            if let TaskKind::Nccl { group, .. } = t.kind {
+                let id = TaskId { rank: r, index: i };
+                if *stream.get_or_insert(t.stream) != t.stream {
+                    return Err(invalid(format!(
+                        "{}: NCCL calls of a rank must share one stream",
+                        name(plan, id)
+                    )));
+                }
+                seq.push((group, id));
+            }
+        }
+        seqs.push(seq);
+    }
+    let groups: Vec<usize> = seqs[0].iter().map(|(g, _)| *g).collect();
+    for (r, seq) in seqs.iter().enumerate() {
+        let gs: Vec<usize> = seq.iter().map(|(g, _)| *g).collect();
+        if gs != groups {
+            return Err(invalid(format!(
+                "rank {r} makes NCCL calls {gs:?} but rank 0 makes {groups:?}: every rank must make the same calls in the same order"
+            )));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (k, g) in groups.iter().enumerate() {
+        if !seen.insert(*g) {
+            return Err(invalid(format!("NCCL group {g} is used twice on a rank")));
+        }
+        let members: Vec<TaskId> = seqs.iter().map(|s| s[k].1).collect();
+        let ops: Vec<&NcclOp> = members
+            .iter()
+            .filter_map(|id| match &plan.task(*id)?.kind {
+                TaskKind::Nccl { op, .. } => Some(op),
+                _ => None,
+            })
+            .collect();
+        let first = std::mem::discriminant(ops[0]);
+        for (r, op) in ops.iter().enumerate() {
+            if std::mem::discriminant(*op) != first {
+                return Err(invalid(format!(
+                    "NCCL group {g}: rank {r} calls {} but rank 0 calls {}",
+                    op.short(),
+                    ops[0].short()
+                )));
+            }
+            match op {
+                NcclOp::SendRecv { sends, .. } => {
+                    for (d, v) in sends {
+                        let NcclOp::SendRecv { recvs, .. } = ops[*d] else {
+                            continue;
+                        };
+                        let n = sends
+                            .iter()
+                            .filter(|(x, w)| x == d && w.elems() == v.elems())
+                            .count();
+                        let m = recvs
+                            .iter()
+                            .filter(|(x, w)| *x == r && w.elems() == v.elems())
+                            .count();
+                        if n != m {
+                            return Err(invalid(format!(
+                                "NCCL group {g}: rank {r} sends {} elements to rank {d}, which has no matching receive",
+                                v.elems()
+                            )));
+                        }
+                    }
+                    let NcclOp::SendRecv { recvs, .. } = op else {
+                        continue;
+                    };
+                    for (q, v) in recvs {
+                        let NcclOp::SendRecv { sends, .. } = ops[*q] else {
+                            continue;
+                        };
+                        if !sends.iter().any(|(x, w)| *x == r && w.elems() == v.elems()) {
+                            return Err(invalid(format!(
+                                "NCCL group {g}: rank {r} receives {} elements from rank {q}, which sends none",
+                                v.elems()
+                            )));
+                        }
+                    }
+                }
+                _ => {
+                    let size = |o: &NcclOp| match o {
+                        NcclOp::AllGather { send, .. }
+                        | NcclOp::ReduceScatter { send, .. }
+                        | NcclOp::AllReduce { send, .. } => send.elems(),
+                        NcclOp::SendRecv { .. } => 0,
+                    };
+                    if size(op) != size(ops[0]) {
+                        return Err(invalid(format!(
+                            "NCCL group {g}: rank {r}'s count differs from rank 0's"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Kahn's algorithm; returns a topological order or the index of a node on a cycle.
+fn topo(n: usize, preds: &[Vec<usize>]) -> std::result::Result<Vec<usize>, usize> {
+    let mut indeg = vec![0usize; n];
+    let mut succ = vec![vec![]; n];
+    for (v, ps) in preds.iter().enumerate() {
+        indeg[v] = ps.len();
+        for &u in ps {
+            succ[u].push(v);
+        }
+    }
+    let mut ready: Vec<usize> = (0..n).filter(|&v| indeg[v] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(u) = ready.pop() {
+        order.push(u);
+        for &v in &succ[u] {
+            indeg[v] -= 1;
+            if indeg[v] == 0 {
+                ready.push(v);
+            }
+        }
+    }
+    if order.len() == n {
+        Ok(order)
+    } else {
+        Err((0..n).find(|&v| indeg[v] > 0).unwrap_or(0))
+    }
+}
+
+struct Index {
+    offsets: Vec<usize>,
+    total: usize,
+}
+
+impl Index {
+    fn new(plan: &Plan) -> Self {
+        let mut offsets = vec![];
+        let mut total = 0;
+        for rp in &plan.ranks {
+            offsets.push(total);
+            total += rp.tasks.len();
+        }
+        Index { offsets, total }
+    }
+    fn node(&self, id: TaskId) -> usize {
+        self.offsets[id.rank] + id.index
+    }
+    fn id(&self, node: usize) -> TaskId {
+        let rank = self.offsets.iter().rposition(|&o| o <= node).unwrap_or(0);
+        TaskId {
+            rank,
+            index: node - self.offsets[rank],
+        }
+    }
+}
+
+fn check_issue_order(plan: &Plan) -> Result<()> {
+    let ix = Index::new(plan);
+    let mut preds = vec![vec![]; ix.total];
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for (i, t) in rp.tasks.iter().enumerate() {
+            let v = ix.node(TaskId { rank: r, index: i });
+            if i > 0 {
+                preds[v].push(v - 1);
+            }
+            preds[v].extend(t.deps.iter().map(|d| ix.node(*d)));
+        }
+    }
+    topo(ix.total, &preds).map(|_| ()).map_err(|v| {
+        invalid(format!(
+            "issue-order cycle: {} waits for a task its rank's host thread can only issue later",
+            name(plan, ix.id(v))
+        ))
+    })
+}
+
+/// Happens-before as ancestor sets over tasks (and one node per NCCL group).
+pub(crate) struct HappensBefore {
+    ix: Index,
+    /// anc[v] = bitset of nodes that finish before v starts.
+    anc: Vec<Vec<u64>>,
+    /// A topological order of task nodes (group nodes removed).
+    pub(crate) order: Vec<TaskId>,
+}
+
+impl HappensBefore {
+    pub(crate) fn build(plan: &Plan) -> Result<Self> {
+        let ix = Index::new(plan);
+        let mut groups: HashMap<usize, usize> = HashMap::new();
+        for rp in &plan.ranks {
+            for t in &rp.tasks {
+                if let TaskKind::Nccl { group, .. } = t.kind {
+                    let next = ix.total + groups.len();
+                    groups.entry(group).or_insert(next);
+                }
+            }
+        }
+        let n = ix.total + groups.len();
+        let mut preds = vec![vec![]; n];
+        for (r, rp) in plan.ranks.iter().enumerate() {
+            let mut last: HashMap<usize, usize> = HashMap::new();
+            for (i, t) in rp.tasks.iter().enumerate() {
+                let v = ix.node(TaskId { rank: r, index: i });
+                let mut ps: Vec<usize> = t.deps.iter().map(|d| ix.node(*d)).collect();
+                if let Some(&u) = last.get(&t.stream) {
+                    ps.push(u);
+                }
+                last.insert(t.stream, v);
+                if let TaskKind::Nccl { group, .. } = t.kind {
+                    let gnode = groups[&group];
+                    preds[gnode].extend(ps);
+                    preds[v].push(gnode);
+                } else {
+                    preds[v] = ps;
+                }
+            }
+        }
+        let order = topo(n, &preds).map_err(|v| {
+            let what = if v < ix.total {
+                name(plan, ix.id(v))
+            } else {
+                "an NCCL rendezvous".to_string()
+            };
+            invalid(format!("dependency cycle through {what}"))
+        })?;
+        let words = n.div_ceil(64);
+        let mut anc = vec![vec![0u64; words]; n];
+        for &v in &order {
+            let mut acc = vec![0u64; words];
+            for &u in &preds[v] {
+                for (a, b) in acc.iter_mut().zip(&anc[u]) {
+                    *a |= b;
+                }
+                acc[u / 64] |= 1 << (u % 64);
+            }
+            anc[v] = acc;
+        }
+        let task_order = order
+            .into_iter()
+            .filter(|&v| v < ix.total)
+            .map(|v| ix.id(v))
+            .collect();
+        Ok(HappensBefore {
+            ix,
+            anc,
+            order: task_order,
+        })
+    }
+
+    /// Whether `a` finishes before `b` starts.
+    pub(crate) fn before(&self, a: TaskId, b: TaskId) -> bool {
+        let (u, v) = (self.ix.node(a), self.ix.node(b));
+        self.anc[v][u / 64] & (1 << (u % 64)) != 0
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Access {
+    task: TaskId,
+    view: View,
+    write: bool,
+}
+
+/// Memory a task reads and writes, keyed by the rank that owns it.
+pub(crate) fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)> {
+    match kind {
+        TaskKind::Gemm { a, b, c, .. } => {
+            vec![(rank, *a, false), (rank, *b, false), (rank, *c, true)]
+        }
+        TaskKind::Copy { src, dst } => {
+            vec![(src.rank, src.view, false), (dst.rank, dst.view, true)]
+        }
+        TaskKind::Reduce { srcs, dst } => {
+            let mut v: Vec<_> = srcs.iter().map(|s| (rank, *s, false)).collect();
+            v.push((rank, *dst, true));
+            v
+        }
+        TaskKind::Nccl { op, .. } => match op {
+            NcclOp::AllGather { send, recv }
+            | NcclOp::ReduceScatter { send, recv }
+            | NcclOp::AllReduce { send, recv } => vec![(rank, *send, false), (rank, *recv, true)],
+            NcclOp::SendRecv { sends, recvs } => sends
+                .iter()
+                .map(|(_, v)| (rank, *v, false))
+                .chain(recvs.iter().map(|(_, v)| (rank, *v, true)))
+                .collect(),
+        },
+    }
+}
+
+/// Whether the union of `covers` contains every element of `target`.
+fn covered(target: &View, covers: &[View]) -> bool {
+    let clip = |v: &View| {
+        let r0 = v.row.max(target.row);
+        let r1 = (v.row + v.rows).min(target.row + target.rows);
+        let c0 = v.col.max(target.col);
+        let c1 = (v.col + v.cols).min(target.col + target.cols);
+        (r0 < r1 && c0 < c1).then_some((r0, r1, c0, c1))
+    };
+    let rects: Vec<_> = covers.iter().filter_map(clip).collect();
+    let mut rows: Vec<usize> = vec![target.row, target.row + target.rows];
+    let mut cols: Vec<usize> = vec![target.col, target.col + target.cols];
+    for &(r0, r1, c0, c1) in &rects {
+        rows.extend([r0, r1]);
+        cols.extend([c0, c1]);
+    }
+    rows.sort_unstable();
+    rows.dedup();
+    cols.sort_unstable();
+    cols.dedup();
+    for rw in rows.windows(2) {
+        for cw in cols.windows(2) {
+            let hit = rects
+                .iter()
+                .any(|&(r0, r1, c0, c1)| r0 <= rw[0] && rw[1] <= r1 && c0 <= cw[0] && cw[1] <= c1);
+            if !hit {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+fn check_memory(plan: &Plan, hb: &HappensBefore) -> Result<()> {
+    let mut by_buf: HashMap<(usize, usize), Vec<Access>> = HashMap::new();
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for (i, t) in rp.tasks.iter().enumerate() {
+            let task = TaskId { rank: r, index: i };
+            for (owner, view, write) in accesses(r, &t.kind) {
+                by_buf
+                    .entry((owner, view.buf))
+                    .or_default()
+                    .push(Access { task, view, write });
+            }
+        }
+    }
+    for (&(owner, buf), acc) in &by_buf {
+        let b = &plan.ranks[owner].buffers[buf];
+        for (i, x) in acc.iter().enumerate() {
+            for y in &acc[i + 1..] {
+                if x.task != y.task
+                    && (x.write || y.write)
+                    && x.view.overlaps(&y.view)
+                    && !hb.before(x.task, y.task)
+                    && !hb.before(y.task, x.task)
+                {
+                    return Err(invalid(format!(
+                        "race on rank {owner} buffer '{}': {} and {} touch the same rows unordered",
+                        b.name,
+                        name(plan, x.task),
+                        name(plan, y.task)
+                    )));
+                }
+            }
+            let is_input = matches!(b.role, BufferRole::InputA | BufferRole::InputB);
+            if !x.write && !is_input {
+                let writes: Vec<View> = acc
+                    .iter()
+                    .filter(|w| w.write && w.view.overlaps(&x.view) && hb.before(w.task, x.task))
+                    .map(|w| w.view)
+                    .collect();
+                if !covered(&x.view, &writes) {
+                    return Err(invalid(format!(
+                        "{} reads rows {}..{} of rank {owner} buffer '{}' that no task writes before it",
+                        name(plan, x.task),
+                        x.view.row,
+                        x.view.row + x.view.rows,
+                        b.name
+                    )));
+                }
+            }
+        }
+    }
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for (id, b) in rp.buffers.iter().enumerate() {
+            if b.role == BufferRole::Output {
+                let writes: Vec<View> = by_buf
+                    .get(&(r, id))
+                    .map(|a| a.iter().filter(|x| x.write).map(|x| x.view).collect())
+                    .unwrap_or_default();
+                if !covered(&View::whole(id, b.rows, b.cols), &writes) {
+                    return Err(invalid(format!(
+                        "rank {r}'s output '{}' is not fully written",
+                        b.name
+                    )));
+                }
+            }
+        }
+    }
     Ok(())
 }

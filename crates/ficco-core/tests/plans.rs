@@ -1,0 +1,174 @@
+//! Every schedule of the design space, lowered for random small shapes, is a
+//! valid plan whose exact interpretation equals the sequential reference.
+
+use ficco_core::interp::{interpret, reference, Inputs};
+use ficco_core::lower::{comm_only, gemm_only, lower};
+use ficco_core::schedule::{enumerate, Schedule, SpaceOptions};
+use ficco_core::validate::validate;
+use ficco_core::workload::{Op, Problem};
+use proptest::prelude::*;
+
+fn space() -> SpaceOptions {
+    SpaceOptions {
+        controls: true,
+        sm_count: 132,
+        nccl_sms: 16,
+    }
+}
+
+fn check_all(problem: &Problem, seed: u64) -> Result<usize, TestCaseError> {
+    let inputs = Inputs::random(problem, seed);
+    let want = reference(problem, &inputs);
+    let mut ran = 0;
+    for s in enumerate(problem.op, space()) {
+        if s.misfit(problem).is_some() {
+            prop_assert!(lower(problem, &s).is_err());
+            continue;
+        }
+        let plan = lower(problem, &s).map_err(|e| TestCaseError::fail(format!("{s}: {e}")))?;
+        validate(&plan)
+            .map_err(|e| TestCaseError::fail(format!("{} {s}: {e}", problem.label())))?;
+        let got =
+            interpret(&plan, &inputs).map_err(|e| TestCaseError::fail(format!("{s}: {e}")))?;
+        prop_assert_eq!(&got, &want, "{} {}", problem.label(), s);
+        ran += 1;
+    }
+    Ok(ran)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn every_schedule_matches_the_reference(
+        op in prop::sample::select(Op::ALL.to_vec()),
+        gpus in 2usize..=4,
+        rows_per_chunk in 1usize..=2,
+        chunk_mult in prop::sample::select(vec![1usize, 2, 4, 8]),
+        k in 1usize..=5,
+        n in 1usize..=5,
+        seed in any::<u64>(),
+    ) {
+        let m = gpus * chunk_mult * rows_per_chunk;
+        let problem = Problem::new(op, m, k, n, gpus).unwrap();
+        check_all(&problem, seed)?;
+    }
+}
+
+#[test]
+fn all_fine_chunks_run_when_m_divides() {
+    for op in Op::ALL {
+        for gpus in [2, 3, 4, 8] {
+            let problem = Problem::new(op, gpus * 8, 3, 2, gpus).unwrap();
+            let ran = check_all(&problem, 7).unwrap();
+            assert_eq!(ran, enumerate(op, space()).len(), "{}", problem.label());
+        }
+    }
+}
+
+#[test]
+fn reference_plans_are_valid() {
+    for op in Op::ALL {
+        let problem = Problem::new(op, 16, 4, 4, 4).unwrap();
+        validate(&gemm_only(&problem)).unwrap();
+        validate(&comm_only(&problem)).unwrap();
+    }
+}
+
+#[test]
+fn seq_is_one_collective_and_one_gemm_per_rank() {
+    for op in Op::ALL {
+        let problem = Problem::new(op, 16, 4, 4, 4).unwrap();
+        let plan = lower(&problem, &Schedule::SEQ).unwrap();
+        for rp in &plan.ranks {
+            assert_eq!(rp.tasks.len(), 2);
+        }
+    }
+}
+
+fn plan(op: Op, name: &str) -> ficco_core::plan::Plan {
+    let problem = Problem::new(op, 16, 4, 4, 2).unwrap();
+    lower(&problem, &name.parse::<Schedule>().unwrap()).unwrap()
+}
+
+fn first_with(p: &ficco_core::plan::Plan, kind: &str) -> usize {
+    p.ranks[0]
+        .tasks
+        .iter()
+        .position(|t| t.kind.short() == kind)
+        .unwrap()
+}
+
+#[test]
+fn validation_rejects_a_read_before_its_write() {
+    // Drop the GEMM's dependency on the copy that fills its input rows.
+    let mut p = plan(Op::AgGemm, "shard-copy-ring");
+    let g = p.ranks[0]
+        .tasks
+        .iter()
+        .rposition(|t| t.kind.short() == "gemm")
+        .unwrap();
+    p.ranks[0].tasks[g].deps.clear();
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(
+        err.contains("race") || err.contains("no task writes before"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validation_rejects_a_cycle() {
+    let mut p = plan(Op::GemmRs, "fine2-copy-ring");
+    let copy = first_with(&p, "copy");
+    let gemm = first_with(&p, "gemm");
+    // The GEMM feeding the copy now also waits for the copy.
+    p.ranks[0].tasks[gemm].deps.push(ficco_core::plan::TaskId {
+        rank: 0,
+        index: copy,
+    });
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(err.contains("cycle"), "{err}");
+}
+
+#[test]
+fn validation_rejects_unordered_writers() {
+    // Two compute streams, and a reduce that no longer waits for rank 1's push.
+    let mut p = plan(Op::GemmRs, "shard-copy-ring-2s");
+    let red = first_with(&p, "reduce");
+    p.ranks[0].tasks[red].deps.retain(|d| d.rank == 0);
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(
+        err.contains("race") || err.contains("no task writes before"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validation_rejects_mismatched_nccl_calls() {
+    let mut p = plan(Op::GemmAr, "fine2-nccl-ring");
+    let last = p.ranks[1]
+        .tasks
+        .iter()
+        .rposition(|t| t.kind.short() == "all-reduce")
+        .unwrap();
+    p.ranks[1].tasks.remove(last);
+    let err = validate(&p).unwrap_err().to_string();
+    assert!(err.contains("same calls in the same order"), "{err}");
+}
+
+#[test]
+fn interpreter_exposes_a_wrong_plan() {
+    // A plan that reduces only its own partial is valid memory-wise but wrong.
+    let problem = Problem::new(Op::GemmRs, 8, 3, 2, 2).unwrap();
+    let mut p = lower(&problem, &"shard-copy-ring".parse::<Schedule>().unwrap()).unwrap();
+    for rp in &mut p.ranks {
+        for t in &mut rp.tasks {
+            if let ficco_core::plan::TaskKind::Reduce { srcs, .. } = &mut t.kind {
+                srcs.truncate(1);
+            }
+        }
+    }
+    let inputs = Inputs::random(&problem, 3);
+    let got = interpret(&p, &inputs).unwrap();
+    assert_ne!(got, reference(&problem, &inputs));
+}
