@@ -51,6 +51,65 @@ pub fn init_comms(n: usize) -> Result<Vec<NcclComm>> {
     Ok(comms.into_iter().map(NcclComm).collect())
 }
 
+/// Establishes NCCL's connections up front (they are made lazily at the first
+/// call of each kind, which blocks the host until peers join): all-reduce of a
+/// small and a large message, all-gather, reduce-scatter and a send/recv with
+/// every peer, issued from this thread in one group per step.
+pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
+    use cudarc::nccl::result as nr;
+    let n = ctxs.len();
+    let elems = 4 << 20; // 8 MiB of bf16 per buffer
+    let mut bufs = vec![];
+    let mut streams = vec![];
+    for ctx in ctxs {
+        bufs.push((
+            DeviceBuffer::alloc(ctx, elems * 2 * n)?,
+            DeviceBuffer::alloc(ctx, elems * 2 * n)?,
+        ));
+        streams.push(ctx.new_stream().map_err(drv("cuStreamCreate"))?);
+    }
+    let bf = nsys::ncclDataType_t::ncclBfloat16;
+    let sum = nsys::ncclRedOp_t::ncclSum;
+    for step in 0..5 {
+        nr::group_start().map_err(nccl("ncclGroupStart"))?;
+        for r in 0..n {
+            let (a, b) = (
+                bufs[r].0.ptr() as *mut c_void,
+                bufs[r].1.ptr() as *mut c_void,
+            );
+            let s = streams[r].cu_stream() as nsys::cudaStream_t;
+            let c = comms[r].0;
+            // SAFETY: buffers hold n * elems bf16 each; one stream per comm.
+            let res = unsafe {
+                match step {
+                    0 => nr::all_reduce(a, b, 1024, bf, sum, c, s),
+                    1 => nr::all_reduce(a, b, elems, bf, sum, c, s),
+                    2 => nr::all_gather(a, b, elems, bf, c, s),
+                    3 => nr::reduce_scatter(a, b, elems, bf, sum, c, s),
+                    _ => {
+                        let mut res = Ok(nr::NcclStatus::Success);
+                        for p in (0..n).filter(|&p| p != r) {
+                            res = res
+                                .and_then(|_| nr::send(a, elems / n, bf, p as i32, c, s))
+                                .and_then(|_| nr::recv(b, elems / n, bf, p as i32, c, s));
+                        }
+                        res
+                    }
+                }
+            };
+            if let Err(e) = res {
+                let _ = nr::group_end();
+                return Err(nccl("NCCL warm-up")(e));
+            }
+        }
+        nr::group_end().map_err(nccl("ncclGroupEnd (warm-up)"))?;
+    }
+    for s in &streams {
+        s.synchronize().map_err(drv("cuStreamSynchronize"))?;
+    }
+    Ok(())
+}
+
 /// One GPU and everything the executor keeps on it between plans.
 pub struct Rank {
     pub rank: usize,

@@ -114,8 +114,10 @@ pub struct ReduceSrcs {
 unsafe impl DeviceRepr for ReduceSrcs {}
 
 /// CUBINs by architecture, compiled once per process.
-fn cubin_cache() -> &'static Mutex<HashMap<(i32, i32), Arc<Vec<u8>>>> {
-    static C: OnceLock<Mutex<HashMap<(i32, i32), Arc<Vec<u8>>>>> = OnceLock::new();
+type CubinCache = Mutex<HashMap<(i32, i32), Arc<Vec<u8>>>>;
+
+fn cubin_cache() -> &'static CubinCache {
+    static C: OnceLock<CubinCache> = OnceLock::new();
     C.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -316,5 +318,22 @@ impl Kernels {
             .launch(self.grid(n))
             .map_err(drv("cuLaunchKernel(ficco_check)"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Compiles the kernels for Hopper when NVRTC is loadable (no GPU needed).
+    #[test]
+    fn kernels_compile_for_sm90_when_nvrtc_present() {
+        // SAFETY: only dlopen attempts.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        }
+        match super::compile(9, 0) {
+            Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "not a CUBIN"),
+            Err(e) => panic!("{e}"),
+        }
     }
 }
