@@ -70,7 +70,11 @@ pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
     }
     let bf = nsys::ncclDataType_t::ncclBfloat16;
     let sum = nsys::ncclRedOp_t::ncclSum;
-    for step in 0..5 {
+    // Each collective at an LL-, LL128- and Simple-sized message, so every
+    // kernel and connection NCCL picks later already exists.
+    let sizes = [1024usize, 64 << 10, elems];
+    for step in 0..4 * sizes.len() {
+        let (kind, count) = (step % 4, sizes[step / 4]);
         nr::group_start().map_err(nccl("ncclGroupStart"))?;
         for r in 0..n {
             let (a, b) = (
@@ -81,17 +85,16 @@ pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
             let c = comms[r].0;
             // SAFETY: buffers hold n * elems bf16 each; one stream per comm.
             let res = unsafe {
-                match step {
-                    0 => nr::all_reduce(a, b, 1024, bf, sum, c, s),
-                    1 => nr::all_reduce(a, b, elems, bf, sum, c, s),
-                    2 => nr::all_gather(a, b, elems, bf, c, s),
-                    3 => nr::reduce_scatter(a, b, elems, bf, sum, c, s),
+                match kind {
+                    0 => nr::all_reduce(a, b, count, bf, sum, c, s),
+                    1 => nr::all_gather(a, b, count, bf, c, s),
+                    2 => nr::reduce_scatter(a, b, count, bf, sum, c, s),
                     _ => {
                         let mut res = Ok(nr::NcclStatus::Success);
                         for p in (0..n).filter(|&p| p != r) {
                             res = res
-                                .and_then(|_| nr::send(a, elems / n, bf, p as i32, c, s))
-                                .and_then(|_| nr::recv(b, elems / n, bf, p as i32, c, s));
+                                .and_then(|_| nr::send(a, count, bf, p as i32, c, s))
+                                .and_then(|_| nr::recv(b, count, bf, p as i32, c, s));
                         }
                         res
                     }
@@ -128,6 +131,8 @@ pub struct Rank {
     pool: Vec<DeviceBuffer>,
     /// 2 f64 + 1 u64 for the check kernel.
     check_acc: DeviceBuffer,
+    /// GEMM configurations already run once (their kernels are loaded).
+    warmed: std::collections::HashSet<GemmKey>,
 }
 
 impl Rank {
@@ -151,6 +156,7 @@ impl Rank {
             workspaces: vec![],
             pool: vec![],
             check_acc: DeviceBuffer::alloc(&ctx, 32)?,
+            warmed: Default::default(),
             ctx,
         })
     }
@@ -236,6 +242,45 @@ impl Rank {
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
     }
+
+    /// Runs every GEMM configuration of `rp` not run before once, alone, into a
+    /// temporary output. CUDA loads kernels lazily, and loading one can wait for
+    /// the device to go idle: inside a running plan that can deadlock against an
+    /// NCCL kernel waiting for a peer. Call before the rank threads start.
+    fn prewarm_gemms(&mut self, rp: &RankPlan, ptrs: &[u64]) -> Result<()> {
+        for t in &rp.tasks {
+            let TaskKind::Gemm { a, b, c, sm_target } = &t.kind else {
+                continue;
+            };
+            let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
+            let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
+            let (_, ldc) = view_addr(&rp.buffers, ptrs, c, "gemm c")?;
+            let key = GemmKey {
+                m: a.rows,
+                n: b.cols,
+                k: a.cols,
+                lda: lda / ELEM_BYTES,
+                ldb: ldb / ELEM_BYTES,
+                ldc: ldc / ELEM_BYTES,
+                sm_target: *sm_target,
+            };
+            if self.warmed.contains(&key) || a.cols != b.rows {
+                continue;
+            }
+            let tmp = DeviceBuffer::alloc(&self.ctx, key.m * key.ldc * ELEM_BYTES)?;
+            let ws = self.workspaces.first().map(|w| w.ptr()).unwrap_or(0);
+            // SAFETY: a and b are bounds-checked live views; tmp holds m rows at ldc.
+            unsafe {
+                self.gemms
+                    .gemm(key, pa, pb, tmp.ptr(), ws, self.control.cu_stream())?;
+            }
+            self.control
+                .synchronize()
+                .map_err(drv("cuStreamSynchronize"))?;
+            self.warmed.insert(key);
+        }
+        Ok(())
+    }
 }
 
 /// How to run a plan.
@@ -284,6 +329,8 @@ pub struct Shared<'a> {
     pub ctxs: &'a [Arc<CudaContext>],
     pub sync: &'a dyn CrossRankSync,
     pub spec: RunSpec,
+    /// Every rank thread passes it once its events exist.
+    pub start: &'a std::sync::Barrier,
 }
 
 fn issue(
@@ -506,11 +553,15 @@ fn issue(
 
 /// Runs one rank's share of `warmup + timed (+1)` iterations. Iteration numbers
 /// start at `first_iter` (> 0) and are the generations of the sync points.
-pub fn run_rank(rank: &mut Rank, sh: &Shared<'_>, first_iter: u64) -> Result<RankTimes> {
+pub fn run_rank(
+    rank: &mut Rank,
+    sh: &Shared<'_>,
+    streams: Vec<Arc<CudaStream>>,
+    first_iter: u64,
+) -> Result<RankTimes> {
     let r = rank.rank;
-    rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let bound = rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"));
     let rp = &sh.plan.ranks[r];
-    let streams = rank.plan_streams(rp)?;
     let n_ranks = sh.plan.ranks.len();
     let n_tasks = rp.tasks.len();
     let ctx = rank.ctx.clone();
@@ -521,21 +572,29 @@ pub fn run_rank(rank: &mut Rank, sh: &Shared<'_>, first_iter: u64) -> Result<Ran
     let plain_ev = || ctx.new_event(None).map_err(drv("cuEventCreate"));
     let spec = sh.spec;
     let total = spec.warmup + spec.timed + usize::from(spec.timeline);
-    let mut starts: Vec<CudaEvent> = vec![];
-    let mut ends: Vec<CudaEvent> = vec![];
-    for _ in 0..spec.timed + usize::from(spec.timeline) {
-        starts.push(timed_ev()?);
-        ends.push(timed_ev()?);
-    }
-    let mut task_ev: Vec<(CudaEvent, CudaEvent)> = vec![];
-    if spec.timeline {
-        for _ in 0..n_tasks {
-            task_ev.push((timed_ev()?, timed_ev()?));
+    // Create every event before any rank issues work, then start together.
+    let prep = (|| -> Result<_> {
+        bound?;
+        let mut starts: Vec<CudaEvent> = vec![];
+        let mut ends: Vec<CudaEvent> = vec![];
+        for _ in 0..spec.timed + usize::from(spec.timeline) {
+            starts.push(timed_ev()?);
+            ends.push(timed_ev()?);
         }
-    }
-    let go = plain_ev()?;
-    let stream_done: Vec<CudaEvent> = streams.iter().map(|_| plain_ev()).collect::<Result<_>>()?;
+        let mut task_ev: Vec<(CudaEvent, CudaEvent)> = vec![];
+        if spec.timeline {
+            for _ in 0..n_tasks {
+                task_ev.push((timed_ev()?, timed_ev()?));
+            }
+        }
+        let go = plain_ev()?;
+        let stream_done: Vec<CudaEvent> =
+            streams.iter().map(|_| plain_ev()).collect::<Result<_>>()?;
 
+        Ok((starts, ends, task_ev, go, stream_done))
+    })();
+    sh.start.wait();
+    let (starts, ends, task_ev, go, stream_done) = prep?;
     for it in 0..total {
         let iter = first_iter + it as u64;
         let control = rank.control.clone();
@@ -649,6 +708,15 @@ pub fn run_plan(
             .filter(|s| s.role == StreamRole::Comm)
             .count();
     }
+    // All allocation and kernel loading happens here, before any rank issues
+    // work (either can wait for a device to go idle).
+    let mut all_streams = vec![];
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        all_streams.push(rank.plan_streams(&plan.ranks[r])?);
+        rank.prewarm_gemms(&plan.ranks[r], &ptrs[r])?;
+    }
+    let start = std::sync::Barrier::new(ranks.len());
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
     let points: Vec<usize> = plan.ranks.iter().map(|rp| rp.tasks.len() + 1).collect();
     let sync = InProcessSync::new(&ctxs, &points)?;
@@ -658,14 +726,16 @@ pub fn run_plan(
         ctxs: &ctxs,
         sync: &sync,
         spec,
+        start: &start,
     };
     let results: Vec<Result<RankTimes>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter_mut()
-            .map(|rank| {
+            .zip(all_streams)
+            .map(|(rank, streams)| {
                 let sh = &sh;
                 s.spawn(move || {
-                    let res = run_rank(rank, sh, 1);
+                    let res = run_rank(rank, sh, streams, 1);
                     if res.is_err() {
                         sh.sync.abort();
                         let _ = rank.synchronize();

@@ -210,12 +210,33 @@ impl Kernels {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(drv("cuDeviceGetAttribute(SM count)"))?;
-        Ok(Kernels {
+        let k = Kernels {
             fill: f("ficco_fill")?,
             reduce: f("ficco_reduce")?,
             check: f("ficco_check")?,
             sms: sms.max(1) as u32,
-        })
+        };
+        k.warm(ctx)?;
+        Ok(k)
+    }
+
+    /// Launches each kernel once on a scratch buffer: CUDA loads kernels
+    /// lazily, and loading inside a running multi-GPU plan can deadlock.
+    fn warm(&self, ctx: &Arc<CudaContext>) -> Result<()> {
+        let buf = crate::mem::DeviceBuffer::alloc(ctx, 256)?;
+        let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+        let p = buf.ptr();
+        let mut srcs = ReduceSrcs::default();
+        srcs.p[0] = p;
+        srcs.ld[0] = 8;
+        // SAFETY: 256 bytes hold 64 bf16 (fill, reduce 1 x 8 into p + 64) and
+        // the 24-byte accumulator at p + 128.
+        unsafe {
+            self.fill(&stream, p, 64, 1)?;
+            self.reduce(&stream, &srcs, 1, p + 64, 8, 1, 8)?;
+            self.check(&stream, p, p, 8, p + 128, p + 144)?;
+        }
+        stream.synchronize().map_err(drv("cuStreamSynchronize"))
     }
 
     /// A grid-stride launch over `work` items: at most 8 blocks per SM of 256 threads.
