@@ -320,6 +320,114 @@ fn view_addr(bufs: &[Buffer], ptrs: &[u64], v: &View, what: &str) -> Result<(u64
     ))
 }
 
+/// Checks every task of `plan` on the host before anything is issued: a task
+/// that fails to issue on one rank would leave its peers' NCCL kernels waiting
+/// forever on the device.
+pub fn precheck(plan: &Plan, ptrs: &[Vec<u64>]) -> Result<()> {
+    let p = plan.ranks.len();
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        let bufs = &rp.buffers;
+        let at = |v: &View, what: &str| view_addr(bufs, &ptrs[r], v, what);
+        let contiguous = |v: &View, what: &str| -> Result<()> {
+            let (_, pitch) = at(v, what)?;
+            if v.rows > 1 && pitch != v.cols * ELEM_BYTES {
+                return Err(CudaError::Plan(format!(
+                    "{what} on rank {r}: NCCL needs a contiguous view (full rows of its buffer)"
+                )));
+            }
+            Ok(())
+        };
+        for (i, t) in rp.tasks.iter().enumerate() {
+            if t.stream >= rp.streams.len() {
+                return Err(CudaError::Plan(format!(
+                    "task {i} of rank {r} names stream {}",
+                    t.stream
+                )));
+            }
+            for d in &t.deps {
+                if plan.task(*d).is_none() {
+                    return Err(CudaError::Plan(format!(
+                        "task {i} of rank {r} depends on missing {d:?}"
+                    )));
+                }
+            }
+            match &t.kind {
+                TaskKind::Gemm { a, b, c, .. } => {
+                    if a.cols != b.rows || c.rows != a.rows || c.cols != b.cols || a.cols == 0 {
+                        return Err(CudaError::Plan(format!(
+                            "gemm '{}' on rank {r}: shapes do not match",
+                            t.label
+                        )));
+                    }
+                    at(a, "gemm a")?;
+                    at(b, "gemm b")?;
+                    at(c, "gemm c")?;
+                }
+                TaskKind::Copy { src, dst } => {
+                    if src.view.rows != dst.view.rows || src.view.cols != dst.view.cols {
+                        return Err(CudaError::Plan(format!(
+                            "copy '{}' on rank {r}: shapes differ",
+                            t.label
+                        )));
+                    }
+                    for (rv, what) in [(src, "copy src"), (dst, "copy dst")] {
+                        let rp2 = plan.ranks.get(rv.rank).ok_or_else(|| {
+                            CudaError::Plan(format!("{what}: no rank {}", rv.rank))
+                        })?;
+                        view_addr(&rp2.buffers, &ptrs[rv.rank], &rv.view, what)?;
+                    }
+                }
+                TaskKind::Reduce { srcs, dst } => {
+                    if srcs.is_empty() || srcs.len() > MAX_REDUCE_SRCS {
+                        return Err(CudaError::Plan(format!("reduce of {} sources", srcs.len())));
+                    }
+                    for v in srcs {
+                        if v.rows != dst.rows || v.cols != dst.cols {
+                            return Err(CudaError::Plan(
+                                "reduce source shape differs from dst".into(),
+                            ));
+                        }
+                        at(v, "reduce src")?;
+                    }
+                    at(dst, "reduce dst")?;
+                }
+                TaskKind::Nccl { op, .. } => match op {
+                    NcclOp::AllGather { send, recv } => {
+                        if recv.elems() != send.elems() * p {
+                            return Err(CudaError::Plan("all-gather recv != P x send".into()));
+                        }
+                        contiguous(send, "all-gather send")?;
+                        contiguous(recv, "all-gather recv")?;
+                    }
+                    NcclOp::ReduceScatter { send, recv } => {
+                        if send.elems() != recv.elems() * p {
+                            return Err(CudaError::Plan("reduce-scatter send != P x recv".into()));
+                        }
+                        contiguous(send, "reduce-scatter send")?;
+                        contiguous(recv, "reduce-scatter recv")?;
+                    }
+                    NcclOp::AllReduce { send, recv } => {
+                        if send.elems() != recv.elems() {
+                            return Err(CudaError::Plan("all-reduce send and recv differ".into()));
+                        }
+                        contiguous(send, "all-reduce send")?;
+                        contiguous(recv, "all-reduce recv")?;
+                    }
+                    NcclOp::SendRecv { sends, recvs } => {
+                        for (peer, v) in sends.iter().chain(recvs) {
+                            if *peer >= p {
+                                return Err(CudaError::Plan(format!("send/recv with rank {peer}")));
+                            }
+                            contiguous(v, "send/recv")?;
+                        }
+                    }
+                },
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Everything the rank threads share for one run.
 pub struct Shared<'a> {
     pub plan: &'a Plan,
@@ -708,6 +816,7 @@ pub fn run_plan(
             .filter(|s| s.role == StreamRole::Comm)
             .count();
     }
+    precheck(plan, ptrs)?;
     // All allocation and kernel loading happens here, before any rank issues
     // work (either can wait for a device to go idle).
     let mut all_streams = vec![];
@@ -817,4 +926,43 @@ pub fn compare(rank: &Rank, out: u64, reference: u64, n: usize) -> Result<(f64, 
         f64::from_le_bytes(f(1)),
         u64::from_le_bytes(f(2)),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use ficco_core::lower::{comm_only, gemm_only, lower};
+    use ficco_core::schedule::{enumerate, SpaceOptions};
+    use ficco_core::workload::{Op, Problem};
+
+    /// Every lowered plan passes the executor's host-side checks (views in
+    /// bounds, NCCL views contiguous, sizes consistent). Runs without a GPU.
+    #[test]
+    fn every_lowered_plan_passes_precheck() {
+        let opts = SpaceOptions {
+            controls: true,
+            sm_count: 132,
+            nccl_sms: 16,
+        };
+        for gpus in [2, 4] {
+            for op in Op::ALL {
+                let problem = Problem::new(op, 512, 256, 384, gpus).expect("problem");
+                let mut plans = vec![gemm_only(&problem), comm_only(&problem)];
+                plans.extend(
+                    enumerate(op, opts)
+                        .iter()
+                        .filter_map(|s| lower(&problem, s).ok()),
+                );
+                for plan in plans {
+                    let ptrs: Vec<Vec<u64>> = plan
+                        .ranks
+                        .iter()
+                        .map(|rp| vec![0; rp.buffers.len()])
+                        .collect();
+                    if let Err(e) = super::precheck(&plan, &ptrs) {
+                        panic!("{} {}: {e}", problem.label(), plan.name);
+                    }
+                }
+            }
+        }
+    }
 }

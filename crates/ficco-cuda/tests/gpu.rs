@@ -542,10 +542,12 @@ fn every_enumerated_schedule_is_correct() {
     for op in Op::ALL {
         let problem = Problem::new(op, 512, 256, 384, GPUS).expect("problem");
         let seq = lower(&problem, &Schedule::SEQ).expect("seq");
+        eprintln!("preparing {}", problem.label());
         be.prepare(&seq).expect("prepare");
         let mut n = 0;
         for s in enumerate(op, opts) {
             let Ok(p) = lower(&problem, &s) else { continue };
+            eprintln!("measuring {op} {}", s.name());
             let m = be.measure(&p, true, s.is_seq()).expect("measure");
             n += 1;
             eprintln!(
@@ -625,6 +627,7 @@ fn timing_probe() {
                 continue;
             };
             let Ok(p) = lower(&problem, &s) else { continue };
+            eprintln!("PROBE measuring {name}");
             let r = be.measure(&p, true, false).expect("measure");
             eprintln!(
                 "PROBE {} {:<20} {:.3} ms correct={} err={:.1e}",
