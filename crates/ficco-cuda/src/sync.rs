@@ -7,6 +7,14 @@
 //! recorded the event *in this iteration*: every recorded point carries a
 //! generation (the iteration number).
 //!
+//! A point's event is re-recorded every iteration, and a rank may finish
+//! issuing iteration i+1 before a slower rank has issued its wait for the
+//! end of iteration i (the inter-iteration barrier). Waiting then would
+//! capture the newer record and deadlock. So every point has two events,
+//! used by iteration parity: a rank cannot get two iterations ahead, because
+//! iteration i+2 starts only after every rank has recorded the end of i+1,
+//! which it does after issuing all its waits of iteration i+1.
+//!
 //! [`CrossRankSync`] is the one seam for this. [`InProcessSync`] implements it
 //! for one process driving every GPU (events shared between threads, a
 //! condition variable for generations). A later backend with one process per
@@ -44,7 +52,8 @@ struct State {
 
 /// Events shared between the host threads of one process.
 pub struct InProcessSync {
-    events: Vec<Vec<CudaEvent>>,
+    /// events[rank][point][iteration parity]
+    events: Vec<Vec<[CudaEvent; 2]>>,
     state: Mutex<State>,
     cv: Condvar,
 }
@@ -56,7 +65,10 @@ impl InProcessSync {
         for (ctx, &n) in ctxs.iter().zip(points) {
             let mut ev = Vec::with_capacity(n);
             for _ in 0..n {
-                ev.push(ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+                ev.push([
+                    ctx.new_event(None).map_err(drv("cuEventCreate"))?,
+                    ctx.new_event(None).map_err(drv("cuEventCreate"))?,
+                ]);
             }
             events.push(ev);
         }
@@ -70,10 +82,11 @@ impl InProcessSync {
         })
     }
 
-    fn event(&self, p: Point) -> Result<&CudaEvent> {
+    fn event(&self, p: Point, iter: u64) -> Result<&CudaEvent> {
         self.events
             .get(p.rank)
             .and_then(|e| e.get(p.index))
+            .map(|pair| &pair[(iter % 2) as usize])
             .ok_or_else(|| CudaError::Plan(format!("dependency on unknown task {p:?}")))
     }
 }
@@ -84,7 +97,7 @@ fn poisoned<T>(_: T) -> CudaError {
 
 impl CrossRankSync for InProcessSync {
     fn record(&self, point: Point, stream: &CudaStream, iter: u64) -> Result<()> {
-        self.event(point)?
+        self.event(point, iter)?
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
         let mut st = self.state.lock().map_err(poisoned)?;
@@ -95,7 +108,7 @@ impl CrossRankSync for InProcessSync {
     }
 
     fn wait(&self, stream: &CudaStream, point: Point, iter: u64) -> Result<()> {
-        let ev = self.event(point)?;
+        let ev = self.event(point, iter)?;
         let mut st = self.state.lock().map_err(poisoned)?;
         while st.gens[point.rank][point.index] < iter {
             if st.aborted {
