@@ -1,0 +1,515 @@
+//! [`GpuBackend`]: opens the GPUs and implements `ficco_core::measure::Measurer`.
+
+use crate::error::{drv, CudaError, Result};
+use crate::exec::{self, init_comms, Rank, RunSpec};
+use crate::info::{self, SystemInfo};
+use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer};
+use cudarc::driver::CudaContext;
+use ficco_core::measure::{MeasureError, Measured, Measurer};
+use ficco_core::plan::{BufferRole, Plan};
+use ficco_core::timeline::{Span, Timeline};
+use ficco_core::workload::{Op, Problem, ELEM_BYTES};
+
+/// Iteration counts and tolerance of measurements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeasureConfig {
+    /// Untimed iterations first (at least 5 is sensible).
+    pub warmup: usize,
+    /// Timed iterations; the median is reported.
+    pub iters: usize,
+    /// Largest relative error ||out - ref|| / ||ref|| accepted.
+    pub tolerance: f64,
+    /// Seed of the random inputs; `prepare` advances it so each call draws fresh data.
+    pub seed: u32,
+}
+
+impl Default for MeasureConfig {
+    fn default() -> Self {
+        MeasureConfig {
+            warmup: 5,
+            iters: 20,
+            tolerance: 1e-2,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// Inputs and reference outputs of one prepared problem, per rank.
+struct Prepared {
+    problem: Problem,
+    /// (role, buffer) per rank.
+    inputs: Vec<Vec<(BufferRole, DeviceBuffer)>>,
+    /// Reference output per rank.
+    reference: Vec<DeviceBuffer>,
+}
+
+/// The GPU backend: one process driving `gpus` GPUs (ordinals 0..gpus).
+pub struct GpuBackend {
+    ranks: Vec<Rank>,
+    info: SystemInfo,
+    pub config: MeasureConfig,
+    prepared: Option<Prepared>,
+}
+
+impl std::fmt::Debug for GpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuBackend({})", self.device_name())
+    }
+}
+
+/// Median of a non-empty list (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+impl GpuBackend {
+    /// Opens GPUs 0..gpus: checks the libraries, creates contexts, enables peer
+    /// access, compiles the kernels and creates the NCCL communicators.
+    /// Fails with `LibraryMissing`, `NoGpu` or `NotEnoughGpus`; never panics.
+    pub fn open(gpus: usize) -> Result<Self> {
+        crate::loader::require()?;
+        let found = info::device_count()?;
+        if gpus == 0 || gpus > found {
+            return Err(CudaError::NotEnoughGpus {
+                wanted: gpus,
+                found,
+            });
+        }
+        let info = info::info();
+        let ctxs: Vec<_> = (0..gpus)
+            .map(|i| CudaContext::new(i).map_err(drv("cuDevicePrimaryCtxRetain")))
+            .collect::<Result<_>>()?;
+        for i in 0..gpus {
+            for j in 0..gpus {
+                if i != j && can_access_peer(ctxs[i].cu_device(), ctxs[j].cu_device())? {
+                    enable_peer_access(&ctxs[i], &ctxs[j])?;
+                }
+            }
+        }
+        let comms = init_comms(gpus)?;
+        exec::warm_comms(&ctxs, &comms)?;
+        let mut ranks = Vec::with_capacity(gpus);
+        for (r, (ctx, comm)) in ctxs.into_iter().zip(comms).enumerate() {
+            ranks.push(Rank::new(r, ctx, comm)?);
+        }
+        Ok(GpuBackend {
+            ranks,
+            info,
+            config: MeasureConfig::default(),
+            prepared: None,
+        })
+    }
+
+    /// The machine description gathered at open.
+    pub fn info(&self) -> &SystemInfo {
+        &self.info
+    }
+
+    /// Number of GPUs driven.
+    pub fn gpus(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn device_name(&self) -> String {
+        let name = self
+            .info
+            .gpus
+            .first()
+            .map(|g| g.name.clone())
+            .unwrap_or_else(|| "GPU".into());
+        format!("{}x {}", self.ranks.len(), name)
+    }
+
+    fn bind(&mut self, plan: &Plan) -> Result<Vec<Vec<u64>>> {
+        if plan.ranks.len() != self.ranks.len() {
+            return Err(CudaError::Plan(format!(
+                "plan has {} ranks but the backend drives {} GPUs",
+                plan.ranks.len(),
+                self.ranks.len()
+            )));
+        }
+        self.ranks
+            .iter_mut()
+            .zip(&plan.ranks)
+            .map(|(rank, rp)| rank.bind(rp))
+            .collect()
+    }
+
+    fn sync_all(&self) -> Result<()> {
+        self.ranks.iter().try_for_each(|r| r.synchronize())
+    }
+
+    /// Runs `plan` once with given initial buffer contents and returns every
+    /// buffer's final contents (bf16 bit patterns). `init[rank][buf]` of `None`
+    /// poisons the buffer with NaN. For tests and debugging; copies everything
+    /// through the host.
+    pub fn run_host(
+        &mut self,
+        plan: &Plan,
+        init: &[Vec<Option<Vec<u16>>>],
+    ) -> Result<Vec<Vec<Vec<u16>>>> {
+        let ptrs = self.bind(plan)?;
+        for (r, rp) in plan.ranks.iter().enumerate() {
+            self.ranks[r].synchronize()?;
+            for (b, buf) in rp.buffers.iter().enumerate() {
+                match init.get(r).and_then(|v| v.get(b)).and_then(|o| o.as_ref()) {
+                    Some(data) => {
+                        let bytes: Vec<u8> = data.iter().flat_map(|w| w.to_le_bytes()).collect();
+                        upload(
+                            &self.ranks[r],
+                            ptrs[r][b],
+                            &bytes[..bytes.len().min(buf.bytes())],
+                        )?;
+                    }
+                    None => exec::poison(&self.ranks[r], ptrs[r][b], buf.rows * buf.cols)?,
+                }
+            }
+        }
+        self.sync_all()?;
+        exec::run_plan(
+            &mut self.ranks,
+            plan,
+            &ptrs,
+            RunSpec {
+                warmup: 1,
+                timed: 0,
+                timeline: false,
+            },
+        )?;
+        let mut out = vec![];
+        for (r, rp) in plan.ranks.iter().enumerate() {
+            let mut bufs = vec![];
+            for (b, buf) in rp.buffers.iter().enumerate() {
+                let mut bytes = vec![0u8; buf.bytes()];
+                download(&self.ranks[r], ptrs[r][b], &mut bytes)?;
+                bufs.push(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                );
+            }
+            out.push(bufs);
+        }
+        Ok(out)
+    }
+
+    /// Copies the prepared inputs into the plan's input buffers, or fills them
+    /// with fresh random data when nothing is prepared for this problem; poisons
+    /// outputs and scratch when `poison`.
+    fn load_inputs(
+        &mut self,
+        plan: &Plan,
+        ptrs: &[Vec<u64>],
+        poison: bool,
+        strict: bool,
+    ) -> Result<()> {
+        let seed = self.config.seed;
+        let prepared = self.prepared.as_ref().filter(|p| p.problem == plan.problem);
+        for (r, rp) in plan.ranks.iter().enumerate() {
+            let rank = &self.ranks[r];
+            for (b, buf) in rp.buffers.iter().enumerate() {
+                let n = buf.rows * buf.cols;
+                match buf.role {
+                    BufferRole::InputA | BufferRole::InputB => {
+                        let src = prepared
+                            .and_then(|p| p.inputs[r].iter().find(|(role, _)| *role == buf.role));
+                        match src {
+                            Some((_, d)) if d.bytes() == buf.bytes() => {
+                                exec::copy_d2d(rank, ptrs[r][b], d.ptr(), buf.bytes())?
+                            }
+                            Some(_) if strict => {
+                                return Err(CudaError::Plan(format!(
+                                    "input buffer '{}' of rank {r} has a different size than the prepared input",
+                                    buf.name
+                                )))
+                            }
+                            // SAFETY: the pool allocation holds n bf16.
+                            _ => unsafe {
+                                rank.kernels.fill(
+                                    rank.control(),
+                                    ptrs[r][b],
+                                    n as u64,
+                                    seed ^ ((r as u32) << 8) ^ (buf.role as u32),
+                                )?
+                            },
+                        }
+                    }
+                    BufferRole::Output | BufferRole::Scratch if poison => {
+                        exec::poison(rank, ptrs[r][b], n)?
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.sync_all()
+    }
+
+    fn output_of(plan: &Plan, r: usize) -> Result<usize> {
+        plan.ranks[r]
+            .buffer_with(BufferRole::Output)
+            .ok_or_else(|| CudaError::Plan(format!("rank {r} has no Output buffer")))
+    }
+
+    /// Draws fresh inputs, runs the sequential plan once and keeps its outputs
+    /// as the reference for `plan.problem`.
+    #[allow(clippy::needless_range_loop)]
+    pub fn prepare_plan(&mut self, seq: &Plan) -> Result<()> {
+        self.prepared = None;
+        self.config.seed = self
+            .config
+            .seed
+            .wrapping_mul(747796405)
+            .wrapping_add(2891336453);
+        let ptrs = self.bind(seq)?;
+        // Inputs: own allocations, filled with ~U(-1, 1).
+        let mut inputs = vec![];
+        for (r, rp) in seq.ranks.iter().enumerate() {
+            let rank = &self.ranks[r];
+            let mut ins = vec![];
+            for buf in rp
+                .buffers
+                .iter()
+                .filter(|b| matches!(b.role, BufferRole::InputA | BufferRole::InputB))
+            {
+                let d = rank.alloc(buf.bytes())?;
+                // SAFETY: d holds the buffer's elements.
+                unsafe {
+                    rank.kernels.fill(
+                        rank.control(),
+                        d.ptr(),
+                        (buf.rows * buf.cols) as u64,
+                        self.config.seed ^ ((r as u32) << 8) ^ (buf.role as u32),
+                    )?;
+                }
+                ins.push((buf.role, d));
+            }
+            inputs.push(ins);
+        }
+        self.prepared = Some(Prepared {
+            problem: seq.problem,
+            inputs,
+            reference: vec![],
+        });
+        self.load_inputs(seq, &ptrs, true, true)?;
+        exec::run_plan(
+            &mut self.ranks,
+            seq,
+            &ptrs,
+            RunSpec {
+                warmup: 1,
+                timed: 0,
+                timeline: false,
+            },
+        )?;
+        let mut reference = vec![];
+        for r in 0..self.ranks.len() {
+            let o = Self::output_of(seq, r)?;
+            let bytes = seq.ranks[r].buffers[o].bytes();
+            let rank = &self.ranks[r];
+            let d = rank.alloc(bytes)?;
+            exec::copy_d2d(rank, d.ptr(), ptrs[r][o], bytes)?;
+            let (_, _, nans) = exec::compare(rank, d.ptr(), d.ptr(), bytes / ELEM_BYTES)?;
+            if nans > 0 {
+                return Err(CudaError::Plan(format!(
+                    "sequential plan left {nans} unwritten (NaN) outputs on rank {r}"
+                )));
+            }
+            reference.push(d);
+        }
+        if let Some(p) = self.prepared.as_mut() {
+            p.reference = reference;
+        }
+        Ok(())
+    }
+
+    /// Checks (when `check`) and times `plan`; see [`Measurer::measure`].
+    pub fn measure_plan(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
+        let ptrs = self.bind(plan)?;
+        let mut max_rel_err = None;
+        let mut correct = true;
+        if check {
+            if !self
+                .prepared
+                .as_ref()
+                .is_some_and(|p| p.problem == plan.problem)
+            {
+                return Err(CudaError::NotPrepared(plan.problem.label()));
+            }
+            self.load_inputs(plan, &ptrs, true, true)?;
+            exec::run_plan(
+                &mut self.ranks,
+                plan,
+                &ptrs,
+                RunSpec {
+                    warmup: 1,
+                    timed: 0,
+                    timeline: false,
+                },
+            )?;
+            let (err, ok) = self.check_outputs(plan, &ptrs)?;
+            max_rel_err = Some(err);
+            correct = ok;
+        } else {
+            self.load_inputs(plan, &ptrs, false, false)?;
+        }
+        let times = exec::run_plan(
+            &mut self.ranks,
+            plan,
+            &ptrs,
+            RunSpec {
+                warmup: self.config.warmup,
+                timed: self.config.iters.max(1),
+                timeline,
+            },
+        )?;
+        let iters = self.config.iters.max(1);
+        let per_iter: Vec<f64> = (0..iters)
+            .map(|k| times.iter().map(|t| t.iters[k]).fold(0.0, f64::max))
+            .collect();
+        let time_ms = median(per_iter);
+        let timeline = timeline.then(|| {
+            let mut spans = vec![];
+            for (r, t) in times.iter().enumerate() {
+                for (i, &(s, e)) in t.tasks.iter().enumerate() {
+                    let task = &plan.ranks[r].tasks[i];
+                    spans.push(Span {
+                        rank: r,
+                        stream: task.stream,
+                        task: i,
+                        label: task.label.clone(),
+                        kind: task.kind.short().to_string(),
+                        start_ms: s,
+                        end_ms: e,
+                    });
+                }
+            }
+            Timeline {
+                name: plan.name.clone(),
+                spans,
+                total_ms: 0.0,
+            }
+            .finish()
+        });
+        Ok(Measured {
+            time_ms,
+            max_rel_err,
+            correct,
+            timeline,
+        })
+    }
+
+    /// Max relative error over ranks and whether the outputs are right.
+    #[allow(clippy::needless_range_loop)]
+    fn check_outputs(&self, plan: &Plan, ptrs: &[Vec<u64>]) -> Result<(f64, bool)> {
+        let Some(prep) = self.prepared.as_ref() else {
+            return Err(CudaError::NotPrepared(plan.problem.label()));
+        };
+        let mut max_err: f64 = 0.0;
+        let mut ok = true;
+        for r in 0..self.ranks.len() {
+            let o = Self::output_of(plan, r)?;
+            let buf = &plan.ranks[r].buffers[o];
+            let reference = &prep.reference[r];
+            if reference.bytes() != buf.bytes() {
+                return Err(CudaError::Plan(format!(
+                    "output of rank {r} has {} bytes, the reference {}",
+                    buf.bytes(),
+                    reference.bytes()
+                )));
+            }
+            let n = buf.rows * buf.cols;
+            let (sd, sr, nans) = exec::compare(&self.ranks[r], ptrs[r][o], reference.ptr(), n)?;
+            let err = if nans > 0 {
+                f64::INFINITY
+            } else if sr > 0.0 {
+                (sd / sr).sqrt()
+            } else {
+                sd.sqrt()
+            };
+            if err.is_nan() || err > self.config.tolerance {
+                ok = false;
+            }
+            max_err = max_err.max(err);
+            if plan.problem.op == Op::GemmAr && r > 0 {
+                let o0 = Self::output_of(plan, 0)?;
+                let (sd0, _, nans0) = exec::compare(&self.ranks[r], ptrs[r][o], ptrs[0][o0], n)?;
+                if sd0 != 0.0 || nans0 > 0 {
+                    ok = false;
+                }
+            }
+        }
+        Ok((max_err, ok))
+    }
+}
+
+fn upload(rank: &Rank, ptr: u64, data: &[u8]) -> Result<()> {
+    rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: ptr is a pool allocation of at least data.len() bytes.
+    crate::error::check("cuMemcpyHtoD", unsafe {
+        cudarc::driver::sys::cuMemcpyHtoD_v2(ptr, data.as_ptr() as *const _, data.len())
+    })
+}
+
+fn download(rank: &Rank, ptr: u64, out: &mut [u8]) -> Result<()> {
+    rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: ptr is a pool allocation of at least out.len() bytes.
+    crate::error::check("cuMemcpyDtoH", unsafe {
+        cudarc::driver::sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut _, ptr, out.len())
+    })
+}
+
+impl Measurer for GpuBackend {
+    fn backend(&self) -> &str {
+        "gpu"
+    }
+
+    fn device(&self) -> String {
+        self.device_name()
+    }
+
+    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError> {
+        Ok(self.prepare_plan(seq)?)
+    }
+
+    fn measure(
+        &mut self,
+        plan: &Plan,
+        check: bool,
+        timeline: bool,
+    ) -> Result<Measured, MeasureError> {
+        Ok(self.measure_plan(plan, check, timeline)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_gpu_is_a_typed_error() {
+        match GpuBackend::open(2) {
+            Ok(b) => assert_eq!(b.gpus(), 2),
+            Err(CudaError::LibraryMissing { .. })
+            | Err(CudaError::NoGpu(_))
+            | Err(CudaError::NotEnoughGpus { .. }) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+
+    #[test]
+    fn median_odd_even() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![]), 0.0);
+    }
+}

@@ -1,0 +1,79 @@
+//! The one error type of the GPU backend. Every variant names what failed;
+//! library result codes are kept (cudarc's `NcclError` prints without its code).
+
+use thiserror::Error;
+
+/// Errors of the GPU backend. Nothing the user or the hardware can trigger panics;
+/// it ends up here.
+#[derive(Debug, Error)]
+pub enum CudaError {
+    /// A shared library could not be loaded. `searched` lists the names tried.
+    #[error("{lib} library not found (searched: {searched}){hint}")]
+    LibraryMissing {
+        lib: &'static str,
+        searched: String,
+        /// Extra advice, starting with "; " when present.
+        hint: String,
+    },
+    /// The driver loaded but reports no device.
+    #[error("no CUDA GPU found: {0}")]
+    NoGpu(String),
+    #[error("{wanted} GPUs requested but only {found} present")]
+    NotEnoughGpus { wanted: usize, found: usize },
+    #[error("CUDA driver call {call} failed: {code:?}")]
+    Driver {
+        call: &'static str,
+        code: cudarc::driver::sys::CUresult,
+    },
+    #[error("cuBLASLt call {call} failed: {code:?}")]
+    Cublas {
+        call: &'static str,
+        code: cudarc::cublaslt::sys::cublasStatus_t,
+    },
+    #[error("NCCL call {call} failed: {code:?}")]
+    Nccl {
+        call: &'static str,
+        code: cudarc::nccl::sys::ncclResult_t,
+    },
+    #[error("NVRTC failed to compile {kernel}: {code:?}\n{log}")]
+    Nvrtc {
+        kernel: &'static str,
+        code: cudarc::nvrtc::sys::nvrtcResult,
+        log: String,
+    },
+    /// The plan cannot be executed as given (bad view, unsupported shape, ...).
+    #[error("plan cannot run on the GPU: {0}")]
+    Plan(String),
+    /// `measure` was called before `prepare` for this problem.
+    #[error("no reference prepared for {0}; call prepare with the sequential plan first")]
+    NotPrepared(String),
+    /// A host thread driving a GPU died.
+    #[error("GPU worker thread for rank {0} panicked")]
+    Worker(usize),
+}
+
+pub type Result<T, E = CudaError> = std::result::Result<T, E>;
+
+/// Maps a cudarc driver error, naming the call.
+pub(crate) fn drv(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::Driver { call, code: e.0 }
+}
+
+/// Maps a raw `CUresult`, naming the call.
+pub(crate) fn check(call: &'static str, r: cudarc::driver::sys::CUresult) -> Result<()> {
+    if r == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Driver { call, code: r })
+    }
+}
+
+pub(crate) fn blas(
+    call: &'static str,
+) -> impl Fn(cudarc::cublaslt::result::CublasError) -> CudaError {
+    move |e| CudaError::Cublas { call, code: e.0 }
+}
+
+pub(crate) fn nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> CudaError {
+    move |e| CudaError::Nccl { call, code: e.0 }
+}

@@ -1,0 +1,178 @@
+//! bf16 GEMMs through cuBLASLt with row-major semantics.
+//!
+//! cuBLASLt is column-major. A row-major C[M,N] = A[M,K] · B[K,N] with leading
+//! dimensions lda, ldb, ldc is, read column-major, C^T[N,M] = B^T[N,K] · A^T[K,M]
+//! with the same leading dimensions and no transposes: cuBLASLt's A is our B and
+//! its B is our A. Descriptors and the chosen algorithm are cached per
+//! (shape, leading dimensions, SM target); each compute stream has its own
+//! workspace.
+
+use crate::error::{blas, CudaError, Result};
+use cudarc::cublaslt::{result as lt, sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// Workspace each compute stream gets (cuBLASLt recommends 32 MiB on Hopper).
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Key of a cached GEMM configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmKey {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub sm_target: Option<usize>,
+}
+
+struct Cached {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// One device's cuBLASLt handle and GEMM cache. Used by one host thread at a time.
+pub struct Gemms {
+    handle: sys::cublasLtHandle_t,
+    cache: HashMap<GemmKey, Cached>,
+}
+
+// SAFETY: the handle and descriptors are only used by the thread that owns the
+// `Gemms` at a time (it moves between threads, never shared).
+unsafe impl Send for Gemms {}
+
+impl std::fmt::Debug for Gemms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gemms({} cached)", self.cache.len())
+    }
+}
+
+impl Gemms {
+    /// Creates the handle; the device's context must be current.
+    pub fn new() -> Result<Self> {
+        let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
+        Ok(Gemms {
+            handle,
+            cache: HashMap::new(),
+        })
+    }
+
+    fn build(&self, key: GemmKey) -> Result<Cached> {
+        let f32t = sys::cudaDataType::CUDA_R_32F;
+        let bf = sys::cudaDataType::CUDA_R_16BF;
+        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32t)
+            .map_err(blas("cublasLtMatmulDescCreate"))?;
+        if let Some(sms) = key.sm_target {
+            let v = sms as i32;
+            // SAFETY: desc is live; the attribute is an int32.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                    &v as *const i32 as *const c_void,
+                    std::mem::size_of::<i32>(),
+                )
+                .map_err(blas("cublasLtMatmulDescSetAttribute(SM_COUNT_TARGET)"))?;
+            }
+        }
+        // Column-major view: cuBLASLt A = our B^T [N x K], B = our A^T [K x M], D = C^T [N x M].
+        let a = lt::create_matrix_layout(bf, key.n as u64, key.k as u64, key.ldb as i64)
+            .map_err(blas("cublasLtMatrixLayoutCreate(A)"))?;
+        let b = lt::create_matrix_layout(bf, key.k as u64, key.m as u64, key.lda as i64)
+            .map_err(blas("cublasLtMatrixLayoutCreate(B)"))?;
+        let c = lt::create_matrix_layout(bf, key.n as u64, key.m as u64, key.ldc as i64)
+            .map_err(blas("cublasLtMatrixLayoutCreate(C)"))?;
+        let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
+        let ws = WORKSPACE_BYTES as u64;
+        // SAFETY: all descriptors are live; pref is destroyed once below.
+        let heur = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                std::mem::size_of::<u64>(),
+            )
+            .map_err(blas("cublasLtMatmulPreferenceSetAttribute"))?;
+            let h = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
+            let _ = lt::destroy_matmul_pref(pref);
+            h.map_err(blas("cublasLtMatmulAlgoGetHeuristic"))?
+        };
+        Ok(Cached {
+            desc,
+            a,
+            b,
+            c,
+            algo: heur.algo,
+        })
+    }
+
+    /// Enqueues c = a · b (row-major bf16, f32 accumulation) on `stream`.
+    ///
+    /// # Safety
+    /// The pointers must hold the matrices `key` describes on the current
+    /// device; `workspace` must hold [`WORKSPACE_BYTES`] and be used by no other
+    /// stream concurrently.
+    pub unsafe fn gemm(
+        &mut self,
+        key: GemmKey,
+        a: u64,
+        b: u64,
+        c: u64,
+        workspace: u64,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
+        if key.m == 0 || key.n == 0 {
+            return Ok(());
+        }
+        if key.k == 0 {
+            return Err(CudaError::Plan("GEMM with k = 0".into()));
+        }
+        if !self.cache.contains_key(&key) {
+            let built = self.build(key)?;
+            self.cache.insert(key, built);
+        }
+        let Some(g) = self.cache.get(&key) else {
+            return Err(CudaError::Plan("GEMM cache miss".into()));
+        };
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        lt::matmul(
+            self.handle,
+            g.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            b as *const c_void,
+            g.a,
+            a as *const c_void,
+            g.b,
+            c as *const c_void,
+            g.c,
+            c as *mut c_void,
+            g.c,
+            &g.algo,
+            workspace as *mut c_void,
+            WORKSPACE_BYTES,
+            stream as sys::cudaStream_t,
+        )
+        .map_err(blas("cublasLtMatmul"))
+    }
+}
+
+impl Drop for Gemms {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor and the handle are destroyed exactly once.
+        unsafe {
+            for (_, g) in self.cache.drain() {
+                let _ = lt::destroy_matrix_layout(g.a);
+                let _ = lt::destroy_matrix_layout(g.b);
+                let _ = lt::destroy_matrix_layout(g.c);
+                let _ = lt::destroy_matmul_desc(g.desc);
+            }
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
