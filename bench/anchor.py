@@ -5,7 +5,9 @@
       PyTorch reference (NCCL collective + cuBLAS), the GEMM alone, the
       collective alone, and PyTorch async-TP (symmetric memory fused ops),
       checking async-TP against the reference. One JSON object per scenario.
-  python3 bench/anchor.py report TORCH.jsonl FICCO.json [--device D] [--commit C]
+  python3 bench/anchor.py split SUITE.toml OUTDIR
+      Writes OUTDIR/suite-pN.toml, one per GPU count of the suite's [[scenario]]s.
+  python3 bench/anchor.py report TORCH.jsonl FICCO.json[,FICCO2.json...] [--device D] [--commit C]
       Merges the two into one markdown table (stdout), with suite summaries.
 
 Times are CUDA-event medians of 20 iterations after 5 warm-ups, max over ranks.
@@ -117,8 +119,14 @@ def _geo(xs):
 
 def report_main(torch_path, ficco_path, device, commit):
     torch_rows = {r["name"]: r for r in map(json.loads, open(torch_path)) if r.get("name")}
-    doc = json.load(open(ficco_path))
-    scen = doc["scenarios"] if "scenarios" in doc else [doc]
+    scen = []
+    for path in ficco_path.split(","):
+        try:
+            doc = json.load(open(path))
+        except (OSError, ValueError) as ex:
+            print(f"<!-- skipped {path}: {ex} -->")
+            continue
+        scen += doc["scenarios"] if "scenarios" in doc else [doc]
     f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
     f2 = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
     out = []
@@ -170,9 +178,23 @@ def report_main(torch_path, ficco_path, device, commit):
     print("\n".join(out))
 
 
+def split_main(suite, outdir):
+    import tomllib
+    scens = tomllib.load(open(suite, "rb")).get("scenario", [])
+    for P in sorted({s["gpus"] for s in scens}, reverse=True):
+        with open(f"{outdir}/suite-p{P}.toml", "w") as fh:
+            for s in scens:
+                if s["gpus"] == P:
+                    fh.write("[[scenario]]\n" + "".join(
+                        f'{k} = "{v}"\n' if isinstance(v, str) else f"{k} = {v}\n" for k, v in s.items()) + "\n")
+        print(P)
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "torch":
         torch_main(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "split":
+        split_main(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "report":
         args = sys.argv[4:]
         opt = lambda k, d: args[args.index(k) + 1] if k in args else d

@@ -2,10 +2,12 @@
 //! only place the CLI touches the simulator and the GPU backend.
 
 use anyhow::{anyhow, Result};
-use ficco_core::measure::Measurer;
+use ficco_core::measure::{MeasureError, Measured, Measurer};
 use ficco_core::plan::Plan;
 use ficco_core::profile::HwProfile;
 use ficco_core::timeline::Timeline;
+use ficco_cuda::GpuBackend;
+use std::collections::BTreeMap;
 
 /// The hardware profile: a built-in name or a TOML file path.
 pub type Hw = HwProfile;
@@ -20,8 +22,59 @@ pub fn predict(plan: &Plan, hw: &Hw) -> ficco_core::Result<Timeline> {
     ficco_core::sim::simulate(plan, hw)
 }
 
-pub fn gpu_measurer(_gpus: usize) -> Result<Box<dyn Measurer>> {
-    Err(anyhow!(
-        "GPU backend not available: the CUDA executor is not wired into this build yet"
-    ))
+/// The GPU measurer: one `GpuBackend` per GPU count (NCCL communicators
+/// span exactly the plan's ranks), opened on first use. The largest count is
+/// opened at once, so a machine without GPUs is detected before any work.
+pub fn gpu_measurer(gpus: usize) -> Result<Box<dyn Measurer>> {
+    let first = GpuBackend::open(gpus).map_err(|e| anyhow!("GPU backend not available: {e}"))?;
+    let mut by_count = BTreeMap::new();
+    by_count.insert(gpus, first);
+    Ok(Box::new(PerGpuCount {
+        by_count,
+        current: gpus,
+    }))
+}
+
+struct PerGpuCount {
+    by_count: BTreeMap<usize, GpuBackend>,
+    current: usize,
+}
+
+impl PerGpuCount {
+    fn select(&mut self, gpus: usize) -> Result<&mut GpuBackend, MeasureError> {
+        if !self.by_count.contains_key(&gpus) {
+            self.by_count.insert(gpus, GpuBackend::open(gpus)?);
+        }
+        self.current = gpus;
+        self.by_count
+            .get_mut(&gpus)
+            .ok_or_else(|| format!("no GPU backend for {gpus} GPUs").into())
+    }
+}
+
+impl Measurer for PerGpuCount {
+    fn backend(&self) -> &str {
+        "gpu"
+    }
+
+    fn device(&self) -> String {
+        self.by_count
+            .get(&self.current)
+            .map(|b| b.device())
+            .unwrap_or_default()
+    }
+
+    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError> {
+        self.select(seq.problem.gpus)?.prepare(seq)
+    }
+
+    fn measure(
+        &mut self,
+        plan: &Plan,
+        check: bool,
+        timeline: bool,
+    ) -> Result<Measured, MeasureError> {
+        self.select(plan.problem.gpus)?
+            .measure(plan, check, timeline)
+    }
 }

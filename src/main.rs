@@ -40,6 +40,15 @@ enum Command {
     Schedules(SchedulesArgs),
     /// Predict (and, on GPUs, measure) every schedule of a scenario, a model or a suite.
     Explore(Box<ExploreArgs>),
+    /// Describe the GPUs, their links and the CUDA libraries found.
+    Info(InfoArgs),
+}
+
+#[derive(Args, Debug)]
+struct InfoArgs {
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -147,6 +156,11 @@ fn main() {
         );
         std::process::exit(2);
     }));
+    // Systems with only libnccl.so.2 (the pip wheel) get a private
+    // libnccl.so link; this re-executes the program once when needed.
+    if let Err(e) = ficco_cuda::nccl_soname_shim() {
+        eprintln!("ficco: {}", one_line(&e.to_string()));
+    }
     if let Err(e) = run() {
         let msg = e
             .chain()
@@ -171,7 +185,7 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            bail!("a command is required: schedules or explore (see 'ficco --help')");
+            bail!("a command is required: schedules, explore or info (see 'ficco --help')");
         }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
@@ -188,6 +202,16 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Schedules(args) => cmd_schedules(args),
         Command::Explore(args) => cmd_explore(*args),
+        Command::Info(args) => cmd_info(args),
+    }
+}
+
+fn cmd_info(args: InfoArgs) -> Result<()> {
+    let info = ficco_cuda::info();
+    if args.json {
+        print(&(serde_json::to_string_pretty(&info)? + "\n"))
+    } else {
+        print(&format!("{info}\n"))
     }
 }
 
