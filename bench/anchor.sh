@@ -3,8 +3,8 @@
 # suite in one device call, merged into one markdown table.
 # Usage, from the repo root on the GPU machine:
 #   bench/anchor.sh SUITE OUTDIR [FICCO_BINARY]
-# Writes OUTDIR/torch.jsonl, OUTDIR/ficco-pN.json (one per GPU count) and
-# OUTDIR/RESULTS.md. TORCH_TIMEOUT / FICCO_TIMEOUT (seconds) bound each part.
+# Writes OUTDIR/torch.jsonl, OUTDIR/ficco-pN.json (one per GPU count),
+# OUTDIR/ficco.err and OUTDIR/RESULTS.md. TORCH_TIMEOUT / FICCO_TIMEOUT (seconds) bound each part.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 suite=$1
@@ -13,12 +13,13 @@ bin=${3:-.bin/ficco}
 mkdir -p "$out"
 timeout "${TORCH_TIMEOUT:-240}" python3 bench/anchor.py torch "$suite" "$out/torch.jsonl" 2>&1 | tail -n 3
 files=()
-for p in $(python3 bench/anchor.py split "$suite" "$out"); do
-  timeout "${FICCO_TIMEOUT:-200}" "$bin" explore --backend gpu --suite "$out/suite-p$p.toml" --json >"$out/ficco-p$p.json" 2>"$out/ficco-p$p.err"
+split=$(mktemp -d)
+for p in $(python3 bench/anchor.py split "$suite" "$split"); do
+  timeout "${FICCO_TIMEOUT:-200}" "$bin" explore --backend gpu --suite "$split/suite-p$p.toml" --json >"$out/ficco-p$p.json" 2>>"$out/ficco.err"
   echo "ficco P=$p: exit $? ($(wc -c <"$out/ficco-p$p.json") bytes of JSON)"
-  tail -n 3 "$out/ficco-p$p.err"
   files+=("$out/ficco-p$p.json")
 done
+tail -n 5 "$out/ficco.err"
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 count=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 commit=$(cat .bin/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
