@@ -271,8 +271,7 @@ impl Rank {
             let ws = self.workspaces.first().map(|w| w.ptr()).unwrap_or(0);
             // SAFETY: a and b are bounds-checked live views; tmp holds m rows at ldc.
             unsafe {
-                self.gemms
-                    .gemm(key, pa, pb, tmp.ptr(), ws, self.control.cu_stream())?;
+                self.gemms.tune(key, pa, pb, tmp.ptr(), ws, &self.control)?;
             }
             self.control
                 .synchronize()
