@@ -7,6 +7,7 @@ use ficco_core::plan::Plan;
 use ficco_core::profile::HwProfile;
 use ficco_core::timeline::Timeline;
 use ficco_cuda::GpuBackend;
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 /// The hardware profile: a built-in name or a TOML file path.
@@ -42,13 +43,11 @@ struct PerGpuCount {
 
 impl PerGpuCount {
     fn select(&mut self, gpus: usize) -> Result<&mut GpuBackend, MeasureError> {
-        if !self.by_count.contains_key(&gpus) {
-            self.by_count.insert(gpus, GpuBackend::open(gpus)?);
-        }
         self.current = gpus;
-        self.by_count
-            .get_mut(&gpus)
-            .ok_or_else(|| format!("no GPU backend for {gpus} GPUs").into())
+        Ok(match self.by_count.entry(gpus) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(GpuBackend::open(gpus)?),
+        })
     }
 }
 
