@@ -25,7 +25,7 @@ use crate::plan::{
     BufId, Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task,
     TaskId, TaskKind, View,
 };
-use crate::schedule::{Engine, Order, Priority, Schedule};
+use crate::schedule::{Engine, Granularity, Order, Priority, Schedule};
 use crate::workload::{Op, Problem};
 
 /// Lowers `schedule` for `problem`. Fails with `DoesNotFit` when the schedule cannot run the shape.
@@ -209,7 +209,10 @@ impl Builder {
             streams.push(stream(&name, StreamRole::Comm, comm_priority));
         }
         let reduce_stream = needs_reduce.then(|| {
-            streams.push(stream("reduce", StreamRole::Compute, Priority::Normal));
+            // Reduces gate the transfers after them (gemm-ar's broadcast) and
+            // the plan's tail; at normal priority they starve behind the next
+            // GEMM's blocks (measured on H200), so they go first.
+            streams.push(stream("reduce", StreamRole::Compute, Priority::High));
             streams.len() - 1
         });
         let buffers = match p.op {
@@ -443,6 +446,7 @@ impl Builder {
         let (sr, h) = (self.shard(), self.chunk());
         for r in 0..self.gpus() {
             self.local_ag_gemm(r);
+            let mut arrived = vec![];
             for (s, j) in self.steps() {
                 let q = self.peer(r, s);
                 let src = RankView {
@@ -462,12 +466,52 @@ impl Builder {
                     TaskKind::Copy { src, dst },
                     vec![],
                 );
-                let out = self.view(bb.out, q * sr + j * h, h);
-                self.gemm(r, format!("gemm q{q}.c{j}"), dst_view, out, vec![t]);
+                if self.bulk() {
+                    arrived.push((dst_view.row, t));
+                } else {
+                    let out = self.view(bb.out, q * sr + j * h, h);
+                    self.gemm(r, format!("gemm q{q}.c{j}"), dst_view, out, vec![t]);
+                }
             }
+            self.bulk_ag_gemms(r, &arrived);
         }
     }
 
+    fn bulk(&self) -> bool {
+        self.s.granularity == Granularity::Bulk
+    }
+
+    /// Row ranges of every peer shard of rank r, as at most two contiguous
+    /// blocks: the rows after r's shard first (the ring's first peers), then before.
+    fn peer_blocks(&self, r: usize) -> Vec<(usize, usize)> {
+        let (sr, m) = (self.shard(), self.p.m);
+        [((r + 1) * sr, m), (0, r * sr)]
+            .into_iter()
+            .filter(|(a, b)| a < b)
+            .map(|(a, b)| (a, b - a))
+            .collect()
+    }
+
+    /// ag-gemm, bulk: one GEMM per peer block, after every transfer into it.
+    fn bulk_ag_gemms(&mut self, r: usize, arrived: &[(usize, TaskId)]) {
+        if !self.bulk() {
+            return;
+        }
+        let bb = self.bufs;
+        for (row, rows) in self.peer_blocks(r) {
+            let deps = arrived
+                .iter()
+                .filter(|(at, _)| (row..row + rows).contains(at))
+                .map(|&(_, t)| t)
+                .collect();
+            let a = self.view(bb.work, row, rows);
+            let c = self.view(bb.out, row, rows);
+            self.gemm(r, format!("gemm rows{row}+{rows}"), a, c, deps);
+        }
+    }
+
+    // Rank indices address per-rank tables and self at once.
+    #[allow(clippy::needless_range_loop)]
     fn ag_nccl(&mut self) {
         let bb = self.bufs;
         let (p, sr, h, c) = (self.gpus(), self.shard(), self.chunk(), self.chunks());
@@ -480,6 +524,7 @@ impl Builder {
             Order::Ring => self.steps().into_iter().map(|sj| vec![sj]).collect(),
             Order::All => (0..c).map(|j| (1..p).map(|s| (s, j)).collect()).collect(),
         };
+        let mut arrived: Vec<Vec<(usize, TaskId)>> = vec![vec![]; p];
         for round in rounds {
             let g = self.group();
             for r in 0..p {
@@ -506,11 +551,18 @@ impl Builder {
                     vec![],
                 );
                 for (q, v) in recvs {
+                    if self.bulk() {
+                        arrived[r].push((v.row, t));
+                        continue;
+                    }
                     let j = (v.row - q * sr) / h;
                     let out = self.view(bb.out, v.row, h);
                     self.gemm(r, format!("gemm q{q}.c{j}"), v, out, vec![t]);
                 }
             }
+        }
+        for (r, arrived) in arrived.iter().enumerate() {
+            self.bulk_ag_gemms(r, arrived);
         }
     }
 
@@ -525,15 +577,34 @@ impl Builder {
         // arrivals[r][j]: tasks that deliver chunk j of some peer's partial into r's recv.
         let mut arrivals: Vec<Vec<Vec<TaskId>>> = vec![vec![vec![]; c]; p];
         let steps = self.steps();
-        let rounds: Vec<Vec<(usize, usize)>> = steps.iter().map(|&sj| vec![sj]).collect();
-        for round in rounds {
-            let (s, j) = round[0];
+        // bulk: every peer's partial first, in at most two GEMMs.
+        let mut bulk: Vec<Vec<(usize, usize, TaskId)>> = vec![vec![]; p];
+        if self.bulk() {
+            for (r, blocks) in bulk.iter_mut().enumerate() {
+                for (row, rows) in self.peer_blocks(r) {
+                    let a = self.view(bb.a, row, rows);
+                    let part = self.view(bb.work, row, rows);
+                    let t = self.gemm(r, format!("gemm rows{row}+{rows}"), a, part, vec![]);
+                    blocks.push((row, rows, t));
+                }
+            }
+        }
+        for &(s, j) in &steps {
             let g = (!copy).then(|| self.group());
             for r in 0..p {
                 let d = self.peer(r, s);
                 let part = self.view(bb.work, d * sr + j * h, h);
-                let a = self.view(bb.a, d * sr + j * h, h);
-                let gm = self.gemm(r, format!("gemm d{d}.c{j}"), a, part, vec![]);
+                let covering = bulk[r]
+                    .iter()
+                    .find(|(row, rows, _)| (*row..row + rows).contains(&(d * sr)))
+                    .map(|&(_, _, t)| t);
+                let gm = match covering {
+                    Some(t) => t,
+                    None => {
+                        let a = self.view(bb.a, d * sr + j * h, h);
+                        self.gemm(r, format!("gemm d{d}.c{j}"), a, part, vec![])
+                    }
+                };
                 let cs = self.comm_stream(s);
                 if let Some(g) = g {
                     let from = (r + p - s) % p;

@@ -356,6 +356,7 @@ pub fn describe(s: &crate::schedule::Schedule, gpus: usize) -> String {
                 .into()
         }
         Granularity::Shard => format!("one step per shard ({gpus} steps)"),
+        Granularity::Bulk => "transfers per shard, peer GEMMs coalesced (<= 3 GEMMs)".to_string(),
         Granularity::Fine(c) => format!("{c} chunks per shard ({} steps)", c * gpus),
     };
     let engine = match s.engine {

@@ -2,7 +2,8 @@
 //! name that parses back to the same schedule.
 //!
 //! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-smN][-hi]` where
-//! GRAN is `shard` or `fineC` (C chunks per shard), ENGINE is `nccl` or `copy`,
+//! GRAN is `shard`, `fineC` (C chunks per shard) or `bulk` (communication
+//! per shard, but the GEMMs over peers' rows coalesced into at most two calls), ENGINE is `nccl` or `copy`,
 //! ORDER is `ring` or `all`, `-2s` alternates GEMMs over two compute streams,
 //! `-smN` asks cuBLASLt for an SM count target of N for every GEMM, and `-hi`
 //! gives communication streams the device's greatest priority.
@@ -22,13 +23,18 @@ pub enum Granularity {
     Shard,
     /// Each shard split into c chunks (FiCCO), c >= 2.
     Fine(usize),
+    /// Communication per shard, but the GEMMs over all peers' rows coalesced
+    /// into at most two calls (the rows before and after the local shard):
+    /// the local shard's GEMM hides the transfers, and the big GEMM avoids
+    /// the wave-quantization loss of P small ones.
+    Bulk,
 }
 
 impl Granularity {
     /// Chunks per shard (1 for `shard` and `seq`).
     pub fn chunks(self) -> usize {
         match self {
-            Granularity::Seq | Granularity::Shard => 1,
+            Granularity::Seq | Granularity::Shard | Granularity::Bulk => 1,
             Granularity::Fine(c) => c,
         }
     }
@@ -96,6 +102,7 @@ impl Schedule {
         let gran = match self.granularity {
             Granularity::Seq => return "seq".to_string(),
             Granularity::Shard => "shard".to_string(),
+            Granularity::Bulk => "bulk".to_string(),
             Granularity::Fine(c) => format!("fine{c}"),
         };
         let engine = match self.engine {
@@ -122,7 +129,15 @@ impl Schedule {
     /// Whether this schedule exists for `op` at all (independent of sizes).
     pub fn applies_to(&self, op: Op) -> bool {
         // gemm-ar over NCCL has only per-chunk all-reduce; "all" would be the same plan.
-        !(op == Op::GemmAr && self.engine == Engine::Nccl && self.order == Order::All)
+        let ar_nccl = op == Op::GemmAr && self.engine == Engine::Nccl;
+        if ar_nccl && self.order == Order::All {
+            return false;
+        }
+        // Bulk coalesces per-peer GEMMs; the collective-per-chunk lowerings
+        // (gemm-rs nccl-all, gemm-ar nccl) have none to coalesce.
+        let rs_nccl_all =
+            op == Op::GemmRs && self.engine == Engine::Nccl && self.order == Order::All;
+        !(self.granularity == Granularity::Bulk && (ar_nccl || rs_nccl_all))
     }
 
     /// Why this schedule cannot run `problem`, or `None` when it fits.
@@ -166,6 +181,7 @@ impl FromStr for Schedule {
         let mut parts = name.split('-');
         let granularity = match parts.next() {
             Some("shard") => Granularity::Shard,
+            Some("bulk") => Granularity::Bulk,
             Some(g) if g.starts_with("fine") => {
                 let c: usize = g[4..]
                     .parse()
@@ -243,7 +259,8 @@ pub struct SpaceOptions {
 /// Size-dependent fit is not checked here: see [`Schedule::misfit`].
 pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
     let mut out = vec![Schedule::SEQ];
-    let grans = std::iter::once(Granularity::Shard)
+    let grans = [Granularity::Shard, Granularity::Bulk]
+        .into_iter()
         .chain(FINE_CHUNKS.iter().map(|&c| Granularity::Fine(c)));
     for granularity in grans {
         for engine in [Engine::Nccl, Engine::Copy] {
