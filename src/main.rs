@@ -5,6 +5,7 @@
 //! with exit status 2.
 
 mod backend;
+mod cmd_select;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -20,7 +21,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-const DEFAULT_HW: &str = "h200-nvlink";
+pub(crate) const DEFAULT_HW: &str = "h200-nvlink";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,6 +43,12 @@ enum Command {
     Explore(Box<ExploreArgs>),
     /// Describe the GPUs, their links and the CUDA libraries found.
     Info(InfoArgs),
+    /// Pick a schedule without measuring (tuning cache, then the rule or model selector).
+    Select(Box<cmd_select::SelectArgs>),
+    /// Score the selectors and the simulator against measurements (a suite on GPUs, or saved JSON).
+    Evaluate(Box<cmd_select::EvaluateArgs>),
+    /// Measure the top predicted schedules on GPUs and cache the winner for `select`.
+    Tune(Box<cmd_select::TuneArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -69,7 +76,7 @@ struct SchedulesArgs {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum BackendChoice {
+pub(crate) enum BackendChoice {
     /// GPUs when available, else the simulator.
     Auto,
     /// The simulator with a hardware profile.
@@ -172,7 +179,7 @@ fn main() {
     }
 }
 
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -185,7 +192,7 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            bail!("a command is required: schedules, explore or info (see 'ficco --help')");
+            bail!("a command is required: schedules, explore, info, select, evaluate or tune (see 'ficco --help')");
         }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
@@ -203,6 +210,9 @@ fn run() -> Result<()> {
         Command::Schedules(args) => cmd_schedules(args),
         Command::Explore(args) => cmd_explore(*args),
         Command::Info(args) => cmd_info(args),
+        Command::Select(args) => cmd_select::cmd_select(*args),
+        Command::Evaluate(args) => cmd_select::cmd_evaluate(*args),
+        Command::Tune(args) => cmd_select::cmd_tune(*args),
     }
 }
 
@@ -216,7 +226,7 @@ fn cmd_info(args: InfoArgs) -> Result<()> {
 }
 
 /// Writes to stdout; a closed pipe (`ficco ... | head`) is not an error.
-fn print(text: &str) -> Result<()> {
+pub(crate) fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -224,7 +234,7 @@ fn print(text: &str) -> Result<()> {
     }
 }
 
-fn positive(name: &str, v: i64) -> Result<usize> {
+pub(crate) fn positive(name: &str, v: i64) -> Result<usize> {
     if v <= 0 {
         return Err(Error::Shape(format!("{name} must be positive, got {v}")).into());
     }
@@ -400,6 +410,7 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
     let space = space(args.controls, &hw);
     let predict = |plan: &ficco_core::plan::Plan| backend::predict(plan, &hw);
     let mut opts = ExploreOptions::new(&hw.name);
+    opts.select_hw = Some(hw.clone());
     opts.timelines = args.trace.is_some() || args.svg.is_some();
     let several = scenarios.len() > 1;
 

@@ -170,9 +170,11 @@ fn explore_json_has_the_exact_schema() {
             "reference",
             "scenario",
             "schedules",
-            "selected"
+            "selected",
+            "selector"
         ]
     );
+    assert_eq!(v["selector"], "rules");
     assert_eq!(v["op"], "ag-gemm");
     assert_eq!((v["m"].as_u64(), v["gpus"].as_u64()), (Some(8192), Some(4)));
     assert_eq!(v["backend"], "sim");

@@ -99,7 +99,7 @@ pub fn gemm_cost(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> Ge
                 sms,
                 waves: tiles.div_ceil(sms),
                 wave_ms: tile_ms(hw, tm, tn, k.div_ceil(split_k)),
-                launch_ms: hw.launch_us * US,
+                launch_ms: (hw.launch_us + hw.gemm.fixed_us) * US,
                 memory_ms: memory_ms + partials,
             };
             if best.is_none_or(|b| c.total_ms() < b.total_ms()) {
@@ -128,8 +128,33 @@ pub fn bus_bytes(coll: Collective, size: usize, gpus: usize) -> f64 {
 /// gathered buffer for all-gather, the input for reduce-scatter, the buffer
 /// for all-reduce) is `size` bytes, ms.
 pub fn collective_ms(hw: &HwProfile, coll: Collective, size: usize, gpus: usize) -> f64 {
+    let (lat, bw) = collective_protocol(hw, coll, size, gpus);
+    lat + bus_bytes(coll, size, gpus) / bw
+}
+
+/// The (latency in ms, bus bandwidth in bytes/ms) of the faster protocol for
+/// a collective of `size` bytes: the calibrated per-(collective, P) one, or
+/// the low-latency one (`nccl.ll_*`) when the profile has it and it is faster.
+pub fn collective_protocol(
+    hw: &HwProfile,
+    coll: Collective,
+    size: usize,
+    gpus: usize,
+) -> (f64, f64) {
     let p = hw.collective(coll, gpus);
-    p.latency_us * US + bus_bytes(coll, size, gpus) / bytes_per_ms(p.bus_gbs)
+    let simple = (p.latency_us * US, bytes_per_ms(p.bus_gbs));
+    let bus = bus_bytes(coll, size, gpus);
+    match (hw.nccl.ll_latency_us, hw.nccl.ll_bus_gbs) {
+        (Some(l), Some(b)) => {
+            let ll = (l * US, bytes_per_ms(b));
+            if ll.0 + bus / ll.1 < simple.0 + bus / simple.1 {
+                ll
+            } else {
+                simple
+            }
+        }
+        _ => simple,
+    }
 }
 
 /// Time of one grouped NCCL send/recv step in which a rank sends `sent` and
@@ -146,6 +171,22 @@ pub fn copy_gbs(hw: &HwProfile) -> f64 {
 /// Time of one copy-engine transfer of `bytes` alone (peer or local), ms.
 pub fn copy_ms(hw: &HwProfile, bytes: usize) -> f64 {
     hw.copy_engine.latency_us * US + bytes as f64 / bytes_per_ms(copy_gbs(hw))
+}
+
+/// (latency ms, bandwidth GB/s) of one copy alone: pushes (the issuing GPU
+/// writes) use `bw_gbs`/`latency_us`, pulls the `pull_*` values when set.
+pub fn copy_params(hw: &HwProfile, pull: bool) -> (f64, f64) {
+    let ce = &hw.copy_engine;
+    if pull {
+        (
+            ce.pull_latency_us.unwrap_or(ce.latency_us) * US,
+            ce.pull_bw_gbs
+                .unwrap_or(ce.bw_gbs)
+                .min(hw.nvlink.usable_gbs),
+        )
+    } else {
+        (ce.latency_us * US, copy_gbs(hw))
+    }
 }
 
 /// Time of a reduce kernel summing `srcs` views of `bytes` each into one, ms.

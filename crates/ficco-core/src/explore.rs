@@ -16,8 +16,10 @@ use crate::error::{Error, Result};
 use crate::lower;
 use crate::measure::{Measured, Measurer};
 use crate::plan::Plan;
+use crate::profile::HwProfile;
 use crate::report::{Reference, ScenarioReport, ScheduleResult};
 use crate::schedule::{enumerate, Schedule, SpaceOptions};
+use crate::select;
 use crate::timeline::Timeline;
 use crate::validate;
 use crate::workload::{Op, Problem, Scenario};
@@ -53,6 +55,9 @@ pub struct ExploreOptions {
     /// Keep the timelines of seq and of the best schedule (for traces and SVGs).
     pub timelines: bool,
     pub lowering: Lowering,
+    /// With a profile, `selected` is the pick of [`select::DEFAULT_SELECTOR`]
+    /// (when that schedule ran); without one, the best by prediction.
+    pub select_hw: Option<HwProfile>,
 }
 
 impl ExploreOptions {
@@ -61,6 +66,7 @@ impl ExploreOptions {
             hardware: hardware.into(),
             timelines: false,
             lowering: Lowering::STANDARD,
+            select_hw: None,
         }
     }
 }
@@ -238,6 +244,11 @@ pub fn explore(
         }
     }
     report.finish();
+    if let Some(hw) = &opts.select_hw {
+        if let Ok(sel) = select::select(problem, hw, select::DEFAULT_SELECTOR) {
+            report.set_selection(&sel.schedule, sel.selector.name());
+        }
+    }
 
     let mut explored = Explored {
         report,

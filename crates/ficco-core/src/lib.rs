@@ -19,9 +19,13 @@
 //! | [`profile`] | hardware profiles (built in, or TOML files) |
 //! | [`cost`] | the cost model: GEMM, NCCL, copy and reduce times |
 //! | [`sim`] | the discrete-event simulator: plan + profile → timeline |
+//! | [`select`] | schedule selection without measuring: model and rule selectors |
+//! | [`tune`] | the autotuning cache of measured winners |
+//! | [`evaluate`] | scoring selectors and the simulator against measured reports |
 
 pub mod cost;
 pub mod error;
+pub mod evaluate;
 pub mod explore;
 pub mod interp;
 pub mod lower;
@@ -31,9 +35,11 @@ pub mod plan;
 pub mod profile;
 pub mod report;
 pub mod schedule;
+pub mod select;
 pub mod sim;
 pub mod suite;
 pub mod timeline;
+pub mod tune;
 pub mod validate;
 pub mod workload;
 

@@ -39,6 +39,23 @@ pub struct GemmParams {
     /// Largest split-K factor the library may use when output tiles leave
     /// SMs idle (1 = never split).
     pub max_split_k: usize,
+    /// Persistent kernels (Hopper cuBLASLt): the GEMM launches
+    /// min(tiles, SMs) blocks that each keep their SM until they have
+    /// computed all their tiles, so other kernels (even on high-priority
+    /// streams) only get SMs in the GEMM's tail. Default false: every tile
+    /// is a block and high-priority kernels are resident at once.
+    #[serde(default)]
+    pub persistent: bool,
+    /// With `persistent`: a GEMM with fewer tiles than SMs still occupies
+    /// every SM it may use (split-K / stream-K spread its work over them) for
+    /// its whole time, so a GEMM on another stream cannot fill the gap.
+    /// Default false.
+    #[serde(default)]
+    pub full_grid: bool,
+    /// Fixed cost of a GEMM besides its tiles (prologue, tile-scheduler
+    /// setup, epilogue drain), µs, charged once per GEMM. Default 0.
+    #[serde(default)]
+    pub fixed_us: f64,
 }
 
 /// NVLink of one GPU.
@@ -66,6 +83,13 @@ pub struct CopyEngineParams {
     pub bw_gbs: f64,
     /// Fixed cost of one copy (launch and DMA setup), µs.
     pub latency_us: f64,
+    /// Bandwidth of one copy that pulls (the issuing GPU reads a peer's
+    /// memory), GB/s; remote reads reach less than pushes. Default `bw_gbs`.
+    #[serde(default)]
+    pub pull_bw_gbs: Option<f64>,
+    /// Fixed cost of one pulling copy, µs. Default `latency_us`.
+    #[serde(default)]
+    pub pull_latency_us: Option<f64>,
 }
 
 /// One collective's calibrated bus bandwidth at one GPU count.
@@ -87,6 +111,18 @@ pub struct NcclParams {
     /// sends and what it receives), GB/s.
     pub p2p_bus_gbs: f64,
     pub p2p_latency_us: f64,
+    /// Grouped send/recv: bandwidth to or from one peer, GB/s (NCCL's
+    /// channels per peer limit it). Default: no per-peer limit.
+    #[serde(default)]
+    pub p2p_peer_gbs: Option<f64>,
+    /// Low-latency protocol of collectives (NCCL's LL for small messages):
+    /// latency, µs. A collective takes the faster of this protocol and its
+    /// calibrated (bandwidth) one. Default: no such protocol.
+    #[serde(default)]
+    pub ll_latency_us: Option<f64>,
+    /// Low-latency protocol: bus bandwidth, GB/s (with `ll_latency_us`).
+    #[serde(default)]
+    pub ll_bus_gbs: Option<f64>,
     /// Per-(collective, P) parameters.
     pub collective: Vec<CollectiveParams>,
 }
@@ -115,6 +151,14 @@ pub struct Contention {
     pub nccl_slowdown_gemm: f64,
     /// Copy-engine transfers run this much slower while a GEMM runs on either end.
     pub copy_slowdown_gemm: f64,
+    /// GEMM tiles run this much slower while another GEMM (another compute
+    /// stream) runs on the same GPU (shared L2 and HBM). Default 1.
+    #[serde(default = "one")]
+    pub gemm_slowdown_gemm: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// A hardware profile (see the module doc).
@@ -239,6 +283,23 @@ impl HwProfile {
             return Err("copy_engine.count must be positive".into());
         }
         pos("copy_engine.bw_gbs", self.copy_engine.bw_gbs)?;
+        nonneg("gemm.fixed_us", self.gemm.fixed_us)?;
+        if let Some(v) = self.copy_engine.pull_bw_gbs {
+            pos("copy_engine.pull_bw_gbs", v)?;
+        }
+        if let Some(v) = self.copy_engine.pull_latency_us {
+            nonneg("copy_engine.pull_latency_us", v)?;
+        }
+        if let Some(v) = self.nccl.p2p_peer_gbs {
+            pos("nccl.p2p_peer_gbs", v)?;
+        }
+        if self.nccl.ll_latency_us.is_some() != self.nccl.ll_bus_gbs.is_some() {
+            return Err("nccl.ll_latency_us and nccl.ll_bus_gbs go together".into());
+        }
+        if let (Some(l), Some(b)) = (self.nccl.ll_latency_us, self.nccl.ll_bus_gbs) {
+            nonneg("nccl.ll_latency_us", l)?;
+            pos("nccl.ll_bus_gbs", b)?;
+        }
         nonneg("copy_engine.latency_us", self.copy_engine.latency_us)?;
         pos("nccl.p2p_bus_gbs", self.nccl.p2p_bus_gbs)?;
         nonneg("nccl.p2p_latency_us", self.nccl.p2p_latency_us)?;
@@ -271,6 +332,7 @@ impl HwProfile {
             ("contention.gemm_slowdown_copy", c.gemm_slowdown_copy),
             ("contention.nccl_slowdown_gemm", c.nccl_slowdown_gemm),
             ("contention.copy_slowdown_gemm", c.copy_slowdown_gemm),
+            ("contention.gemm_slowdown_gemm", c.gemm_slowdown_gemm),
         ] {
             if !(v.is_finite() && v >= 1.0) {
                 return Err(format!(

@@ -9,7 +9,7 @@
 //!  "reference": {"sequential_ms": 0.8, "compute_ms": 0.7, "comm_ms": 0.1, "ideal_ms": 0.7},
 //!  "schedules": [{"name": "seq", "time_ms": 0.8, "predicted_ms": 0.8, "speedup": 1.0,
 //!                 "efficiency": 0.0, "max_rel_err": null, "skipped": null}],
-//!  "best": "seq", "selected": "seq"}
+//!  "best": "seq", "selected": "seq", "selector": "rules"}
 //! ```
 //!
 //! and several scenarios are `{"scenarios": [...]}`. A schedule whose measured
@@ -146,8 +146,13 @@ pub struct ScenarioReport {
     pub schedules: Vec<ScheduleResult>,
     /// The fastest correct schedule that ran, by `time_ms`.
     pub best: Option<String>,
-    /// The schedule ficco picks without measuring: the best by `predicted_ms`.
+    /// The schedule ficco picks without measuring: by default the rule
+    /// selector's pick ([`crate::select`]), else the best by `predicted_ms`.
     pub selected: Option<String>,
+    /// Which selector chose `selected`: "rules" or "model" (absent in
+    /// reports written before selectors existed).
+    #[serde(default)]
+    pub selector: Option<String>,
 }
 
 /// Several scenarios' reports: `{"scenarios": [...]}`.
@@ -187,7 +192,19 @@ impl ScenarioReport {
             schedules: vec![],
             best: None,
             selected: None,
+            selector: None,
         }
+    }
+
+    /// Sets `selected` to `name` chosen by `selector`, when that schedule ran.
+    /// Returns whether it did.
+    pub fn set_selection(&mut self, name: &str, selector: &str) -> bool {
+        let ran = self.row(name).is_some_and(|r| r.skipped.is_none());
+        if ran {
+            self.selected = Some(name.to_string());
+            self.selector = Some(selector.to_string());
+        }
+        ran
     }
 
     pub fn problem(&self) -> Problem {
@@ -221,6 +238,7 @@ impl ScenarioReport {
         self.selected = min_by_key(self.schedules.iter().filter(|r| r.skipped.is_none()), |r| {
             r.predicted_ms
         });
+        self.selector = self.selected.as_ref().map(|_| "model".to_string());
     }
 
     pub fn row(&self, name: &str) -> Option<&ScheduleResult> {
@@ -318,7 +336,8 @@ impl ScenarioReport {
         }
         let _ = writeln!(
             s,
-            "# selected (predicted best): {}",
+            "# selected ({}): {}",
+            self.selector.as_deref().unwrap_or("model"),
             self.selected.as_deref().unwrap_or("none")
         );
         let wrong = self.schedules.iter().filter(|r| r.wrong).count();

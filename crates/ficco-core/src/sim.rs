@@ -36,7 +36,8 @@
 //!   event. A transfer first spends its fixed latency, then moves its bytes.
 //! - **Contention.** While any NCCL transfer runs on a GPU, its GEMM waves run
 //!   `gemm_slowdown_nccl` times slower; while a copy reads or writes the GPU,
-//!   `gemm_slowdown_copy` (the larger applies). While a GEMM wave runs on one
+//!   `gemm_slowdown_copy` (the larger applies); while two GEMMs run on the
+//!   GPU, also `gemm_slowdown_gemm` times slower. While a GEMM wave runs on one
 //!   of its GPUs, an NCCL transfer's rate cap is divided by
 //!   `nccl_slowdown_gemm` and a copy's by `copy_slowdown_gemm`.
 //!
@@ -81,8 +82,14 @@ enum State {
 #[derive(Debug, Clone)]
 enum Work {
     Gemm {
-        /// Tiles not yet given an SM.
+        /// Blocks not yet given an SM: tiles, or with persistent kernels
+        /// min(tiles, cap) blocks of `unit_tiles` (+1 for the first
+        /// `long_units`) tiles each.
         undispatched: usize,
+        /// Blocks (of those not dispatched) that compute one tile more.
+        long_units: usize,
+        /// Tiles per block.
+        unit_tiles: usize,
         /// SM cap (`sm_target`, else every SM).
         cap: usize,
         /// Time of one tile on one SM, ms.
@@ -215,6 +222,16 @@ pub fn simulate(plan: &Plan, hw: &HwProfile) -> Result<Timeline> {
     .finish())
 }
 
+/// NCCL's "size" of a collective: the gathered buffer (all-gather), the
+/// input (reduce-scatter) or the buffer (all-reduce), bytes.
+fn nccl_size(op: &NcclOp) -> usize {
+    match op {
+        NcclOp::AllGather { recv, .. } | NcclOp::AllReduce { recv, .. } => recv.bytes(),
+        NcclOp::ReduceScatter { send, .. } => send.bytes(),
+        NcclOp::SendRecv { .. } => 0,
+    }
+}
+
 impl<'a> Sim<'a> {
     fn new(plan: &'a Plan, hw: &'a HwProfile) -> Result<Self> {
         let p = plan.ranks.len();
@@ -247,8 +264,21 @@ impl<'a> Sim<'a> {
                     } => {
                         let cap = sm_target.unwrap_or(hw.sm_count).clamp(1, hw.sm_count);
                         let c = cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap);
+                        let (units, unit_tiles, long_units) = if hw.gemm.persistent {
+                            if hw.gemm.full_grid && c.tiles < cap {
+                                // Every block runs the whole (one-wave) time.
+                                (cap, c.waves, 0)
+                            } else {
+                                let units = c.tiles.min(cap).max(1);
+                                (units, c.tiles / units, c.tiles % units)
+                            }
+                        } else {
+                            (c.tiles, 1, 0)
+                        };
                         Work::Gemm {
-                            undispatched: c.tiles,
+                            undispatched: units,
+                            long_units,
+                            unit_tiles,
                             cap,
                             wave_ms: c.effective_wave_ms(),
                             launch_ms: c.launch_ms,
@@ -474,6 +504,9 @@ impl<'a> Sim<'a> {
             return;
         }
         let sm = self.hw.sm_count;
+        // High-priority kernels are resident at once only where GEMM blocks
+        // end tile by tile; persistent GEMM blocks keep their SMs.
+        let preempt = !self.hw.gemm.persistent;
         let nodes = &self.nodes;
         self.sm_wait[r].sort_by_key(|&i| (!nodes[i].hi, nodes[i].seq));
         let mut k = 0;
@@ -485,6 +518,8 @@ impl<'a> Sim<'a> {
             let (leaves, blocks) = match self.nodes[i].work {
                 Work::Gemm {
                     ref mut undispatched,
+                    ref mut long_units,
+                    unit_tiles,
                     cap,
                     wave_ms,
                     ref mut held,
@@ -495,19 +530,26 @@ impl<'a> Sim<'a> {
                     if g > 0 {
                         *undispatched -= g;
                         *held += g;
-                        *waves += 1;
                         self.held[r] += g;
-                        self.active.push(Active {
-                            kind: ActKind::Wave(i, g),
-                            remaining: wave_ms,
-                            rate: 0.0,
-                        });
+                        // Longer blocks first, then the rest.
+                        let gl = g.min(*long_units);
+                        *long_units -= gl;
+                        for (n, tiles) in [(gl, unit_tiles + 1), (g - gl, unit_tiles)] {
+                            if n > 0 && tiles > 0 {
+                                *waves += 1;
+                                self.active.push(Active {
+                                    kind: ActKind::Wave(i, n),
+                                    remaining: wave_ms * tiles as f64,
+                                    rate: 0.0,
+                                });
+                            }
+                        }
                     }
                     (*undispatched == 0, false)
                 }
                 Work::Nccl { group } => {
                     let need = self.hw.nccl_sms;
-                    if hi || free >= need {
+                    if (hi && preempt) || free >= need {
                         self.held[r] += need;
                         self.nodes[i].state = State::Resident;
                         self.nodes[i].start = self.now;
@@ -522,7 +564,7 @@ impl<'a> Sim<'a> {
                 }
                 Work::Reduce { nominal_ms, .. } => {
                     let want = self.hw.reduce.full_bw_sms.min(sm);
-                    let got = if hi { want } else { want.min(free) };
+                    let got = if hi && preempt { want } else { want.min(free) };
                     if got > 0 {
                         self.held[r] += got;
                         self.nodes[i].work = Work::Reduce {
@@ -561,16 +603,15 @@ impl<'a> Sim<'a> {
         self.nodes[i].state = State::Moving;
         self.nodes[i].start = self.now;
         let p = self.p;
+        let pull = src != self.nodes[i].rank;
+        let (lat, gbs) = cost::copy_params(self.hw, pull);
         let (usage, cap) = if src == dst {
             (
                 Vec::new(),
-                cost::bytes_per_ms(cost::copy_gbs(self.hw).min(self.hw.hbm_gbs / 2.0)),
+                cost::bytes_per_ms(gbs.min(self.hw.hbm_gbs / 2.0)),
             )
         } else {
-            (
-                vec![(src, 1.0), (p + dst, 1.0)],
-                cost::bytes_per_ms(cost::copy_gbs(self.hw)),
-            )
+            (vec![(src, 1.0), (p + dst, 1.0)], cost::bytes_per_ms(gbs))
         };
         let f = self.flows.len();
         self.flows.push(Flow {
@@ -585,7 +626,6 @@ impl<'a> Sim<'a> {
                 vec![src, dst]
             },
         });
-        let lat = self.hw.copy_engine.latency_us * 1e-3;
         self.timers.push((self.now + lat, TimerKind::FlowStarts(f)));
     }
 
@@ -601,10 +641,12 @@ impl<'a> Sim<'a> {
         let first_op = self.op_of(first.rank, first.index);
         match first_op.collective() {
             Some(coll) => {
-                let cp = hw.collective(coll, gpus.max(2));
-                work = first_op.bytes_sent(gpus.max(2)) as f64;
-                cap = cost::bytes_per_ms(cp.bus_gbs);
-                lat_ms = cp.latency_us * 1e-3;
+                let g2 = gpus.max(2);
+                work = first_op.bytes_sent(g2) as f64;
+                let size = nccl_size(first_op);
+                let (l, bw) = cost::collective_protocol(hw, coll, size, g2);
+                cap = bw;
+                lat_ms = l;
                 for &m in &members {
                     let r = self.nodes[m].rank;
                     usage.push((r, 1.0));
@@ -615,12 +657,18 @@ impl<'a> Sim<'a> {
             None => {
                 let mut sent = vec![0.0; p];
                 let mut recv = vec![0.0; p];
+                // Fewest peers any rank talks to (the per-peer limit).
+                let mut peers = usize::MAX;
                 for &m in &members {
                     let r = self.nodes[m].rank;
                     ranks.push(r);
                     if let NcclOp::SendRecv { sends, recvs } = self.op_of(r, self.nodes[m].index) {
                         sent[r] += sends.iter().map(|(_, v)| v.bytes() as f64).sum::<f64>();
                         recv[r] += recvs.iter().map(|(_, v)| v.bytes() as f64).sum::<f64>();
+                        let mut qs: Vec<usize> = sends.iter().map(|(q, _)| *q).collect();
+                        qs.sort_unstable();
+                        qs.dedup();
+                        peers = peers.min(qs.len().max(1));
                     }
                 }
                 let w = sent
@@ -628,7 +676,11 @@ impl<'a> Sim<'a> {
                     .chain(recv.iter())
                     .fold(0.0f64, |a, &b| a.max(b));
                 work = w;
-                cap = cost::bytes_per_ms(hw.nccl.p2p_bus_gbs);
+                let per_peer = hw
+                    .nccl
+                    .p2p_peer_gbs
+                    .map_or(f64::INFINITY, |g| g * peers.min(p) as f64);
+                cap = cost::bytes_per_ms(hw.nccl.p2p_bus_gbs.min(per_peer));
                 lat_ms = hw.nccl.p2p_latency_us * 1e-3;
                 if w > 0.0 {
                     for r in 0..p {
@@ -731,11 +783,22 @@ impl<'a> Sim<'a> {
         let p = self.p;
         let c = &self.hw.contention;
         let mut gemm_on = vec![false; p];
+        // Per rank: a GEMM running (its task), and whether a second one is.
+        let mut gemm_task: Vec<Option<usize>> = vec![None; p];
+        let mut two_gemms = vec![false; p];
         let mut nccl_on = vec![false; p];
         let mut copy_on = vec![false; p];
         for a in &self.active {
             match a.kind {
-                ActKind::Wave(i, _) => gemm_on[self.nodes[i].rank] = true,
+                ActKind::Wave(i, _) => {
+                    let r = self.nodes[i].rank;
+                    gemm_on[r] = true;
+                    match gemm_task[r] {
+                        None => gemm_task[r] = Some(i),
+                        Some(j) if j != i => two_gemms[r] = true,
+                        _ => {}
+                    }
+                }
                 ActKind::Flow(f) => {
                     let fl = &self.flows[f];
                     for &r in &fl.ranks {
@@ -780,6 +843,9 @@ impl<'a> Sim<'a> {
                     }
                     if copy_on[r] {
                         s = s.max(c.gemm_slowdown_copy);
+                    }
+                    if two_gemms[r] {
+                        s *= c.gemm_slowdown_gemm;
                     }
                     a.rate = 1.0 / s;
                 }

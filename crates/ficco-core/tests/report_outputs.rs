@@ -56,6 +56,7 @@ fn json_schema_is_exact() {
         "schedules",
         "best",
         "selected",
+        "selector",
     ];
     want.sort();
     assert_eq!(keys(&v), want);

@@ -1,0 +1,200 @@
+//! `ficco select`, `evaluate` and `tune` on the CPU.
+
+use std::process::{Command, Output};
+
+fn ficco(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ficco"))
+        .args(args)
+        .env(
+            "XDG_CACHE_HOME",
+            std::env::temp_dir().join("ficco-cli-select-cache"),
+        )
+        .output()
+        .unwrap()
+}
+
+fn one_line_error(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    err
+}
+
+#[test]
+fn select_prints_a_fitting_schedule_for_each_selector() {
+    for sel in ["rules", "model"] {
+        let out = ficco(&[
+            "select",
+            "--op",
+            "ag-gemm",
+            "--m",
+            "2048",
+            "--k",
+            "4096",
+            "--n",
+            "1536",
+            "--gpus",
+            "4",
+            "--selector",
+            sel,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["selector"], sel);
+        let name = v["schedule"].as_str().unwrap();
+        let s: ficco_core::schedule::Schedule = name.parse().unwrap();
+        assert!(s.is_seq() || name.contains("copy") || name.contains("nccl"));
+    }
+    let out = ficco(&[
+        "select",
+        "--model",
+        "llama3-8b",
+        "--tokens",
+        "2048",
+        "--gpus",
+        "2",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line() {
+    for args in [
+        &[
+            "select", "--op", "foo", "--m", "8", "--k", "8", "--n", "8", "--gpus", "2",
+        ][..],
+        &[
+            "select",
+            "--op",
+            "ag-gemm",
+            "--m",
+            "8",
+            "--k",
+            "8",
+            "--n",
+            "8",
+            "--gpus",
+            "2",
+            "--selector",
+            "best",
+        ],
+        &[
+            "select", "--op", "ag-gemm", "--m", "7", "--k", "8", "--n", "8", "--gpus", "2",
+        ],
+        &[
+            "select", "--op", "ag-gemm", "--m", "-8", "--k", "8", "--n", "8", "--gpus", "2",
+        ],
+        &["select"],
+        &["evaluate"],
+        &["evaluate", "--measured", "/nonexistent/x.json"],
+        &[
+            "tune", "--op", "ag-gemm", "--m", "8", "--k", "8", "--n", "8", "--gpus", "2", "--top",
+            "0",
+        ],
+    ] {
+        one_line_error(&ficco(args));
+    }
+}
+
+#[test]
+fn offline_evaluate_reproduces_the_reported_numbers() {
+    let d = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/bench/data/2026-11-21-h200x4-run3"
+    );
+    let files = format!("{d}/ficco-p2.json,{d}/ficco-p4.json");
+    let out = ficco(&[
+        "evaluate",
+        "--measured",
+        &files,
+        "--holdout",
+        "llama3-70b",
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let score = |subset: &str, sel: &str| -> f64 {
+        v["subsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["subset"] == subset)
+            .unwrap()["selectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["selector"] == sel)
+            .unwrap()["accuracy"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!((score("all", "rules") - 55.0 / 60.0).abs() < 1e-9);
+    assert!((score("holdout", "rules") - 25.0 / 30.0).abs() < 1e-9);
+    assert!((score("rest", "rules") - 1.0).abs() < 1e-9);
+    assert!((score("all", "model") - 0.5).abs() < 1e-9);
+    let mape = v["subsets"][0]["sim"]["mape"].as_f64().unwrap();
+    assert!(mape < 0.10, "{mape}");
+    // A holdout that matches nothing is an error.
+    one_line_error(&ficco(&[
+        "evaluate",
+        "--measured",
+        &files,
+        "--holdout",
+        "gpt5",
+    ]));
+}
+
+#[test]
+fn tune_without_gpus_fails_clearly() {
+    let out = ficco(&[
+        "tune",
+        "--op",
+        "ag-gemm",
+        "--m",
+        "2048",
+        "--k",
+        "4096",
+        "--n",
+        "1536",
+        "--gpus",
+        "4",
+        "--cache",
+        "/tmp/ficco-tune-test-nogpu.json",
+    ]);
+    if out.status.success() {
+        return; // a machine with GPUs
+    }
+    let err = one_line_error(&out);
+    assert!(err.contains("tune measures on GPUs"), "{err}");
+}
+
+#[test]
+fn select_ignores_a_corrupt_cache_with_a_warning() {
+    let path = std::env::temp_dir().join(format!("ficco-corrupt-{}.json", std::process::id()));
+    std::fs::write(&path, "{oops").unwrap();
+    let out = ficco(&[
+        "select",
+        "--op",
+        "gemm-rs",
+        "--m",
+        "8192",
+        "--k",
+        "2048",
+        "--n",
+        "8192",
+        "--gpus",
+        "4",
+        "--cache",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("ignoring corrupt tuning cache"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(rules;"));
+    std::fs::remove_file(&path).ok();
+}
