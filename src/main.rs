@@ -381,7 +381,10 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
     let mut measurer: Option<Box<dyn Measurer>> = match args.backend {
         BackendChoice::Sim => None,
-        BackendChoice::Gpu => Some(backend::gpu_measurer(max_gpus)?),
+        BackendChoice::Gpu => Some(
+            backend::gpu_measurer(max_gpus)
+                .map_err(|e| anyhow::anyhow!("{e} (or run with --backend sim to simulate)"))?,
+        ),
         BackendChoice::Auto => match backend::gpu_measurer(max_gpus) {
             Ok(m) => Some(m),
             Err(e) => {
