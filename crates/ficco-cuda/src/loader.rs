@@ -39,7 +39,10 @@ pub struct Libraries {
 fn candidates(names: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = vec![];
     // cudarc's candidate list repeats names; say each once.
-    for c in names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)) {
+    for c in names
+        .iter()
+        .flat_map(|n| cudarc::get_lib_name_candidates(n))
+    {
         if !out.contains(&c) {
             out.push(c);
         }
