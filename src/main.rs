@@ -392,6 +392,8 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
                 let reason = reason
                     .strip_prefix("GPU backend not available: ")
                     .unwrap_or(&reason);
+                // The list of file names searched belongs to --backend gpu's error, not this note.
+                let reason = reason.split(" (searched:").next().unwrap_or(reason);
                 eprintln!(
                     "ficco: no GPU backend available ({reason}); simulating with hardware profile '{}'",
                     hw.name
