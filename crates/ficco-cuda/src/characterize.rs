@@ -576,8 +576,8 @@ pub fn fit_profile(base: &HwProfile, ch: &Characterization, name: &str) -> (HwPr
     let gemm = fit_gemm(base, &gemm_samples(&ch.decomposition));
     if let Some(g) = gemm {
         if g.rms_log_err_fit <= g.rms_log_err_base {
-            hw.gemm.sustained_tflops = g.sustained_tflops;
-            hw.gemm.k_overhead = g.k_overhead;
+            hw.gemm.sustained_tflops = round(g.sustained_tflops, 1);
+            hw.gemm.k_overhead = round(g.k_overhead, 1);
         }
     }
     let curves = fit_curves(&ch.curves);
