@@ -46,3 +46,27 @@ fn characterize_argument_errors() {
         assert!(out.contains(flag), "{out}");
     }
 }
+
+#[test]
+fn measured_profile_of_the_h200_run_loads_in_explore() {
+    let o = ficco(&[
+        "explore",
+        "--op",
+        "ag-gemm",
+        "--m",
+        "8192",
+        "--k",
+        "8192",
+        "--n",
+        "2560",
+        "--gpus",
+        "4",
+        "--backend",
+        "sim",
+        "--hw",
+        "bench/data/2026-11-21-characterize/h200-char.toml",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("hardware: h200-char"), "{out}");
+}
