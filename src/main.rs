@@ -5,6 +5,7 @@
 //! with exit status 2.
 
 mod backend;
+mod cmd_characterize;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -42,6 +43,8 @@ enum Command {
     Explore(Box<ExploreArgs>),
     /// Describe the GPUs, their links and the CUDA libraries found.
     Info(InfoArgs),
+    /// Measure decomposition loss, contention and communication curves on the GPUs; fit a hardware profile.
+    Characterize(cmd_characterize::CharacterizeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -185,7 +188,7 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            bail!("a command is required: schedules, explore or info (see 'ficco --help')");
+            bail!("a command is required: schedules, explore, info or characterize (see 'ficco --help')");
         }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
@@ -203,6 +206,7 @@ fn run() -> Result<()> {
         Command::Schedules(args) => cmd_schedules(args),
         Command::Explore(args) => cmd_explore(*args),
         Command::Info(args) => cmd_info(args),
+        Command::Characterize(args) => cmd_characterize::cmd_characterize(args),
     }
 }
 
