@@ -5,6 +5,7 @@
 //! with exit status 2.
 
 mod backend;
+mod cmd_characterize;
 mod cmd_select;
 
 use anyhow::{bail, Context, Result};
@@ -49,6 +50,8 @@ enum Command {
     Evaluate(Box<cmd_select::EvaluateArgs>),
     /// Measure the top predicted schedules on GPUs and cache the winner for `select`.
     Tune(Box<cmd_select::TuneArgs>),
+    /// Measure decomposition loss, contention and communication curves on the GPUs; fit a hardware profile.
+    Characterize(cmd_characterize::CharacterizeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -192,7 +195,7 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            bail!("a command is required: schedules, explore, info, select, evaluate or tune (see 'ficco --help')");
+            bail!("a command is required: schedules, explore, info, characterize, select, evaluate or tune (see 'ficco --help')");
         }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
@@ -213,6 +216,7 @@ fn run() -> Result<()> {
         Command::Select(args) => cmd_select::cmd_select(*args),
         Command::Evaluate(args) => cmd_select::cmd_evaluate(*args),
         Command::Tune(args) => cmd_select::cmd_tune(*args),
+        Command::Characterize(args) => cmd_characterize::cmd_characterize(args),
     }
 }
 
@@ -391,7 +395,10 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
     let mut measurer: Option<Box<dyn Measurer>> = match args.backend {
         BackendChoice::Sim => None,
-        BackendChoice::Gpu => Some(backend::gpu_measurer(max_gpus)?),
+        BackendChoice::Gpu => Some(
+            backend::gpu_measurer(max_gpus)
+                .map_err(|e| anyhow::anyhow!("{e} (or run with --backend sim to simulate)"))?,
+        ),
         BackendChoice::Auto => match backend::gpu_measurer(max_gpus) {
             Ok(m) => Some(m),
             Err(e) => {
@@ -399,6 +406,8 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
                 let reason = reason
                     .strip_prefix("GPU backend not available: ")
                     .unwrap_or(&reason);
+                // The list of file names searched belongs to --backend gpu's error, not this note.
+                let reason = reason.split(" (searched:").next().unwrap_or(reason);
                 eprintln!(
                     "ficco: no GPU backend available ({reason}); simulating with hardware profile '{}'",
                     hw.name

@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`info`] | GPUs, SMs, memory, copy engines, peer matrix, versions |
+//! | [`characterize`] | `ficco characterize`: decomposition, contention and communication measurements, profile fitting |
 //! | [`backend`] | [`GpuBackend`]: open, prepare, measure (implements `Measurer`) |
 //! | [`exec`] | the executor: streams, events, iterations, task issue |
 //! | [`sync`] | the cross-rank synchronisation seam |
@@ -22,6 +23,7 @@
 //! | [`error`] | [`CudaError`] |
 
 pub mod backend;
+pub mod characterize;
 pub mod error;
 pub mod exec;
 pub mod gemm;

@@ -37,10 +37,17 @@ pub struct Libraries {
 }
 
 fn candidates(names: &[&str]) -> Vec<String> {
-    names
+    let mut out: Vec<String> = vec![];
+    // cudarc's candidate list repeats names; say each once.
+    for c in names
         .iter()
         .flat_map(|n| cudarc::get_lib_name_candidates(n))
-        .collect()
+    {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn status(name: &str, present: bool, lib_names: &[&str]) -> LibStatus {
