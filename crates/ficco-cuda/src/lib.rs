@@ -20,17 +20,25 @@
 //! | [`gemm`] | cuBLASLt bf16 GEMM with row-major views, cached descriptors |
 //! | [`kernels`] | NVRTC kernels: random fill, reduce, check |
 //! | [`mem`] | `cuMemAlloc` buffers, peer access, peer / 2-D copies |
+//! | [`controls`] | stream priorities, raw streams, event timing, context-independent NVRTC libraries |
+//! | [`nccl_config`] | NCCL communicators with `maxCTAs` / `minCTAs` / CTA policy, cached per config |
+//! | [`green`] | green-context SM partitions: compute and communication streams on disjoint SMs |
+//! | [`shaped`] | ficco's tensor-core bf16 GEMM and bias+GELU, with shared-memory occupancy shaping |
 //! | [`error`] | [`CudaError`] |
 
 pub mod backend;
 pub mod characterize;
+pub mod controls;
 pub mod error;
 pub mod exec;
 pub mod gemm;
+pub mod green;
 pub mod info;
 pub mod kernels;
 pub mod loader;
 pub mod mem;
+pub mod nccl_config;
+pub mod shaped;
 pub mod sync;
 
 pub use backend::{GpuBackend, MeasureConfig};

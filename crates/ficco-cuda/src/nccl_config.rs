@@ -1,0 +1,404 @@
+//! NCCL resource limits: communicators created with `ncclCommInitRankConfig`
+//! and an `ncclConfig_t` that caps the CTAs (thread blocks, hence SMs) NCCL's
+//! kernels may take, and sets the CTA policy. This is the "NCCL `maxCTAs` and
+//! CTA policy" resource control of the design space.
+//!
+//! The config is built like `NCCL_CONFIG_INITIALIZER`: `size`, `magic`
+//! (`0xcafebeef`) and `version` set, every other field "undefined"
+//! (`INT_MIN` / null) so NCCL keeps its default. cudarc's struct is the NCCL
+//! 2.30 layout; the device runs NCCL 2.28. NCCL copies `min(size, its own
+//! sizeof)` bytes and reads `version` to know which fields the caller knew,
+//! so [`NcclLimits::to_raw`] declares the 2.28 prefix only (`size` = offset of
+//! the first field 2.29 added, `version` = 2.28.0). The 2.28 layout is a
+//! prefix of cudarc's (fields are only ever appended).
+//!
+//! NCCL 2.28 has no call that reads a communicator's configuration back;
+//! [`CommSet`] keeps the limits it was created with plus what NCCL does
+//! report (rank count, device, rank), and the GPU test checks the effect
+//! (an all-reduce limited to one CTA is much slower).
+//!
+//! Communicators cost ~0.5 s for 4 ranks, so [`CommCache`] creates one
+//! [`CommSet`] per (GPUs, limits) and hands out the same `Arc` afterwards.
+//!
+//! See [ncclConfig_t](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html#ncclconfig-t),
+//! [ncclCommInitRankConfig](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/comms.html#ncclcomminitrankconfig)
+//! and [CTA policy flags](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/flags.html).
+
+use crate::error::{drv, nccl, CudaError, Result};
+use cudarc::driver::CudaContext;
+use cudarc::nccl::sys as nsys;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// `NCCL_CONFIG_UNDEF_INT`.
+pub const UNDEF_INT: i32 = i32::MIN;
+/// `NCCL_API_MAGIC` / the `magic` of `NCCL_CONFIG_INITIALIZER`.
+pub const CONFIG_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_VERSION(2, 28, 0)`: the config layout this module fills in.
+pub const CONFIG_VERSION: u32 = 22800;
+
+/// NCCL's CTA policy (`NCCL_CTA_POLICY_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CtaPolicy {
+    /// `NCCL_CTA_POLICY_DEFAULT` (0): maximal performance.
+    Default,
+    /// `NCCL_CTA_POLICY_EFFICIENCY` (1): fewest CTAs that still perform well;
+    /// meant for compute–communication overlap.
+    Efficiency,
+    /// `NCCL_CTA_POLICY_ZERO` (2, NCCL ≥ 2.28): zero CTAs where possible
+    /// (copy-engine paths), even at some cost in speed.
+    Zero,
+}
+
+impl CtaPolicy {
+    pub fn raw(self) -> i32 {
+        match self {
+            CtaPolicy::Default => 0,
+            CtaPolicy::Efficiency => 1,
+            CtaPolicy::Zero => 2,
+        }
+    }
+}
+
+/// The resource limits of a set of communicators. `None` keeps NCCL's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NcclLimits {
+    /// `maxCTAs`: most CTAs (channels) per collective kernel; NCCL caps it at 64.
+    pub max_ctas: Option<u32>,
+    /// `minCTAs`: fewest CTAs; NCCL lowers it to `maxCTAs` if larger.
+    pub min_ctas: Option<u32>,
+    /// `CTAPolicy`.
+    pub cta_policy: Option<CtaPolicy>,
+    /// `cgaClusterSize` (0..=8 on Hopper; 0 disables clusters).
+    pub cga_cluster_size: Option<u32>,
+}
+
+impl NcclLimits {
+    /// Validates the limits (NCCL would silently clamp bad values).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(CudaError::Plan(format!("NCCL limits: {s}")));
+        if let Some(m) = self.max_ctas {
+            if !(1..=64).contains(&m) {
+                return bad(format!("maxCTAs {m} not in 1..=64"));
+            }
+        }
+        if let Some(m) = self.min_ctas {
+            if !(1..=64).contains(&m) {
+                return bad(format!("minCTAs {m} not in 1..=64"));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (self.min_ctas, self.max_ctas) {
+            if lo > hi {
+                return bad(format!("minCTAs {lo} > maxCTAs {hi}"));
+            }
+        }
+        if let Some(c) = self.cga_cluster_size {
+            if c > 8 {
+                return bad(format!("cgaClusterSize {c} > 8"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `ncclConfig_t` these limits describe, initialised like
+    /// `NCCL_CONFIG_INITIALIZER` (see the module doc for size and version).
+    pub fn to_raw(&self) -> nsys::ncclConfig_t {
+        let opt = |v: Option<u32>| v.map_or(UNDEF_INT, |x| x as i32);
+        nsys::ncclConfig_t {
+            size: std::mem::offset_of!(nsys::ncclConfig_t, graphUsageMode),
+            magic: CONFIG_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: 1,
+            cgaClusterSize: opt(self.cga_cluster_size),
+            minCTAs: opt(self.min_ctas),
+            maxCTAs: opt(self.max_ctas),
+            netName: std::ptr::null(),
+            splitShare: UNDEF_INT,
+            trafficClass: UNDEF_INT,
+            commName: std::ptr::null(),
+            collnetEnable: UNDEF_INT,
+            CTAPolicy: self.cta_policy.map_or(UNDEF_INT, CtaPolicy::raw),
+            shrinkShare: UNDEF_INT,
+            nvlsCTAs: UNDEF_INT,
+            nChannelsPerNetPeer: UNDEF_INT,
+            nvlinkCentricSched: UNDEF_INT,
+            graphUsageMode: UNDEF_INT,
+            numRmaCtx: UNDEF_INT,
+            maxP2pPeers: UNDEF_INT,
+        }
+    }
+}
+
+/// One rank's communicator, destroyed on drop.
+#[derive(Debug)]
+pub struct ConfiguredComm {
+    comm: nsys::ncclComm_t,
+}
+
+// SAFETY: each communicator is used by one host thread at a time (callers
+// hold it through `CommSet`, and NCCL calls on it are issued by one thread).
+unsafe impl Send for ConfiguredComm {}
+// SAFETY: shared read-only; NCCL calls need the caller's serialisation per comm.
+unsafe impl Sync for ConfiguredComm {}
+
+impl ConfiguredComm {
+    /// The raw handle, for NCCL calls (valid while `self` lives).
+    pub fn raw(&self) -> nsys::ncclComm_t {
+        self.comm
+    }
+
+    /// Ranks in the communicator (`ncclCommCount`).
+    pub fn count(&self) -> Result<i32> {
+        // SAFETY: live communicator.
+        unsafe { cudarc::nccl::result::comm_count(self.comm) }.map_err(nccl("ncclCommCount"))
+    }
+
+    /// The CUDA device of this rank (`ncclCommCuDevice`).
+    pub fn device(&self) -> Result<i32> {
+        // SAFETY: live communicator.
+        unsafe { cudarc::nccl::result::comm_cu_device(self.comm) }.map_err(nccl("ncclCommCuDevice"))
+    }
+
+    /// This communicator's rank (`ncclCommUserRank`).
+    pub fn rank(&self) -> Result<i32> {
+        // SAFETY: live communicator.
+        unsafe { cudarc::nccl::result::comm_user_rank(self.comm) }.map_err(nccl("ncclCommUserRank"))
+    }
+}
+
+impl Drop for ConfiguredComm {
+    fn drop(&mut self) {
+        // SAFETY: created by ncclCommInitRankConfig, destroyed once.
+        unsafe {
+            let _ = cudarc::nccl::result::comm_destroy(self.comm);
+        }
+    }
+}
+
+/// The communicators of one set of GPUs under one [`NcclLimits`]; rank i is
+/// `gpus[i]`.
+#[derive(Debug)]
+pub struct CommSet {
+    pub gpus: Vec<usize>,
+    pub limits: NcclLimits,
+    /// `ncclGetVersion` of the loaded library, e.g. 22803.
+    pub nccl_version: i32,
+    comms: Vec<ConfiguredComm>,
+}
+
+impl CommSet {
+    /// Creates one communicator per GPU from this thread: `ncclGetUniqueId`,
+    /// then `ncclCommInitRankConfig` for every rank inside one
+    /// `ncclGroupStart`/`ncclGroupEnd`, each with its device's primary
+    /// context current (NCCL takes the rank's device from the current one).
+    pub fn new(gpus: &[usize], limits: NcclLimits) -> Result<Self> {
+        crate::loader::require()?;
+        limits.validate()?;
+        if gpus.is_empty() {
+            return Err(CudaError::Plan("a communicator set needs a GPU".into()));
+        }
+        let mut sorted = gpus.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != gpus.len() {
+            return Err(CudaError::Plan(format!("GPU listed twice in {gpus:?}")));
+        }
+        let found = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))? as usize;
+        if let Some(&g) = gpus.iter().find(|&&g| g >= found) {
+            return Err(CudaError::NotEnoughGpus {
+                wanted: g + 1,
+                found,
+            });
+        }
+        let ctxs = gpus
+            .iter()
+            .map(|&g| CudaContext::new(g).map_err(drv("cuDevicePrimaryCtxRetain")))
+            .collect::<Result<Vec<_>>>()?;
+        let version = cudarc::nccl::result::get_nccl_version().map_err(nccl("ncclGetVersion"))?;
+        let id = cudarc::nccl::result::get_uniqueid().map_err(nccl("ncclGetUniqueId"))?;
+        let n = gpus.len() as i32;
+        let mut raw = vec![std::ptr::null_mut(); gpus.len()];
+        let mut configs: Vec<nsys::ncclConfig_t> = gpus.iter().map(|_| limits.to_raw()).collect();
+        cudarc::nccl::result::group_start().map_err(nccl("ncclGroupStart"))?;
+        let mut first_err = None;
+        for (r, ctx) in ctxs.iter().enumerate() {
+            if let Err(e) = ctx.bind_to_thread() {
+                first_err = Some(drv("cuCtxSetCurrent")(e));
+                break;
+            }
+            // SAFETY: out-pointer and config are live until ncclGroupEnd
+            // returns (both vectors outlive it); the id is shared by all ranks.
+            let res = unsafe {
+                nsys::ncclCommInitRankConfig(&mut raw[r], n, id, r as i32, &mut configs[r])
+            };
+            if let Err(e) = res.result() {
+                first_err = Some(nccl("ncclCommInitRankConfig")(e));
+                break;
+            }
+        }
+        let end = cudarc::nccl::result::group_end().map_err(nccl("ncclGroupEnd"));
+        let comms: Vec<ConfiguredComm> = raw
+            .into_iter()
+            .filter(|c| !c.is_null())
+            .map(|comm| ConfiguredComm { comm })
+            .collect();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        end?;
+        if comms.len() != gpus.len() {
+            return Err(CudaError::Plan(format!(
+                "NCCL created {} of {} communicators",
+                comms.len(),
+                gpus.len()
+            )));
+        }
+        Ok(CommSet {
+            gpus: gpus.to_vec(),
+            limits,
+            nccl_version: version,
+            comms,
+        })
+    }
+
+    /// The communicators, rank order.
+    pub fn comms(&self) -> &[ConfiguredComm] {
+        &self.comms
+    }
+
+    /// What NCCL reports about each rank, `(count, device, rank)`, checked
+    /// against the set's GPUs; an error names the first mismatch.
+    pub fn verify(&self) -> Result<Vec<(i32, i32, i32)>> {
+        let mut out = vec![];
+        for (r, c) in self.comms.iter().enumerate() {
+            let got = (c.count()?, c.device()?, c.rank()?);
+            let want = (self.gpus.len() as i32, self.gpus[r] as i32, r as i32);
+            if got != want {
+                return Err(CudaError::Plan(format!(
+                    "communicator {r}: NCCL reports (count, device, rank) = {got:?}, expected {want:?}"
+                )));
+            }
+            out.push(got);
+        }
+        Ok(out)
+    }
+}
+
+type CacheMap = HashMap<(Vec<usize>, NcclLimits), Arc<CommSet>>;
+
+/// One [`CommSet`] per (GPUs, limits), created at first request and shared after.
+#[derive(Debug, Default)]
+pub struct CommCache {
+    sets: Mutex<CacheMap>,
+}
+
+impl CommCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The process-wide cache.
+    pub fn global() -> &'static CommCache {
+        static C: OnceLock<CommCache> = OnceLock::new();
+        C.get_or_init(CommCache::new)
+    }
+
+    /// The communicators for `gpus` under `limits`, created once. Creation
+    /// holds the cache lock (NCCL init of in-process ranks must not interleave).
+    pub fn get(&self, gpus: &[usize], limits: NcclLimits) -> Result<Arc<CommSet>> {
+        let mut sets = self
+            .sets
+            .lock()
+            .map_err(|_| CudaError::Plan("NCCL communicator cache poisoned".into()))?;
+        let key = (gpus.to_vec(), limits);
+        if let Some(s) = sets.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(CommSet::new(gpus, limits)?);
+        sets.insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Sets created so far.
+    pub fn len(&self) -> usize {
+        self.sets.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_is_initialised_like_the_nccl_initializer() {
+        let c = NcclLimits::default().to_raw();
+        assert_eq!(c.magic, 0xcafebeef);
+        assert_eq!(c.version, 22800);
+        // The 2.28 layout: 8 + 4 + 4 + 4*4 + 8 + 4 + 4 + 8 + 4*6 bytes.
+        assert_eq!(c.size, 80);
+        assert_eq!(c.maxCTAs, i32::MIN);
+        assert_eq!(c.minCTAs, i32::MIN);
+        assert_eq!(c.CTAPolicy, i32::MIN);
+        assert_eq!(c.cgaClusterSize, i32::MIN);
+        assert!(c.netName.is_null() && c.commName.is_null());
+        assert_eq!(c.blocking, 1);
+    }
+
+    #[test]
+    fn limits_are_written_and_validated() {
+        let l = NcclLimits {
+            max_ctas: Some(4),
+            min_ctas: Some(2),
+            cta_policy: Some(CtaPolicy::Efficiency),
+            cga_cluster_size: Some(0),
+        };
+        l.validate().unwrap();
+        let c = l.to_raw();
+        assert_eq!(
+            (c.maxCTAs, c.minCTAs, c.CTAPolicy, c.cgaClusterSize),
+            (4, 2, 1, 0)
+        );
+        assert_eq!(CtaPolicy::Zero.raw(), 2);
+        for bad in [
+            NcclLimits {
+                max_ctas: Some(0),
+                ..Default::default()
+            },
+            NcclLimits {
+                max_ctas: Some(65),
+                ..Default::default()
+            },
+            NcclLimits {
+                min_ctas: Some(5),
+                max_ctas: Some(4),
+                ..Default::default()
+            },
+            NcclLimits {
+                cga_cluster_size: Some(9),
+                ..Default::default()
+            },
+        ] {
+            assert!(matches!(bad.validate(), Err(CudaError::Plan(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cache_starts_empty_and_bad_requests_are_typed_errors() {
+        let c = CommCache::new();
+        assert!(c.is_empty());
+        let bad = NcclLimits {
+            max_ctas: Some(0),
+            ..Default::default()
+        };
+        // Without NCCL this is LibraryMissing; with it, the limits are rejected.
+        match c.get(&[0], bad) {
+            Err(CudaError::LibraryMissing { .. } | CudaError::Plan(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(c.is_empty());
+    }
+}
