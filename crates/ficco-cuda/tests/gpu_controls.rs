@@ -5,6 +5,8 @@
 //! test needs 2 GPUs. Run on the device with `--test-threads=1 --nocapture`
 //! and `NCCL_NVLS_ENABLE=0`.
 
+mod common;
+use common::{b2f, rand, rel_err};
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nsys;
 use ficco_cuda::controls::{
@@ -44,33 +46,6 @@ fn ctx_n(n: usize) -> Option<Vec<Arc<CudaContext>>> {
     )
 }
 
-fn f2b(f: f32) -> u16 {
-    if f.is_nan() {
-        return 0x7fc0;
-    }
-    let u = f.to_bits();
-    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
-}
-
-fn b2f(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
-
-/// Deterministic ~U(-1,1) bf16 data.
-fn rand(n: usize, seed: u64) -> Vec<u16> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            f2b(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        })
-        .collect()
-}
-
 fn to_bytes(v: &[u16]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -91,18 +66,6 @@ fn download(b: &DeviceBuffer, n: usize) -> Vec<u16> {
     let mut out = vec![0u8; n * 2];
     b.download(&mut out).expect("download");
     from_bytes(&out)
-}
-
-fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
-    let (mut d, mut r) = (0.0f64, 0.0f64);
-    for (o, x) in out.iter().zip(reference) {
-        if o.is_nan() {
-            return f64::INFINITY;
-        }
-        d += ((*o - *x) as f64).powi(2);
-        r += (*x as f64).powi(2);
-    }
-    (d / r.max(1e-30)).sqrt()
 }
 
 fn host_gemm(a: &[u16], b: &[u16], m: usize, n: usize, k: usize) -> Vec<f32> {
