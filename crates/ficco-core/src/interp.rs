@@ -184,8 +184,17 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
         let rank = id.rank;
         let task = &plan.ranks[rank].tasks[id.index];
         match &task.kind {
-            TaskKind::Gemm { a, b, c, .. } => {
-                let out = mem.read(rank, a).matmul(&mem.read(rank, b));
+            TaskKind::Gemm {
+                a,
+                b,
+                c,
+                accumulate,
+                ..
+            } => {
+                let mut out = mem.read(rank, a).matmul(&mem.read(rank, b));
+                if *accumulate {
+                    add(&mut out, &mem.read(rank, c));
+                }
                 mem.write(rank, c, &out);
             }
             TaskKind::Copy { src, dst } => {

@@ -71,6 +71,7 @@ pub fn gemm_only(problem: &Problem) -> Plan {
                     b: View::whole(1, k, n),
                     c: View::whole(2, m, n),
                     sm_target: None,
+                    accumulate: false,
                 },
                 deps: vec![],
             }],
@@ -183,9 +184,12 @@ impl Builder {
         } else {
             1
         };
-        let needs_reduce = !s.is_seq()
+        let pairwise = !s.is_seq()
             && (p.op == Op::GemmRs && !(s.engine == Engine::Nccl && s.order == Order::All)
                 || p.op == Op::GemmAr && s.engine == Engine::Copy);
+        // A fused reduce on two GPUs receives straight into the output.
+        let fused_direct = pairwise && s.fused_reduce && p.gpus == 2;
+        let needs_reduce = pairwise && !fused_direct;
         let mut streams: Vec<StreamSpec> = (0..compute_streams)
             .map(|i| {
                 stream(
@@ -232,10 +236,10 @@ impl Builder {
                         BufferRole::Output,
                         out_rows,
                         n,
-                        copy && p.op == Op::GemmAr,
+                        copy && (p.op == Op::GemmAr || fused_direct),
                     ),
                 ];
-                if p.op == Op::GemmRs || needs_reduce {
+                if p.op == Op::GemmRs || pairwise {
                     v.push(buffer("part", BufferRole::Scratch, m, n, false));
                 }
                 if needs_reduce {
@@ -345,6 +349,19 @@ impl Builder {
 
     /// A GEMM of `a` rows into `c`, on the next compute stream of the rotation.
     fn gemm(&mut self, rank: usize, label: String, a: View, c: View, deps: Vec<TaskId>) -> TaskId {
+        self.gemm_into(rank, label, a, c, false, deps)
+    }
+
+    /// As [`Self::gemm`]; with `accumulate`, c += a @ b.
+    fn gemm_into(
+        &mut self,
+        rank: usize,
+        label: String,
+        a: View,
+        c: View,
+        accumulate: bool,
+        deps: Vec<TaskId>,
+    ) -> TaskId {
         let stream = self.gemms[rank] % self.compute_streams;
         self.gemms[rank] += 1;
         let kind = TaskKind::Gemm {
@@ -352,6 +369,7 @@ impl Builder {
             b: self.whole(self.bufs.b),
             c,
             sm_target: self.s.sm_target,
+            accumulate,
         };
         self.push(rank, stream, label, kind, deps)
     }
@@ -568,6 +586,29 @@ impl Builder {
 
     /// gemm-rs (any engine except nccl-all) and gemm-ar over copy engines:
     /// partials for each peer are sent pairwise, then reduced per chunk.
+    /// Rows of rank r's output that hold its own block's chunk j.
+    fn own_out(&self, r: usize, j: usize) -> View {
+        let (sr, h) = (self.shard(), self.chunk());
+        let row = if self.p.op == Op::GemmRs {
+            j * h
+        } else {
+            r * sr + j * h
+        };
+        self.view(self.bufs.out, row, h)
+    }
+
+    /// Where rank `r` receives chunk j of peer `from`'s partial: its recv
+    /// slot, or, with a fused reduce on two GPUs, straight into the output
+    /// (the own GEMM then adds its partial there).
+    fn landing(&self, r: usize, from: usize, j: usize) -> View {
+        let (sr, h) = (self.shard(), self.chunk());
+        if self.s.fused_reduce && self.gpus() == 2 {
+            self.own_out(r, j)
+        } else {
+            self.view(self.bufs.recv, from * sr + j * h, h)
+        }
+    }
+
     // Rank and chunk indices address several per-rank tables at once.
     #[allow(clippy::needless_range_loop)]
     fn rs_pairwise(&mut self) {
@@ -610,14 +651,14 @@ impl Builder {
                     let from = (r + p - s) % p;
                     let op = NcclOp::SendRecv {
                         sends: vec![(d, part)],
-                        recvs: vec![(from, self.view(bb.recv, from * sr + j * h, h))],
+                        recvs: vec![(from, self.landing(r, from, j))],
                     };
                     let t = self.nccl(g, r, cs, format!("send-recv s{s}.c{j}"), op, vec![gm]);
                     arrivals[r][j].push(t);
                 } else {
                     let dst = RankView {
                         rank: d,
-                        view: self.view(bb.recv, r * sr + j * h, h),
+                        view: self.landing(d, r, j),
                     };
                     let src = RankView {
                         rank: r,
@@ -634,38 +675,51 @@ impl Builder {
                 }
             }
         }
-        for r in 0..p {
-            for (j, arrived) in arrivals[r].iter_mut().enumerate() {
-                let a = self.view(bb.a, r * sr + j * h, h);
-                let own = self.view(bb.recv, r * sr + j * h, h);
-                let t = self.gemm(r, format!("gemm own.c{j}"), a, own, vec![]);
-                arrived.push(t);
-            }
-        }
         let reduce_stream = self.reduce_stream.unwrap_or(0);
-        let mut reduced = vec![vec![]; p];
+        // finals[r][j]: the task after which r's output chunk j is complete.
+        let mut finals = vec![vec![]; p];
         for r in 0..p {
             for j in 0..c {
-                let srcs = (0..p)
-                    .map(|q| self.view(bb.recv, q * sr + j * h, h))
-                    .collect();
-                let dst_row = if self.p.op == Op::GemmRs {
-                    j * h
+                let a = self.view(bb.a, r * sr + j * h, h);
+                let out = self.own_out(r, j);
+                if self.s.fused_reduce {
+                    // Peers' partials first (summed by a reduce when there are
+                    // several, else they landed in the output), then the own
+                    // partial added by the GEMM epilogue.
+                    let mut deps = arrivals[r][j].clone();
+                    if p > 2 {
+                        let srcs = (0..p)
+                            .filter(|&q| q != r)
+                            .map(|q| self.view(bb.recv, q * sr + j * h, h))
+                            .collect();
+                        let kind = TaskKind::Reduce { srcs, dst: out };
+                        deps =
+                            vec![self.push(r, reduce_stream, format!("reduce c{j}"), kind, deps)];
+                    }
+                    let t = self.gemm_into(r, format!("gemm own.c{j} +="), a, out, true, deps);
+                    finals[r].push((t, out));
                 } else {
-                    r * sr + j * h
-                };
-                let dst = self.view(bb.out, dst_row, h);
-                let deps = arrivals[r][j].clone();
-                let t = self.push(
-                    r,
-                    reduce_stream,
-                    format!("reduce c{j}"),
-                    TaskKind::Reduce { srcs, dst },
-                    deps,
-                );
-                reduced[r].push((t, dst));
+                    let own = self.view(bb.recv, r * sr + j * h, h);
+                    let t = self.gemm(r, format!("gemm own.c{j}"), a, own, vec![]);
+                    arrivals[r][j].push(t);
+                }
             }
         }
+        if !self.s.fused_reduce {
+            for r in 0..p {
+                for j in 0..c {
+                    let srcs = (0..p)
+                        .map(|q| self.view(bb.recv, q * sr + j * h, h))
+                        .collect();
+                    let dst = self.own_out(r, j);
+                    let deps = arrivals[r][j].clone();
+                    let kind = TaskKind::Reduce { srcs, dst };
+                    let t = self.push(r, reduce_stream, format!("reduce c{j}"), kind, deps);
+                    finals[r].push((t, dst));
+                }
+            }
+        }
+        let reduced = finals;
         if self.p.op == Op::GemmAr {
             // All-gather phase: push each reduced chunk into every peer's output.
             for r in 0..p {

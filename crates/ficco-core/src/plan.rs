@@ -153,13 +153,17 @@ impl NcclOp {
 /// What a task does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskKind {
-    /// c = a @ b (bf16 in, f32 accumulate, bf16 out), all views of this rank.
+    /// c = a @ b, or c = a @ b + c when `accumulate` (bf16 in, f32
+    /// accumulate, bf16 out), all views of this rank.
     Gemm {
         a: View,
         b: View,
         c: View,
         /// cuBLASLt SM count target, if the schedule sets one.
         sm_target: Option<usize>,
+        /// Add into c (the GEMM epilogue reads it: beta = 1).
+        #[serde(default)]
+        accumulate: bool,
     },
     /// DMA copy; `src` or `dst` is on this rank (pull or push), issued on this rank's stream.
     Copy { src: RankView, dst: RankView },

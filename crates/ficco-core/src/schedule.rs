@@ -5,6 +5,9 @@
 //! GRAN is `shard`, `fineC` (C chunks per shard) or `bulk` (communication
 //! per shard, but the GEMMs over peers' rows coalesced into at most two calls), ENGINE is `nccl` or `copy`,
 //! ORDER is `ring` or `all`, `-2s` alternates GEMMs over two compute streams,
+//! `-acc` fuses the reduction into the own block's GEMM (C += A·B: peers'
+//! partials are summed first, then the own partial is added by the GEMM
+//! epilogue, so no reduce kernel trails the last GEMM),
 //! `-smN` asks cuBLASLt for an SM count target of N for every GEMM, and `-hi`
 //! gives communication streams the device's greatest priority.
 
@@ -74,6 +77,10 @@ pub struct Schedule {
     pub order: Order,
     /// Compute streams GEMMs alternate over (1 or 2).
     pub compute_streams: usize,
+    /// gemm-rs / gemm-ar with pairwise transfers: add the own partial in the
+    /// GEMM epilogue (beta = 1) instead of a trailing reduce kernel.
+    #[serde(default)]
+    pub fused_reduce: bool,
     /// cuBLASLt SM count target for every GEMM, if any.
     pub sm_target: Option<usize>,
     pub comm_priority: Priority,
@@ -89,6 +96,7 @@ impl Schedule {
         engine: Engine::Nccl,
         order: Order::Ring,
         compute_streams: 1,
+        fused_reduce: false,
         sm_target: None,
         comm_priority: Priority::Normal,
     };
@@ -117,6 +125,9 @@ impl Schedule {
         if self.compute_streams == 2 {
             s.push_str("-2s");
         }
+        if self.fused_reduce {
+            s.push_str("-acc");
+        }
         if let Some(sm) = self.sm_target {
             s.push_str(&format!("-sm{sm}"));
         }
@@ -137,7 +148,11 @@ impl Schedule {
         // (gemm-rs nccl-all, gemm-ar nccl) have none to coalesce.
         let rs_nccl_all =
             op == Op::GemmRs && self.engine == Engine::Nccl && self.order == Order::All;
-        !(self.granularity == Granularity::Bulk && (ar_nccl || rs_nccl_all))
+        if self.granularity == Granularity::Bulk && (ar_nccl || rs_nccl_all) {
+            return false;
+        }
+        // Only the pairwise lowerings end with a reduce to fuse.
+        !(self.fused_reduce && (op == Op::AgGemm || ar_nccl || rs_nccl_all))
     }
 
     /// Why this schedule cannot run `problem`, or `None` when it fits.
@@ -212,6 +227,7 @@ impl FromStr for Schedule {
             engine,
             order,
             compute_streams: 1,
+            fused_reduce: false,
             sm_target: None,
             comm_priority: Priority::Normal,
         };
@@ -221,7 +237,10 @@ impl FromStr for Schedule {
             if opt == "2s" && stage < 1 {
                 s.compute_streams = 2;
                 stage = 1;
-            } else if let Some(n) = opt.strip_prefix("sm").filter(|_| stage < 2) {
+            } else if opt == "acc" && stage < 2 {
+                s.fused_reduce = true;
+                stage = 2;
+            } else if let Some(n) = opt.strip_prefix("sm").filter(|_| stage < 3) {
                 let n: usize = n
                     .parse()
                     .map_err(|_| bad("'smN' needs an SM count, e.g. sm120"))?;
@@ -229,13 +248,13 @@ impl FromStr for Schedule {
                     return Err(bad("an SM target must be positive"));
                 }
                 s.sm_target = Some(n);
-                stage = 2;
-            } else if opt == "hi" && stage < 3 {
-                s.comm_priority = Priority::High;
                 stage = 3;
+            } else if opt == "hi" && stage < 4 {
+                s.comm_priority = Priority::High;
+                stage = 4;
             } else {
                 return Err(bad(
-                    "options after the order are, in this order: -2s, -smN, -hi",
+                    "options after the order are, in this order: -2s, -acc, -smN, -hi",
                 ));
             }
         }
@@ -265,12 +284,15 @@ pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
     for granularity in grans {
         for engine in [Engine::Nccl, Engine::Copy] {
             for order in [Order::Ring, Order::All] {
-                for compute_streams in [1, 2] {
+                for (compute_streams, fused_reduce) in
+                    [(1, false), (2, false), (1, true), (2, true)]
+                {
                     let base = Schedule {
                         granularity,
                         engine,
                         order,
                         compute_streams,
+                        fused_reduce,
                         sm_target: None,
                         comm_priority: Priority::Normal,
                     };

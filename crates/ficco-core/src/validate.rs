@@ -90,7 +90,9 @@ fn check_structure(plan: &Plan) -> Result<()> {
                 }
             }
             match &t.kind {
-                TaskKind::Gemm { a, b, c, sm_target } => {
+                TaskKind::Gemm {
+                    a, b, c, sm_target, ..
+                } => {
                     for (v, w) in [(a, "a"), (b, "b"), (c, "c")] {
                         check_view(plan, r, v, w, id)?;
                     }
@@ -458,8 +460,18 @@ struct Access {
 /// Memory a task reads and writes, keyed by the rank that owns it.
 pub(crate) fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)> {
     match kind {
-        TaskKind::Gemm { a, b, c, .. } => {
-            vec![(rank, *a, false), (rank, *b, false), (rank, *c, true)]
+        TaskKind::Gemm {
+            a,
+            b,
+            c,
+            accumulate,
+            ..
+        } => {
+            let mut v = vec![(rank, *a, false), (rank, *b, false), (rank, *c, true)];
+            if *accumulate {
+                v.push((rank, *c, false));
+            }
+            v
         }
         TaskKind::Copy { src, dst } => {
             vec![(src.rank, src.view, false), (dst.rank, dst.view, true)]

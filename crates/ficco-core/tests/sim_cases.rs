@@ -128,6 +128,7 @@ fn gemm(m: usize, k: usize, n: usize, sm_target: Option<usize>) -> TaskKind {
         b: v(0, k, n),
         c: v(0, m, n),
         sm_target,
+        accumulate: false,
     }
 }
 

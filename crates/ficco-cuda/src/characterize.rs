@@ -1004,6 +1004,7 @@ pub fn decomp_plan(
                 b,
                 c: out,
                 sm_target: None,
+                accumulate: false,
             },
             deps: vec![],
         });
@@ -1084,6 +1085,7 @@ pub fn mixed_plan(
                             b: View::whole(1, k, n),
                             c: View::whole(2, m, n),
                             sm_target: None,
+                            accumulate: false,
                         },
                         deps: vec![],
                     });

@@ -249,7 +249,10 @@ impl Rank {
     /// NCCL kernel waiting for a peer. Call before the rank threads start.
     fn prewarm_gemms(&mut self, rp: &RankPlan, ptrs: &[u64]) -> Result<()> {
         for t in &rp.tasks {
-            let TaskKind::Gemm { a, b, c, sm_target } = &t.kind else {
+            let TaskKind::Gemm {
+                a, b, c, sm_target, ..
+            } = &t.kind
+            else {
                 continue;
             };
             let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
@@ -452,7 +455,13 @@ fn issue(
     let ptrs = &sh.ptrs[r];
     let s = stream.cu_stream();
     match kind {
-        TaskKind::Gemm { a, b, c, sm_target } => {
+        TaskKind::Gemm {
+            a,
+            b,
+            c,
+            sm_target,
+            accumulate,
+        } => {
             if a.cols != b.rows || c.rows != a.rows || c.cols != b.cols {
                 return Err(CudaError::Plan(format!(
                     "gemm shapes do not match: a {}x{}, b {}x{}, c {}x{}",
@@ -474,7 +483,7 @@ fn issue(
             let ws = rank.workspaces[stream_idx].ptr();
             // SAFETY: views are bounds-checked against live pool allocations;
             // the workspace belongs to this stream alone.
-            unsafe { rank.gemms.gemm(key, pa, pb, pc, ws, s) }
+            unsafe { rank.gemms.gemm(key, pa, pb, pc, *accumulate, ws, s) }
         }
         TaskKind::Copy { src, dst } => {
             if src.view.rows != dst.view.rows || src.view.cols != dst.view.cols {

@@ -150,18 +150,21 @@ impl Gemms {
         })
     }
 
-    /// Enqueues c = a · b (row-major bf16, f32 accumulation) on `stream`.
+    /// Enqueues c = a · b, or c = a · b + c with `accumulate` (row-major bf16,
+    /// f32 accumulation; beta = 1 reads c), on `stream`.
     ///
     /// # Safety
     /// The pointers must hold the matrices `key` describes on the current
     /// device; `workspace` must hold [`WORKSPACE_BYTES`] and be used by no other
     /// stream concurrently.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm(
         &mut self,
         key: GemmKey,
         a: u64,
         b: u64,
         c: u64,
+        accumulate: bool,
         workspace: u64,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
@@ -178,7 +181,8 @@ impl Gemms {
         let Some(g) = self.cache.get(&key) else {
             return Err(CudaError::Plan("GEMM cache miss".into()));
         };
-        self.matmul(g, &g.algo, a, b, c, workspace, stream)
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        self.matmul(g, &g.algo, a, b, c, beta, workspace, stream)
     }
 
     /// Times every candidate algorithm of `key` on these operands (3 runs
@@ -219,13 +223,13 @@ impl Gemms {
         let cu = stream.cu_stream();
         let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
         for algo in std::iter::once(g.algo).chain(g.others.iter().copied()) {
-            if self.matmul(g, &algo, a, b, c, workspace, cu).is_err() {
+            if self.matmul(g, &algo, a, b, c, 0.0, workspace, cu).is_err() {
                 continue;
             }
             let mut times = vec![];
             for _ in 0..3 {
                 e0.record(stream).map_err(drv("cuEventRecord"))?;
-                self.matmul(g, &algo, a, b, c, workspace, cu)?;
+                self.matmul(g, &algo, a, b, c, 0.0, workspace, cu)?;
                 e1.record(stream).map_err(drv("cuEventRecord"))?;
                 e1.synchronize().map_err(drv("cuEventSynchronize"))?;
                 times.push(e0.elapsed_ms(&e1).map_err(drv("cuEventElapsedTime"))?);
@@ -252,11 +256,11 @@ impl Gemms {
         a: u64,
         b: u64,
         c: u64,
+        beta: f32,
         workspace: u64,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
         let alpha = 1.0f32;
-        let beta = 0.0f32;
         lt::matmul(
             self.handle,
             g.desc,

@@ -150,6 +150,7 @@ fn gemm_matches_host_reference_including_strided_views() {
                     b: View::whole(1, k, n),
                     c: View::whole(2, m, n),
                     sm_target: if r == 1 { Some(66) } else { None },
+                    accumulate: false,
                 },
                 vec![],
             )],
@@ -221,6 +222,7 @@ fn copy_pull_push_and_cross_rank_dependency() {
                     b: View::whole(4, cols, cols),
                     c: View::whole(3, rows, cols),
                     sm_target: None,
+                    accumulate: false,
                 },
                 vec![],
             ));

@@ -328,7 +328,7 @@ fn shaped_gemm_vs_cublaslt_4096() {
         lt.tune(key, a.ptr(), b.ptr(), theirs.ptr(), ws.ptr(), &stream)
             .unwrap();
         let t_lt = time_ms(&ctx, s, 3, 20, || {
-            lt.gemm(key, a.ptr(), b.ptr(), theirs.ptr(), ws.ptr(), s)
+            lt.gemm(key, a.ptr(), b.ptr(), theirs.ptr(), false, ws.ptr(), s)
         })
         .unwrap();
         let t_me = time_ms(&ctx, s, 3, 20, || {
