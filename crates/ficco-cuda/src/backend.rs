@@ -175,16 +175,7 @@ impl GpuBackend {
             }
         }
         self.sync_all()?;
-        exec::run_plan(
-            &mut self.ranks,
-            plan,
-            &ptrs,
-            RunSpec {
-                warmup: 1,
-                timed: 0,
-                timeline: false,
-            },
-        )?;
+        exec::run_plan(&mut self.ranks, plan, &ptrs, RunSpec::ONCE)?;
         let mut out = vec![];
         for (r, rp) in plan.ranks.iter().enumerate() {
             let mut bufs = vec![];
@@ -301,16 +292,7 @@ impl GpuBackend {
             reference: vec![],
         });
         self.load_inputs(seq, &ptrs, true, true)?;
-        exec::run_plan(
-            &mut self.ranks,
-            seq,
-            &ptrs,
-            RunSpec {
-                warmup: 1,
-                timed: 0,
-                timeline: false,
-            },
-        )?;
+        exec::run_plan(&mut self.ranks, seq, &ptrs, RunSpec::ONCE)?;
         let mut reference = vec![];
         for r in 0..self.ranks.len() {
             let o = Self::output_of(seq, r)?;
@@ -346,16 +328,7 @@ impl GpuBackend {
                 return Err(CudaError::NotPrepared(plan.problem.label()));
             }
             self.load_inputs(plan, &ptrs, true, true)?;
-            exec::run_plan(
-                &mut self.ranks,
-                plan,
-                &ptrs,
-                RunSpec {
-                    warmup: 1,
-                    timed: 0,
-                    timeline: false,
-                },
-            )?;
+            exec::run_plan(&mut self.ranks, plan, &ptrs, RunSpec::ONCE)?;
             let (err, ok) = self.check_outputs(plan, &ptrs)?;
             max_rel_err = Some(err);
             correct = ok;

@@ -296,6 +296,15 @@ pub struct RunSpec {
     pub timeline: bool,
 }
 
+impl RunSpec {
+    /// Run the plan once, untimed (reference runs and correctness checks).
+    pub const ONCE: RunSpec = RunSpec {
+        warmup: 1,
+        timed: 0,
+        timeline: false,
+    };
+}
+
 /// What one rank's thread measured.
 #[derive(Debug, Clone, Default)]
 pub struct RankTimes {
