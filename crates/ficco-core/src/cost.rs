@@ -194,22 +194,24 @@ pub fn reduce_ms(hw: &HwProfile, srcs: usize, bytes: usize) -> f64 {
     hw.reduce.launch_us * US + ((srcs + 1) * bytes) as f64 / bytes_per_ms(hw.hbm_gbs)
 }
 
-/// The GEMM of the sequential reference alone (all SMs), ms. For ag-gemm
-/// this is the gathered [M, K] x [K, N].
+/// The GEMM(s) of the sequential reference alone (all SMs), ms. For ag-gemm
+/// this is the gathered [M, K] x [K, N]; for `concurrent`, all its GEMMs.
 pub fn problem_gemm_ms(hw: &HwProfile, p: &Problem) -> f64 {
-    gemm_ms(hw, p.m, p.k, p.n, hw.sm_count)
+    gemm_ms(hw, p.m, p.k, p.n, hw.sm_count) * p.gemm_count() as f64
 }
 
 /// The collective of the sequential reference alone, ms.
 pub fn problem_comm_ms(hw: &HwProfile, p: &Problem) -> f64 {
-    collective_ms(hw, p.op.collective(), p.comm_bytes(), p.gpus)
+    collective_ms(hw, p.collective(), p.comm_bytes(), p.gpus)
 }
 
 /// The sequential reference: collective then GEMM (ag-gemm), or GEMM then
 /// collective (gemm-rs, gemm-ar), with no gap, ms.
 pub fn problem_seq_ms(hw: &HwProfile, p: &Problem) -> f64 {
     match p.op {
-        Op::AgGemm | Op::GemmRs | Op::GemmAr => problem_comm_ms(hw, p) + problem_gemm_ms(hw, p),
+        Op::AgGemm | Op::GemmRs | Op::GemmAr | Op::Concurrent => {
+            problem_comm_ms(hw, p) + problem_gemm_ms(hw, p)
+        }
     }
 }
 

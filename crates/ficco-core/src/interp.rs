@@ -55,6 +55,8 @@ pub struct Inputs {
     pub a: Vec<Matrix>,
     /// B of each rank: [K, N].
     pub b: Vec<Matrix>,
+    /// `concurrent`: the collective's input of each rank (empty otherwise).
+    pub x: Vec<Matrix>,
 }
 
 /// splitmix64: enough randomness for test data, no dependency needed.
@@ -78,13 +80,20 @@ impl Inputs {
         };
         let a_rows = match problem.op {
             Op::AgGemm => problem.shard_rows(),
-            Op::GemmRs | Op::GemmAr => problem.m,
+            Op::GemmRs | Op::GemmAr | Op::Concurrent => problem.m,
         };
         let a = (0..problem.gpus).map(|_| mat(a_rows, problem.k)).collect();
         let b = (0..problem.gpus)
             .map(|_| mat(problem.k, problem.n))
             .collect();
-        Inputs { a, b }
+        let x = match problem.op {
+            Op::Concurrent => {
+                let rows = problem.side_rows().0;
+                (0..problem.gpus).map(|_| mat(rows, problem.n)).collect()
+            }
+            _ => vec![],
+        };
+        Inputs { a, b, x }
     }
 }
 
@@ -117,7 +126,48 @@ pub fn reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
                 })
                 .collect()
         }
+        Op::Concurrent => concurrent_reference(problem, inputs),
     }
+}
+
+/// `concurrent`: every rank's output is its GEMM results (each A @ B, one
+/// block of M rows per GEMM) followed by its part of the collective.
+fn concurrent_reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
+    let p = problem.gpus;
+    let (_, out_rows) = problem.side_rows();
+    let n = problem.n;
+    // The collective's result per rank, [out_rows, n].
+    let mut sum = vec![0.0; inputs.x.first().map_or(0, |x| x.data.len())];
+    for x in &inputs.x {
+        for (s, v) in sum.iter_mut().zip(&x.data) {
+            *s += v;
+        }
+    }
+    let side: Vec<Vec<f64>> = match problem.collective() {
+        crate::workload::Collective::AllReduce => vec![sum; p],
+        crate::workload::Collective::ReduceScatter => (0..p)
+            .map(|q| sum[q * out_rows * n..(q + 1) * out_rows * n].to_vec())
+            .collect(),
+        crate::workload::Collective::AllGather => {
+            let gathered: Vec<f64> = inputs.x.iter().flat_map(|x| x.data.clone()).collect();
+            vec![gathered; p]
+        }
+    };
+    (0..p)
+        .map(|q| {
+            let c = inputs.a[q].matmul(&inputs.b[q]);
+            let mut data = Vec::with_capacity((problem.gemm_count() * problem.m + out_rows) * n);
+            for _ in 0..problem.gemm_count() {
+                data.extend_from_slice(&c.data);
+            }
+            data.extend_from_slice(&side[q]);
+            Matrix {
+                rows: problem.gemm_count() * problem.m + out_rows,
+                cols: n,
+                data,
+            }
+        })
+        .collect()
 }
 
 /// Memory of every rank: one matrix per buffer.
@@ -164,6 +214,7 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
                         let given = match b.role {
                             BufferRole::InputA => Some(&inputs.a[r]),
                             BufferRole::InputB => Some(&inputs.b[r]),
+                            BufferRole::InputX => inputs.x.get(r),
                             _ => None,
                         };
                         match given {

@@ -23,6 +23,7 @@
 //! | [`tune`] | the autotuning cache of measured winners |
 //! | [`evaluate`] | scoring selectors and the simulator against measured reports |
 
+mod concurrent;
 pub mod cost;
 pub mod error;
 pub mod evaluate;

@@ -22,11 +22,11 @@
 
 use crate::error::{Error, Result};
 use crate::plan::{
-    BufId, Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task,
-    TaskId, TaskKind, View,
+    BufId, Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec,
+    Task, TaskId, TaskKind, View,
 };
 use crate::schedule::{Engine, Granularity, Order, Priority, Schedule};
-use crate::workload::{Op, Problem};
+use crate::workload::{Collective, Op, Problem};
 
 /// Lowers `schedule` for `problem`. Fails with `DoesNotFit` when the schedule cannot run the shape.
 pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
@@ -36,6 +36,9 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
             schedule: schedule.name(),
             reason,
         });
+    }
+    if problem.op == Op::Concurrent {
+        return Ok(crate::concurrent::lower(problem, schedule));
     }
     let mut b = Builder::new(problem, schedule);
     if schedule.is_seq() {
@@ -47,6 +50,8 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
             (Op::GemmRs, Engine::Nccl) if schedule.order == Order::All => b.rs_nccl_all(),
             (Op::GemmRs, _) | (Op::GemmAr, Engine::Copy) => b.rs_pairwise(),
             (Op::GemmAr, Engine::Nccl) => b.ar_nccl(),
+            // Lowered above.
+            (Op::Concurrent, _) => {}
         }
     }
     Ok(b.finish(schedule.name(), Some(*schedule)))
@@ -54,6 +59,9 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
 
 /// The GEMM of the whole problem alone (T_comp): [M, K] x [K, N] on every rank.
 pub fn gemm_only(problem: &Problem) -> Plan {
+    if problem.op == Op::Concurrent {
+        return crate::concurrent::gemm_only(problem);
+    }
     let (m, k, n) = (problem.m, problem.k, problem.n);
     let ranks = (0..problem.gpus)
         .map(|_| RankPlan {
@@ -72,6 +80,7 @@ pub fn gemm_only(problem: &Problem) -> Plan {
                     c: View::whole(2, m, n),
                     sm_target: None,
                     accumulate: false,
+                    occupancy: None,
                 },
                 deps: vec![],
             }],
@@ -81,6 +90,7 @@ pub fn gemm_only(problem: &Problem) -> Plan {
         problem: *problem,
         name: "gemm-only".into(),
         schedule: None,
+        resources: Resources::default(),
         ranks,
     }
 }
@@ -90,20 +100,17 @@ pub fn comm_only(problem: &Problem) -> Plan {
     let (m, r) = (problem.m, problem.shard_rows());
     let cols = match problem.op {
         Op::AgGemm => problem.k,
-        Op::GemmRs | Op::GemmAr => problem.n,
+        Op::GemmRs | Op::GemmAr | Op::Concurrent => problem.n,
     };
     let (in_rows, out_rows) = match problem.op {
         Op::AgGemm => (r, m),
         Op::GemmRs => (m, r),
         Op::GemmAr => (m, m),
+        Op::Concurrent => problem.side_rows(),
     };
     let send = View::whole(0, in_rows, cols);
     let recv = View::whole(1, out_rows, cols);
-    let op = match problem.op {
-        Op::AgGemm => NcclOp::AllGather { send, recv },
-        Op::GemmRs => NcclOp::ReduceScatter { send, recv },
-        Op::GemmAr => NcclOp::AllReduce { send, recv },
-    };
+    let op = collective_op(problem.collective(), send, recv);
     let ranks = (0..problem.gpus)
         .map(|_| RankPlan {
             buffers: vec![
@@ -126,11 +133,35 @@ pub fn comm_only(problem: &Problem) -> Plan {
         problem: *problem,
         name: "comm-only".into(),
         schedule: None,
+        resources: Resources::default(),
         ranks,
     }
 }
 
-fn buffer(name: &str, role: BufferRole, rows: usize, cols: usize, peer_visible: bool) -> Buffer {
+/// The NCCL call of `collective` from `send` into `recv`.
+pub(crate) fn collective_op(collective: Collective, send: View, recv: View) -> NcclOp {
+    match collective {
+        Collective::AllGather => NcclOp::AllGather { send, recv },
+        Collective::ReduceScatter => NcclOp::ReduceScatter { send, recv },
+        Collective::AllReduce => NcclOp::AllReduce { send, recv },
+    }
+}
+
+/// The resources a schedule asks for.
+pub(crate) fn resources_of(s: &Schedule) -> Resources {
+    Resources {
+        green_sms: s.green_sms,
+        nccl_ctas: s.nccl_ctas,
+    }
+}
+
+pub(crate) fn buffer(
+    name: &str,
+    role: BufferRole,
+    rows: usize,
+    cols: usize,
+    peer_visible: bool,
+) -> Buffer {
     Buffer {
         name: name.into(),
         role,
@@ -140,7 +171,7 @@ fn buffer(name: &str, role: BufferRole, rows: usize, cols: usize, peer_visible: 
     }
 }
 
-fn stream(name: &str, role: StreamRole, priority: Priority) -> StreamSpec {
+pub(crate) fn stream(name: &str, role: StreamRole, priority: Priority) -> StreamSpec {
     StreamSpec {
         name: name.into(),
         role,
@@ -220,6 +251,8 @@ impl Builder {
             streams.len() - 1
         });
         let buffers = match p.op {
+            // Lowered by crate::concurrent; never built here.
+            Op::Concurrent => vec![],
             Op::AgGemm => vec![
                 buffer("a", BufferRole::InputA, r, k, copy),
                 buffer("b", BufferRole::InputB, k, n, false),
@@ -280,6 +313,7 @@ impl Builder {
             problem: self.p,
             name,
             schedule,
+            resources: resources_of(&self.s),
             ranks: self.ranks,
         }
     }
@@ -370,6 +404,7 @@ impl Builder {
             c,
             sm_target: self.s.sm_target,
             accumulate,
+            occupancy: self.s.occupancy,
         };
         self.push(rank, stream, label, kind, deps)
     }
@@ -434,6 +469,7 @@ impl Builder {
                     };
                     self.nccl(g, r, comm, "all-reduce".into(), op, vec![t]);
                 }
+                Op::Concurrent => {}
             }
         }
     }

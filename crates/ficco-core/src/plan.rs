@@ -24,6 +24,8 @@ pub enum BufferRole {
     InputA,
     /// Operand B of the rank. Filled with input data.
     InputB,
+    /// `concurrent`: the collective's input. Filled with input data.
+    InputX,
     /// The operator's per-rank output; compared with the reference.
     Output,
     /// Intermediate storage.
@@ -164,6 +166,10 @@ pub enum TaskKind {
         /// Add into c (the GEMM epilogue reads it: beta = 1).
         #[serde(default)]
         accumulate: bool,
+        /// Run on ficco's shaped kernel with at most this many blocks per SM
+        /// (extra dynamic shared memory at launch), instead of cuBLASLt.
+        #[serde(default)]
+        occupancy: Option<usize>,
     },
     /// DMA copy; `src` or `dst` is on this rank (pull or push), issued on this rank's stream.
     Copy { src: RankView, dst: RankView },
@@ -232,6 +238,16 @@ impl RankPlan {
     }
 }
 
+/// Device resources a plan runs under, the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Resources {
+    /// Compute-role streams run on a green context of this many SMs, and
+    /// communication-role streams on a green context of the remaining SMs.
+    pub green_sms: Option<usize>,
+    /// NCCL communicators with `maxCTAs` = this (default: NCCL's choice).
+    pub nccl_ctas: Option<usize>,
+}
+
 /// A lowered schedule: one `RankPlan` per rank (index = rank).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
@@ -239,6 +255,8 @@ pub struct Plan {
     /// The schedule's canonical name, or a reference name ("gemm-only", "comm-only").
     pub name: String,
     pub schedule: Option<Schedule>,
+    #[serde(default)]
+    pub resources: Resources,
     pub ranks: Vec<RankPlan>,
 }
 

@@ -21,7 +21,7 @@
 //! null where T_seq − T_ideal is too small for E to mean anything.
 
 use crate::timeline::Timeline;
-use crate::workload::{Op, Problem, Scenario};
+use crate::workload::{Op, Problem, Scenario, SideCollective};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -138,6 +138,9 @@ pub struct ScenarioReport {
     pub k: usize,
     pub n: usize,
     pub gpus: usize,
+    /// `concurrent` only: the GEMM count and the collective beside them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side: Option<SideCollective>,
     /// "sim" or "gpu".
     pub backend: String,
     /// Hardware profile name (sim) or device description (gpu).
@@ -186,6 +189,7 @@ impl ScenarioReport {
             k: p.k,
             n: p.n,
             gpus: p.gpus,
+            side: p.side,
             backend: backend.into(),
             hardware: hardware.into(),
             reference,
@@ -214,6 +218,7 @@ impl ScenarioReport {
             k: self.k,
             n: self.n,
             gpus: self.gpus,
+            side: self.side,
         }
     }
 

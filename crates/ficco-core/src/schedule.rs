@@ -1,15 +1,25 @@
 //! The design space: one `Schedule` is one point of it, with a canonical short
 //! name that parses back to the same schedule.
 //!
-//! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-smN][-hi]` where
+//! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-acc][-smN][-gcN][-occB][-ctaN][-hi]` where
 //! GRAN is `shard`, `fineC` (C chunks per shard) or `bulk` (communication
 //! per shard, but the GEMMs over peers' rows coalesced into at most two calls), ENGINE is `nccl` or `copy`,
 //! ORDER is `ring` or `all`, `-2s` alternates GEMMs over two compute streams,
 //! `-acc` fuses the reduction into the own block's GEMM (C += A·B: peers'
 //! partials are summed first, then the own partial is added by the GEMM
 //! epilogue, so no reduce kernel trails the last GEMM),
-//! `-smN` asks cuBLASLt for an SM count target of N for every GEMM, and `-hi`
-//! gives communication streams the device's greatest priority.
+//! `-smN` asks cuBLASLt for an SM count target of N for every GEMM, `-gcN`
+//! runs compute streams on a green context of N SMs and communication on a
+//! green context of the rest, `-occB` runs the GEMMs on ficco's own
+//! tensor-core kernel with extra shared memory at launch so that at most B
+//! blocks fit per SM (occupancy shaping, arXiv 2606.09200), `-ctaN` creates
+//! the NCCL communicators with `maxCTAs = N`, and `-hi` gives communication
+//! streams the device's greatest priority.
+//!
+//! The `concurrent` operator (independent GEMMs beside a collective) has
+//! `seq` (back to back), `shard-nccl-ring` (the collective on NCCL beside the
+//! GEMMs) and `shard-copy-ring|all` (the collective on copy engines: pulls,
+//! pushes and a reduce kernel), each with any of the controls.
 
 use crate::error::{Error, Result};
 use crate::workload::{Op, Problem};
@@ -83,8 +93,22 @@ pub struct Schedule {
     pub fused_reduce: bool,
     /// cuBLASLt SM count target for every GEMM, if any.
     pub sm_target: Option<usize>,
+    /// Green context of this many SMs for compute streams (the rest for communication).
+    #[serde(default)]
+    pub green_sms: Option<usize>,
+    /// GEMMs on ficco's shaped kernel, at most this many blocks per SM.
+    #[serde(default)]
+    pub occupancy: Option<usize>,
+    /// NCCL communicators created with `maxCTAs` = this.
+    #[serde(default)]
+    pub nccl_ctas: Option<usize>,
     pub comm_priority: Priority,
 }
+
+/// Tile edge (M and N) of ficco's shaped GEMM kernel.
+pub const SHAPED_TILE: usize = 128;
+/// K step of ficco's shaped GEMM kernel.
+pub const SHAPED_K: usize = 32;
 
 /// Chunk counts of `fine(c)` in the enumerated space.
 pub const FINE_CHUNKS: [usize; 3] = [2, 4, 8];
@@ -98,8 +122,43 @@ impl Schedule {
         compute_streams: 1,
         fused_reduce: false,
         sm_target: None,
+        green_sms: None,
+        occupancy: None,
+        nccl_ctas: None,
         comm_priority: Priority::Normal,
     };
+
+    /// `GRAN-ENGINE-ORDER` with no options.
+    pub const fn base(granularity: Granularity, engine: Engine, order: Order) -> Schedule {
+        Schedule {
+            granularity,
+            engine,
+            order,
+            ..Schedule::SEQ
+        }
+    }
+
+    /// Whether any resource control (SM target, green context, shaping,
+    /// NCCL CTAs, priority) is set.
+    pub fn has_controls(&self) -> bool {
+        self.sm_target.is_some()
+            || self.green_sms.is_some()
+            || self.occupancy.is_some()
+            || self.nccl_ctas.is_some()
+            || self.comm_priority == Priority::High
+    }
+
+    /// The same schedule without resource controls.
+    pub fn without_controls(&self) -> Schedule {
+        Schedule {
+            sm_target: None,
+            green_sms: None,
+            occupancy: None,
+            nccl_ctas: None,
+            comm_priority: Priority::Normal,
+            ..*self
+        }
+    }
 
     pub fn is_seq(&self) -> bool {
         self.granularity == Granularity::Seq
@@ -131,6 +190,15 @@ impl Schedule {
         if let Some(sm) = self.sm_target {
             s.push_str(&format!("-sm{sm}"));
         }
+        if let Some(n) = self.green_sms {
+            s.push_str(&format!("-gc{n}"));
+        }
+        if let Some(b) = self.occupancy {
+            s.push_str(&format!("-occ{b}"));
+        }
+        if let Some(n) = self.nccl_ctas {
+            s.push_str(&format!("-cta{n}"));
+        }
         if self.comm_priority == Priority::High {
             s.push_str("-hi");
         }
@@ -139,6 +207,18 @@ impl Schedule {
 
     /// Whether this schedule exists for `op` at all (independent of sizes).
     pub fn applies_to(&self, op: Op) -> bool {
+        if op == Op::Concurrent {
+            // One collective beside the GEMMs: nothing to chunk, fuse or
+            // alternate; NCCL has one collective call, so no order.
+            if self.is_seq() {
+                return true;
+            }
+            return self.granularity == Granularity::Shard
+                && self.compute_streams == 1
+                && !self.fused_reduce
+                && !(self.engine == Engine::Nccl && self.order == Order::All)
+                && !(self.engine == Engine::Copy && self.nccl_ctas.is_some());
+        }
         // gemm-ar over NCCL has only per-chunk all-reduce; "all" would be the same plan.
         let ar_nccl = op == Op::GemmAr && self.engine == Engine::Nccl;
         if ar_nccl && self.order == Order::All {
@@ -162,7 +242,9 @@ impl Schedule {
         }
         let p = problem.gpus;
         let c = self.granularity.chunks();
-        if problem.m % (p * c) != 0 {
+        // `concurrent` runs whole GEMMs; the dependent operators split M.
+        let split = problem.op != Op::Concurrent;
+        if split && problem.m % (p * c) != 0 {
             return Some(format!(
                 "m = {} is not divisible by gpus x chunks = {} x {}",
                 problem.m, p, c
@@ -171,6 +253,16 @@ impl Schedule {
         if let Some(sm) = self.sm_target {
             if sm == 0 {
                 return Some("an SM target of 0 leaves the GEMM no SMs".into());
+            }
+        }
+        if let Some(b) = self.occupancy {
+            let (m, n, k) = (problem.m, problem.n, problem.k);
+            let rows = if split { problem.m / (p * c) } else { problem.m };
+            if b == 0 || n % SHAPED_TILE != 0 || k % SHAPED_K != 0 || rows % SHAPED_TILE != 0 {
+                return Some(format!(
+                    "ficco's shaped GEMM needs M pieces and N multiples of {SHAPED_TILE} and K of {SHAPED_K} \
+                     (m = {m} in pieces of {rows}, n = {n}, k = {k}) and at least 1 block per SM"
+                ));
             }
         }
         None
@@ -208,7 +300,7 @@ impl FromStr for Schedule {
             }
             _ => {
                 return Err(bad(
-                    "expected 'seq' or a name starting with shard- or fineC-",
+                    "expected 'seq' or a name starting with shard-, bulk- or fineC-",
                 ))
             }
         };
@@ -222,14 +314,14 @@ impl FromStr for Schedule {
             Some("all") => Order::All,
             _ => return Err(bad("third part must be the order: ring or all")),
         };
-        let mut s = Schedule {
-            granularity,
-            engine,
-            order,
-            compute_streams: 1,
-            fused_reduce: false,
-            sm_target: None,
-            comm_priority: Priority::Normal,
+        let mut s = Schedule::base(granularity, engine, order);
+        let count = |opt: &str, prefix: &str, what: &str| -> Result<usize> {
+            match opt[prefix.len()..].parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(bad(&format!(
+                    "'{prefix}N' needs a positive {what}, e.g. {prefix}8"
+                ))),
+            }
         };
         // Options must come in canonical order so that names are unique.
         let mut stage = 0;
@@ -240,21 +332,24 @@ impl FromStr for Schedule {
             } else if opt == "acc" && stage < 2 {
                 s.fused_reduce = true;
                 stage = 2;
-            } else if let Some(n) = opt.strip_prefix("sm").filter(|_| stage < 3) {
-                let n: usize = n
-                    .parse()
-                    .map_err(|_| bad("'smN' needs an SM count, e.g. sm120"))?;
-                if n == 0 {
-                    return Err(bad("an SM target must be positive"));
-                }
-                s.sm_target = Some(n);
+            } else if opt.starts_with("sm") && stage < 3 {
+                s.sm_target = Some(count(opt, "sm", "SM count")?);
                 stage = 3;
-            } else if opt == "hi" && stage < 4 {
-                s.comm_priority = Priority::High;
+            } else if opt.starts_with("gc") && stage < 4 {
+                s.green_sms = Some(count(opt, "gc", "SM count")?);
                 stage = 4;
+            } else if opt.starts_with("occ") && stage < 5 {
+                s.occupancy = Some(count(opt, "occ", "block count per SM")?);
+                stage = 5;
+            } else if opt.starts_with("cta") && stage < 6 {
+                s.nccl_ctas = Some(count(opt, "cta", "CTA count")?);
+                stage = 6;
+            } else if opt == "hi" && stage < 7 {
+                s.comm_priority = Priority::High;
+                stage = 7;
             } else {
                 return Err(bad(
-                    "options after the order are, in this order: -2s, -acc, -smN, -hi",
+                    "options after the order are, in this order: -2s, -acc, -smN, -gcN, -occB, -ctaN, -hi",
                 ));
             }
         }
@@ -265,18 +360,53 @@ impl FromStr for Schedule {
 /// Which optional controls the enumeration includes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SpaceOptions {
-    /// Add variants with comm priority `hi` and, for NCCL engines, a GEMM SM
-    /// target that leaves `nccl_sms` SMs free.
+    /// Add resource-control variants (see [`enumerate`]). `concurrent`
+    /// always has them: they are its design space.
     pub controls: bool,
-    /// SMs of the device (for SM targets).
+    /// SMs of the device (for SM targets and green contexts).
     pub sm_count: usize,
-    /// SMs NCCL kernels occupy (the SM target leaves these free).
+    /// SMs NCCL kernels occupy (SM targets and green contexts leave these free).
     pub nccl_sms: usize,
+}
+
+/// NCCL `maxCTAs` of the enumerated `-ctaN` variants: a quarter of NCCL's
+/// usual channel count on NVLink, so the collective leaves SMs to compute.
+pub const CONTROL_NCCL_CTAS: usize = 8;
+
+/// Blocks per SM of the enumerated `-occB` variants.
+pub const CONTROL_OCCUPANCY: [usize; 2] = [1, 2];
+
+/// Green contexts are made of whole groups of this many SMs on Hopper.
+pub const GREEN_SM_GRANULE: usize = 8;
+
+impl SpaceOptions {
+    /// The SM count a GEMM keeps under `-smN`: all but NCCL's.
+    pub fn sm_target(&self) -> Option<usize> {
+        (self.sm_count > self.nccl_sms && self.nccl_sms > 0).then(|| self.sm_count - self.nccl_sms)
+    }
+
+    /// The compute green context's SMs under `-gcN`: all but NCCL's, rounded
+    /// down to the driver's granularity.
+    pub fn green_sms(&self) -> Option<usize> {
+        self.sm_target()
+            .map(|n| n / GREEN_SM_GRANULE * GREEN_SM_GRANULE)
+            .filter(|&n| n > 0)
+    }
 }
 
 /// Every schedule of the design space that applies to `op`, `seq` first.
 /// Size-dependent fit is not checked here: see [`Schedule::misfit`].
+///
+/// With `controls`, each base schedule of a dependent operator also comes
+/// with `-hi`; NCCL ones also with `-smN`, `-smN-hi`, `-gcN` and `-ctaN`.
+/// `concurrent` gets every combination that makes sense: one compute-side
+/// control (none, `-smN`, `-gcN`, `-occ1`, `-occ2`) x NCCL CTAs (default or
+/// `-cta8`) x priority for NCCL; none or `-gcN` for copy engines (their
+/// transfers take no SMs; the reduce kernel already runs at high priority).
 pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
+    if op == Op::Concurrent {
+        return enumerate_concurrent(opts);
+    }
     let mut out = vec![Schedule::SEQ];
     let grans = [Granularity::Shard, Granularity::Bulk]
         .into_iter()
@@ -288,38 +418,93 @@ pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
                     [(1, false), (2, false), (1, true), (2, true)]
                 {
                     let base = Schedule {
-                        granularity,
-                        engine,
-                        order,
                         compute_streams,
                         fused_reduce,
-                        sm_target: None,
-                        comm_priority: Priority::Normal,
+                        ..Schedule::base(granularity, engine, order)
                     };
                     if !base.applies_to(op) {
                         continue;
                     }
                     out.push(base);
-                    if opts.controls {
-                        out.push(Schedule {
-                            comm_priority: Priority::High,
-                            ..base
-                        });
-                        if engine == Engine::Nccl && opts.sm_count > opts.nccl_sms {
-                            let sm = Some(opts.sm_count - opts.nccl_sms);
+                    if !opts.controls {
+                        continue;
+                    }
+                    let hi = Schedule {
+                        comm_priority: Priority::High,
+                        ..base
+                    };
+                    out.push(hi);
+                    if engine == Engine::Nccl {
+                        if let Some(sm) = opts.sm_target() {
                             out.push(Schedule {
-                                sm_target: sm,
+                                sm_target: Some(sm),
                                 ..base
                             });
                             out.push(Schedule {
-                                sm_target: sm,
-                                comm_priority: Priority::High,
+                                sm_target: Some(sm),
+                                ..hi
+                            });
+                        }
+                        if let Some(gc) = opts.green_sms() {
+                            out.push(Schedule {
+                                green_sms: Some(gc),
                                 ..base
                             });
                         }
+                        out.push(Schedule {
+                            nccl_ctas: Some(CONTROL_NCCL_CTAS),
+                            ..base
+                        });
                     }
                 }
             }
+        }
+    }
+    out
+}
+
+fn enumerate_concurrent(opts: SpaceOptions) -> Vec<Schedule> {
+    let mut out = vec![Schedule::SEQ];
+    let nccl = Schedule::base(Granularity::Shard, Engine::Nccl, Order::Ring);
+    let mut compute_side = vec![nccl];
+    if let Some(sm) = opts.sm_target() {
+        compute_side.push(Schedule {
+            sm_target: Some(sm),
+            ..nccl
+        });
+    }
+    let green = opts.green_sms();
+    if let Some(gc) = green {
+        compute_side.push(Schedule {
+            green_sms: Some(gc),
+            ..nccl
+        });
+    }
+    for b in CONTROL_OCCUPANCY {
+        compute_side.push(Schedule {
+            occupancy: Some(b),
+            ..nccl
+        });
+    }
+    for side in compute_side {
+        for nccl_ctas in [None, Some(CONTROL_NCCL_CTAS)] {
+            for comm_priority in [Priority::Normal, Priority::High] {
+                out.push(Schedule {
+                    nccl_ctas,
+                    comm_priority,
+                    ..side
+                });
+            }
+        }
+    }
+    for order in [Order::Ring, Order::All] {
+        let copy = Schedule::base(Granularity::Shard, Engine::Copy, order);
+        out.push(copy);
+        if let Some(gc) = green {
+            out.push(Schedule {
+                green_sms: Some(gc),
+                ..copy
+            });
         }
     }
     out
@@ -336,9 +521,10 @@ mod tests {
             sm_count: 132,
             nccl_sms: 16,
         };
-        for op in Op::ALL {
+        for op in Op::ALL.into_iter().chain([Op::Concurrent]) {
             let all = enumerate(op, opts);
-            assert!(all.len() > 30, "{op}: {}", all.len());
+            assert!(all.len() > 20, "{op}: {}", all.len());
+            assert!(all.iter().all(|s| s.applies_to(op)), "{op}");
             let mut names = std::collections::HashSet::new();
             for s in all {
                 let name = s.name();
@@ -350,6 +536,12 @@ mod tests {
 
     #[test]
     fn names_look_as_documented() {
+        let c: Schedule = "shard-nccl-ring-gc112-occ2-cta8-hi".parse().unwrap();
+        assert_eq!(c.green_sms, Some(112));
+        assert_eq!(c.occupancy, Some(2));
+        assert_eq!(c.nccl_ctas, Some(8));
+        assert!(c.has_controls());
+        assert_eq!(c.without_controls().name(), "shard-nccl-ring");
         let s: Schedule = "fine4-copy-all-2s-sm116-hi".parse().unwrap();
         assert_eq!(s.granularity, Granularity::Fine(4));
         assert_eq!(s.engine, Engine::Copy);
@@ -373,6 +565,10 @@ mod tests {
             "shard-copy-all-hi-2s",
             "shard-copy-all-sm0",
             "shard-copy-all-x",
+            "shard-nccl-ring-cta0",
+            "shard-nccl-ring-hi-cta8",
+            "shard-nccl-ring-occ",
+            "shard-nccl-ring-gcx",
         ] {
             let err = bad.parse::<Schedule>().unwrap_err();
             assert!(matches!(err, Error::BadSchedule { .. }), "{bad}: {err}");

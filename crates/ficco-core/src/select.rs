@@ -201,7 +201,7 @@ pub fn select_model(p: &Problem, hw: &HwProfile) -> Result<Selection> {
 pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
     let copy_rounds = match p.op {
         Op::GemmAr => 2 * (p.gpus - 1),
-        Op::AgGemm | Op::GemmRs => p.gpus - 1,
+        Op::AgGemm | Op::GemmRs | Op::Concurrent => p.gpus - 1,
     };
     let max_saving = x.t_comp_ms.min(x.t_comm_ms);
     let fixed = copy_rounds as f64 * x.copy_latency_ms;

@@ -558,7 +558,7 @@ fn check_memory(plan: &Plan, hb: &HappensBefore) -> Result<()> {
                     )));
                 }
             }
-            let is_input = matches!(b.role, BufferRole::InputA | BufferRole::InputB);
+            let is_input = matches!(b.role, BufferRole::InputA | BufferRole::InputB | BufferRole::InputX);
             if !x.write && !is_input {
                 let writes: Vec<View> = acc
                     .iter()

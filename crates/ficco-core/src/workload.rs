@@ -1,4 +1,5 @@
-//! Workloads: the communication-dependent operators of MISSION.md and their
+//! Workloads: the operators of MISSION.md (the communication-dependent ones
+//! and `concurrent`, independent GEMMs beside a collective) and their
 //! per-rank shapes. This is the "what must be computed" layer; nothing here
 //! knows about schedules or hardware.
 
@@ -19,9 +20,14 @@ pub enum Op {
     /// A [M, K], B [K, N] per rank; out = AllReduce(A @ B) = [M, N].
     #[serde(rename = "gemm-ar")]
     GemmAr,
+    /// `gemms` independent GEMMs [M, K] x [K, N] on every rank, beside one
+    /// collective of `bytes` (see [`SideCollective`]); both results are kept.
+    #[serde(rename = "concurrent")]
+    Concurrent,
 }
 
 impl Op {
+    /// The communication-dependent operators.
     pub const ALL: [Op; 3] = [Op::AgGemm, Op::GemmRs, Op::GemmAr];
 
     pub fn name(self) -> &'static str {
@@ -29,15 +35,18 @@ impl Op {
             Op::AgGemm => "ag-gemm",
             Op::GemmRs => "gemm-rs",
             Op::GemmAr => "gemm-ar",
+            Op::Concurrent => "concurrent",
         }
     }
 
-    /// The collective of the sequential reference.
-    pub fn collective(self) -> Collective {
+    /// The collective of the sequential reference (`None` for `concurrent`,
+    /// whose collective is part of the problem: [`Problem::collective`]).
+    pub fn collective(self) -> Option<Collective> {
         match self {
-            Op::AgGemm => Collective::AllGather,
-            Op::GemmRs => Collective::ReduceScatter,
-            Op::GemmAr => Collective::AllReduce,
+            Op::AgGemm => Some(Collective::AllGather),
+            Op::GemmRs => Some(Collective::ReduceScatter),
+            Op::GemmAr => Some(Collective::AllReduce),
+            Op::Concurrent => None,
         }
     }
 }
@@ -53,6 +62,7 @@ impl FromStr for Op {
     fn from_str(s: &str) -> Result<Self> {
         Op::ALL
             .into_iter()
+            .chain([Op::Concurrent])
             .find(|op| op.name() == s)
             .ok_or_else(|| Error::UnknownOp(s.to_string()))
     }
@@ -68,6 +78,12 @@ pub enum Collective {
 }
 
 impl Collective {
+    pub const ALL: [Collective; 3] = [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllReduce,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Collective::AllGather => "all-gather",
@@ -75,6 +91,33 @@ impl Collective {
             Collective::AllReduce => "all-reduce",
         }
     }
+}
+
+impl FromStr for Collective {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Collective::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                Error::Shape(format!(
+                    "unknown collective '{s}' (expected all-reduce, all-gather or reduce-scatter)"
+                ))
+            })
+    }
+}
+
+/// The collective of a `concurrent` problem. `bytes` follows nccl-tests'
+/// "size": the buffer of every rank for all-reduce, the gathered output for
+/// all-gather (each rank contributes bytes / P), the input for
+/// reduce-scatter (each rank keeps bytes / P). Buffers are bf16 rows of N
+/// elements, so bytes / 2 must be a multiple of N x P.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SideCollective {
+    /// Independent GEMMs on the compute stream.
+    pub gemms: usize,
+    pub collective: Collective,
+    pub bytes: usize,
 }
 
 /// One operator instance: the global GEMM is [M, K] x [K, N] on `gpus` ranks (bf16).
@@ -85,6 +128,9 @@ pub struct Problem {
     pub k: usize,
     pub n: usize,
     pub gpus: usize,
+    /// `concurrent` only: the GEMM count and the collective beside them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side: Option<SideCollective>,
 }
 
 /// Bytes per element: bf16 is the only type for now.
@@ -93,7 +139,46 @@ pub const ELEM_BYTES: usize = 2;
 impl Problem {
     /// Checks the sizes any schedule needs; schedule-specific fit is checked at lowering.
     pub fn new(op: Op, m: usize, k: usize, n: usize, gpus: usize) -> Result<Self> {
-        let p = Problem { op, m, k, n, gpus };
+        if op == Op::Concurrent {
+            return Err(Error::Shape(
+                "a concurrent problem also needs gemms, a collective and bytes (Problem::concurrent)"
+                    .into(),
+            ));
+        }
+        let p = Problem {
+            op,
+            m,
+            k,
+            n,
+            gpus,
+            side: None,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// `gemms` GEMMs [m, k] x [k, n] beside `collective` of `bytes` on `gpus` ranks.
+    pub fn concurrent(
+        gemms: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+        collective: Collective,
+        bytes: usize,
+        gpus: usize,
+    ) -> Result<Self> {
+        let p = Problem {
+            op: Op::Concurrent,
+            m,
+            k,
+            n,
+            gpus,
+            side: Some(SideCollective {
+                gemms,
+                collective,
+                bytes,
+            }),
+        };
         p.validate()?;
         Ok(p)
     }
@@ -103,6 +188,15 @@ impl Problem {
             if v == 0 {
                 return Err(Error::Shape(format!("{name} must be positive, got 0")));
             }
+        }
+        if self.op == Op::Concurrent {
+            return self.validate_concurrent();
+        }
+        if self.side.is_some() {
+            return Err(Error::Shape(format!(
+                "{} takes no side collective (only concurrent does)",
+                self.op
+            )));
         }
         if self.gpus < 2 {
             return Err(Error::Shape(format!(
@@ -125,14 +219,55 @@ impl Problem {
         Ok(())
     }
 
+    fn validate_concurrent(&self) -> Result<()> {
+        let Some(side) = self.side else {
+            return Err(Error::Shape(
+                "a concurrent problem needs gemms, a collective and bytes".into(),
+            ));
+        };
+        if self.gpus < 2 {
+            return Err(Error::Shape(format!(
+                "gpus must be at least 2 for a collective, got {}",
+                self.gpus
+            )));
+        }
+        if side.gemms == 0 {
+            return Err(Error::Shape("gemms must be positive, got 0".into()));
+        }
+        let unit = ELEM_BYTES * self.n * self.gpus;
+        if side.bytes == 0 || side.bytes % unit != 0 {
+            return Err(Error::Shape(format!(
+                "bytes = {} must be a positive multiple of 2 x n x gpus = {unit} \
+                 (the collective's buffers are bf16 rows of n elements, split over the ranks)",
+                side.bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// Rows of one rank's shard of M.
     pub fn shard_rows(&self) -> usize {
         self.m / self.gpus
     }
 
-    /// Floating-point operations of the whole GEMM on one rank.
+    /// GEMMs on each rank (1 for the dependent operators).
+    pub fn gemm_count(&self) -> usize {
+        self.side.map_or(1, |s| s.gemms)
+    }
+
+    /// Floating-point operations of all the GEMMs on one rank.
     pub fn gemm_flops(&self) -> f64 {
-        2.0 * self.m as f64 * self.k as f64 * self.n as f64
+        2.0 * self.m as f64 * self.k as f64 * self.n as f64 * self.gemm_count() as f64
+    }
+
+    /// The collective of the sequential reference.
+    pub fn collective(&self) -> Collective {
+        match (self.op.collective(), self.side) {
+            (Some(c), _) => c,
+            (None, Some(s)) => s.collective,
+            // Unreachable for validated problems; all-reduce is a harmless default.
+            (None, None) => Collective::AllReduce,
+        }
     }
 
     /// Payload of the reference collective per rank, in bytes (NCCL's "size").
@@ -140,15 +275,38 @@ impl Problem {
         match self.op {
             Op::AgGemm => self.m * self.k * ELEM_BYTES,
             Op::GemmRs | Op::GemmAr => self.m * self.n * ELEM_BYTES,
+            Op::Concurrent => self.side.map_or(0, |s| s.bytes),
+        }
+    }
+
+    /// `concurrent`: rows (of n elements) of the collective's (input, output) buffers per rank.
+    pub fn side_rows(&self) -> (usize, usize) {
+        let total = self.comm_bytes() / ELEM_BYTES / self.n;
+        match self.collective() {
+            Collective::AllReduce => (total, total),
+            Collective::AllGather => (total / self.gpus, total),
+            Collective::ReduceScatter => (total, total / self.gpus),
         }
     }
 
     /// Short label like "ag-gemm m=8192 k=8192 n=2560 P=4".
     pub fn label(&self) -> String {
-        format!(
-            "{} m={} k={} n={} P={}",
-            self.op, self.m, self.k, self.n, self.gpus
-        )
+        match self.side {
+            Some(s) => format!(
+                "concurrent {}x gemm m={} k={} n={} + {} {} MiB P={}",
+                s.gemms,
+                self.m,
+                self.k,
+                self.n,
+                s.collective.name(),
+                s.bytes as f64 / (1u64 << 20) as f64,
+                self.gpus
+            ),
+            None => format!(
+                "{} m={} k={} n={} P={}",
+                self.op, self.m, self.k, self.n, self.gpus
+            ),
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use ficco_core::interp::{interpret, reference, Inputs};
 use ficco_core::lower::{comm_only, gemm_only, lower};
 use ficco_core::schedule::{enumerate, Schedule, SpaceOptions};
 use ficco_core::validate::validate;
-use ficco_core::workload::{Op, Problem};
+use ficco_core::workload::{Collective, Op, Problem};
 use proptest::prelude::*;
 
 fn space() -> SpaceOptions {
@@ -55,6 +55,54 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// `concurrent`: GEMM results and the collective, every schedule, every collective.
+    #[test]
+    fn every_concurrent_schedule_matches_the_reference(
+        collective in prop::sample::select(Collective::ALL.to_vec()),
+        gpus in 2usize..=4,
+        gemms in 1usize..=3,
+        m in 1usize..=4,
+        k in 1usize..=4,
+        n in 1usize..=4,
+        blocks in 1usize..=3,
+        seed in any::<u64>(),
+    ) {
+        let bytes = 2 * n * gpus * blocks;
+        let problem = Problem::concurrent(gemms, m, k, n, collective, bytes, gpus).unwrap();
+        let ran = check_all(&problem, seed)?;
+        // Occupancy shaping needs tile-sized shapes; everything else runs.
+        let shaped = enumerate(Op::Concurrent, space()).iter().filter(|s| s.occupancy.is_some()).count();
+        prop_assert_eq!(ran + shaped, enumerate(Op::Concurrent, space()).len());
+    }
+}
+
+#[test]
+fn concurrent_shaped_schedules_fit_tile_sized_shapes() {
+    let problem =
+        Problem::concurrent(1, 128, 32, 128, Collective::AllReduce, 2 * 128 * 2 * 2, 2).unwrap();
+    let s: Schedule = "shard-nccl-ring-occ1-cta8-hi".parse().unwrap();
+    let plan = lower(&problem, &s).unwrap();
+    validate(&plan).unwrap();
+    assert_eq!(plan.resources.nccl_ctas, Some(8));
+    let inputs = Inputs::random(&problem, 3);
+    assert_eq!(
+        interpret(&plan, &inputs).unwrap(),
+        reference(&problem, &inputs)
+    );
+}
+
+#[test]
+fn concurrent_rejects_bad_sizes_with_reasons() {
+    let err = Problem::concurrent(2, 64, 64, 64, Collective::AllReduce, 1000, 4).unwrap_err();
+    assert!(err.to_string().contains("multiple of"), "{err}");
+    let err = Problem::concurrent(0, 64, 64, 64, Collective::AllReduce, 2 * 64 * 4, 4).unwrap_err();
+    assert!(err.to_string().contains("gemms"), "{err}");
+    assert!(Problem::new(Op::Concurrent, 64, 64, 64, 4).is_err());
+}
+
 #[test]
 fn all_fine_chunks_run_when_m_divides() {
     for op in Op::ALL {
@@ -68,8 +116,14 @@ fn all_fine_chunks_run_when_m_divides() {
 
 #[test]
 fn reference_plans_are_valid() {
-    for op in Op::ALL {
-        let problem = Problem::new(op, 16, 4, 4, 4).unwrap();
+    let mut problems: Vec<Problem> = Op::ALL
+        .into_iter()
+        .map(|op| Problem::new(op, 16, 4, 4, 4).unwrap())
+        .collect();
+    for c in Collective::ALL {
+        problems.push(Problem::concurrent(3, 16, 4, 4, c, 2 * 4 * 4 * 2, 4).unwrap());
+    }
+    for problem in problems {
         validate(&gemm_only(&problem)).unwrap();
         validate(&comm_only(&problem)).unwrap();
     }

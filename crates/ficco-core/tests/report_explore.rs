@@ -204,6 +204,7 @@ fn tiny_plan(problem: &Problem, name: &str) -> Plan {
         problem: *problem,
         name: name.into(),
         schedule: None,
+        resources: Default::default(),
         ranks: vec![
             RankPlan {
                 buffers: vec![],
@@ -281,6 +282,7 @@ fn invalid_problems_are_errors() {
             k: 8,
             n: 8,
             gpus: 4,
+            side: None,
         },
     };
     let predict = table_predict(HashMap::new());

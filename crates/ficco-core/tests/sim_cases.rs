@@ -107,6 +107,7 @@ impl B {
             problem: Problem::new(Op::AgGemm, 1024 * p, 1024, 1024, p).unwrap(),
             name: "hand".into(),
             schedule: None,
+            resources: Default::default(),
             ranks: self.ranks,
         }
     }
@@ -129,6 +130,7 @@ fn gemm(m: usize, k: usize, n: usize, sm_target: Option<usize>) -> TaskKind {
         c: v(0, m, n),
         sm_target,
         accumulate: false,
+        occupancy: None,
     }
 }
 

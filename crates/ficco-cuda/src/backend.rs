@@ -96,7 +96,8 @@ impl GpuBackend {
             }
         }
         let comms = init_comms(gpus)?;
-        exec::warm_comms(&ctxs, &comms)?;
+        let raw: Vec<_> = comms.iter().map(|c| c.raw()).collect();
+        exec::warm_comms(&ctxs, &raw)?;
         let mut ranks = Vec::with_capacity(gpus);
         for (r, (ctx, comm)) in ctxs.into_iter().zip(comms).enumerate() {
             ranks.push(Rank::new(r, ctx, comm)?);
@@ -211,7 +212,7 @@ impl GpuBackend {
             for (b, buf) in rp.buffers.iter().enumerate() {
                 let n = buf.rows * buf.cols;
                 match buf.role {
-                    BufferRole::InputA | BufferRole::InputB => {
+                    BufferRole::InputA | BufferRole::InputB | BufferRole::InputX => {
                         let src = prepared
                             .and_then(|p| p.inputs[r].iter().find(|(role, _)| *role == buf.role));
                         match src {
@@ -270,7 +271,12 @@ impl GpuBackend {
             for buf in rp
                 .buffers
                 .iter()
-                .filter(|b| matches!(b.role, BufferRole::InputA | BufferRole::InputB))
+                .filter(|b| {
+                    matches!(
+                        b.role,
+                        BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
+                    )
+                })
             {
                 let d = rank.alloc(buf.bytes())?;
                 // SAFETY: d holds the buffer's elements.

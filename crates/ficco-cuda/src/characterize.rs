@@ -916,6 +916,7 @@ fn stream(name: &str, role: StreamRole) -> StreamSpec {
 
 fn problem(m: usize, k: usize, n: usize, gpus: usize) -> Problem {
     Problem {
+        side: None,
         op: Op::GemmAr,
         m,
         k,
@@ -929,6 +930,7 @@ fn plan(name: String, prob: Problem, ranks: Vec<RankPlan>) -> Plan {
         problem: prob,
         name,
         schedule: None,
+        resources: Default::default(),
         ranks,
     }
 }
@@ -1005,6 +1007,7 @@ pub fn decomp_plan(
                 c: out,
                 sm_target: None,
                 accumulate: false,
+                occupancy: None,
             },
             deps: vec![],
         });
@@ -1086,6 +1089,7 @@ pub fn mixed_plan(
                             c: View::whole(2, m, n),
                             sm_target: None,
                             accumulate: false,
+                            occupancy: None,
                         },
                         deps: vec![],
                     });

@@ -6,15 +6,19 @@
 //! iterations every rank's streams wait for every rank's end of the previous
 //! iteration, so pushes into a peer's buffers cannot overrun.
 
+use crate::controls::RawStream;
 use crate::error::{check, drv, nccl, CudaError, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
+use crate::green::{GreenPartition, PartitionRequest};
+use crate::nccl_config::{CommCache, NcclLimits};
+use crate::shaped::ShapedGemm;
 use crate::kernels::{Kernels, ReduceSrcs, MAX_REDUCE_SRCS};
 use crate::mem::{copy_2d_async, memset_d16_async, CopyEnd, DeviceBuffer};
 use crate::sync::{CrossRankSync, InProcessSync, Point};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::sys as nsys;
-use ficco_core::plan::{Buffer, NcclOp, Plan, RankPlan, StreamRole, TaskKind, View};
+use ficco_core::plan::{Buffer, NcclOp, Plan, RankPlan, Resources, StreamRole, TaskKind, View};
 use ficco_core::schedule::Priority;
 use ficco_core::workload::ELEM_BYTES;
 use std::collections::HashMap;
@@ -29,6 +33,12 @@ pub struct NcclComm(nsys::ncclComm_t);
 
 // SAFETY: each communicator is used by one host thread at a time.
 unsafe impl Send for NcclComm {}
+
+impl NcclComm {
+    pub fn raw(&self) -> nsys::ncclComm_t {
+        self.0
+    }
+}
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
@@ -55,7 +65,7 @@ pub fn init_comms(n: usize) -> Result<Vec<NcclComm>> {
 /// call of each kind, which blocks the host until peers join): all-reduce of a
 /// small and a large message, all-gather, reduce-scatter and a send/recv with
 /// every peer, issued from this thread in one group per step.
-pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
+pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[nsys::ncclComm_t]) -> Result<()> {
     use cudarc::nccl::result as nr;
     let n = ctxs.len();
     let elems = 4 << 20; // 8 MiB of bf16 per buffer
@@ -82,7 +92,7 @@ pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
                 bufs[r].1.ptr() as *mut c_void,
             );
             let s = streams[r].cu_stream() as nsys::cudaStream_t;
-            let c = comms[r].0;
+            let c = comms[r];
             // SAFETY: buffers hold n * elems bf16 each; one stream per comm.
             let res = unsafe {
                 match kind {
@@ -113,6 +123,22 @@ pub fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
     Ok(())
 }
 
+/// Streams on a green-context split of one rank, kept between plans.
+struct GreenSet {
+    /// Borrowing wrappers of `raw` by (communication side, priority); dropped first.
+    wrapped: HashMap<(bool, i32), Vec<Arc<CudaStream>>>,
+    raw: Vec<RawStream>,
+    partition: GreenPartition,
+}
+
+/// The NCCL communicator a rank uses for one plan.
+#[derive(Clone, Copy)]
+pub struct CommHandle(pub nsys::ncclComm_t);
+// SAFETY: each handle is used by its rank's thread only during a run.
+unsafe impl Send for CommHandle {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for CommHandle {}
+
 /// One GPU and everything the executor keeps on it between plans.
 pub struct Rank {
     pub rank: usize,
@@ -133,6 +159,10 @@ pub struct Rank {
     check_acc: DeviceBuffer,
     /// GEMM configurations already run once (their kernels are loaded).
     warmed: std::collections::HashSet<GemmKey>,
+    /// ficco's shaped GEMM, loaded when a plan first asks for occupancy shaping.
+    shaped: Option<ShapedGemm>,
+    /// Green-context splits by compute SM count.
+    green: HashMap<usize, GreenSet>,
 }
 
 impl Rank {
@@ -157,6 +187,8 @@ impl Rank {
             pool: vec![],
             check_acc: DeviceBuffer::alloc(&ctx, 32)?,
             warmed: Default::default(),
+            shaped: None,
+            green: HashMap::new(),
             ctx,
         })
     }
@@ -211,32 +243,78 @@ impl Rank {
     }
 
     /// The plan's streams, created (or reused) with the device's priorities:
-    /// High = greatest, Normal = least.
-    fn plan_streams(&mut self, rp: &RankPlan) -> Result<Vec<Arc<CudaStream>>> {
-        let mut taken: HashMap<i32, usize> = HashMap::new();
+    /// High = greatest, Normal = least. Under a green split, compute streams
+    /// are on the compute green context and communication streams on the rest.
+    fn plan_streams(&mut self, rp: &RankPlan, res: &Resources) -> Result<Vec<Arc<CudaStream>>> {
+        let mut taken: HashMap<(bool, i32), usize> = HashMap::new();
         let mut out = vec![];
+        if let Some(sms) = res.green_sms {
+            if !self.green.contains_key(&sms) {
+                let partition = GreenPartition::new(&self.ctx, PartitionRequest::split(sms as u32))?;
+                self.green.insert(
+                    sms,
+                    GreenSet {
+                        wrapped: HashMap::new(),
+                        raw: vec![],
+                        partition,
+                    },
+                );
+            }
+        }
         for s in &rp.streams {
             let prio = match s.priority {
                 Priority::High => self.priority_range.1,
                 Priority::Normal => self.priority_range.0,
             };
-            let k = taken.entry(prio).or_insert(0);
-            let list = self.streams.entry(prio).or_default();
-            if list.len() <= *k {
-                list.push(
-                    self.ctx
-                        .new_stream_with_priority(prio)
-                        .map_err(drv("cuStreamCreateWithPriority"))?,
-                );
-            }
-            out.push(list[*k].clone());
-            *k += 1;
+            let comm = s.role == StreamRole::Comm;
+            let stream = match res.green_sms.and_then(|n| self.green.get_mut(&n)) {
+                Some(g) => {
+                    let key = (comm, prio);
+                    let k = taken.entry(key).or_insert(0);
+                    let list = g.wrapped.entry(key).or_default();
+                    if list.len() <= *k {
+                        let raw = g.partition.new_stream(comm, prio)?;
+                        // SAFETY: `raw` is kept in the same GreenSet and dropped
+                        // after the wrapper; ordering is ours (event tracking off).
+                        list.push(unsafe { self.ctx.wrap_borrowed_stream(raw.cu_stream()) });
+                        g.raw.push(raw);
+                    }
+                    *k += 1;
+                    list[*k - 1].clone()
+                }
+                None => {
+                    let k = taken.entry((false, prio)).or_insert(0);
+                    let list = self.streams.entry(prio).or_default();
+                    if list.len() <= *k {
+                        list.push(
+                            self.ctx
+                                .new_stream_with_priority(prio)
+                                .map_err(drv("cuStreamCreateWithPriority"))?,
+                        );
+                    }
+                    *k += 1;
+                    list[*k - 1].clone()
+                }
+            };
+            out.push(stream);
         }
         while self.workspaces.len() < rp.streams.len() {
             self.workspaces
                 .push(DeviceBuffer::alloc(&self.ctx, WORKSPACE_BYTES)?);
         }
         Ok(out)
+    }
+
+    /// Loads ficco's shaped GEMM when `rp` has a shaped GEMM task.
+    fn prepare_shaped(&mut self, rp: &RankPlan) -> Result<()> {
+        let wants = rp
+            .tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::Gemm { occupancy: Some(_), .. }));
+        if wants && self.shaped.is_none() {
+            self.shaped = Some(ShapedGemm::load(&self.ctx)?);
+        }
+        Ok(())
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -447,6 +525,8 @@ pub struct Shared<'a> {
     /// Raw context of each rank (peer copies name both).
     pub ctxs: &'a [Arc<CudaContext>],
     pub sync: &'a dyn CrossRankSync,
+    /// Each rank's communicator for this plan (its NCCL limits).
+    pub comms: &'a [CommHandle],
     pub spec: RunSpec,
     /// Every rank thread passes it once its events exist.
     pub start: &'a std::sync::Barrier,
@@ -470,6 +550,7 @@ fn issue(
             c,
             sm_target,
             accumulate,
+            occupancy,
         } => {
             if a.cols != b.rows || c.rows != a.rows || c.cols != b.cols {
                 return Err(CudaError::Plan(format!(
@@ -480,6 +561,33 @@ fn issue(
             let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
             let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
             let (pc, ldc) = view_addr(&rp.buffers, ptrs, c, "gemm c")?;
+            if let Some(blocks) = occupancy {
+                let shaped = rank.shaped.as_ref().ok_or_else(|| {
+                    CudaError::Plan("shaped GEMM not loaded before the run".into())
+                })?;
+                if *accumulate {
+                    return Err(CudaError::Plan(
+                        "ficco's shaped GEMM does not accumulate (C += A.B)".into(),
+                    ));
+                }
+                // SAFETY: bounds-checked views of live allocations; c is an
+                // output view that does not overlap a or b (validated plan).
+                return unsafe {
+                    shaped.launch_ld(
+                        s,
+                        pa,
+                        lda / ELEM_BYTES,
+                        pb,
+                        ldb / ELEM_BYTES,
+                        pc,
+                        ldc / ELEM_BYTES,
+                        a.rows,
+                        b.cols,
+                        a.cols,
+                        Some(*blocks as u32),
+                    )
+                };
+            }
             let key = GemmKey {
                 m: a.rows,
                 n: b.cols,
@@ -551,7 +659,7 @@ fn issue(
             }
         }
         TaskKind::Nccl { op, .. } => {
-            let comm = rank.comm.0;
+            let comm = sh.comms[r].0;
             let ns = s as nsys::cudaStream_t;
             let bf = nsys::ncclDataType_t::ncclBfloat16;
             let sum = nsys::ncclRedOp_t::ncclSum;
@@ -676,6 +784,27 @@ fn issue(
     }
 }
 
+/// Runs `f` with `stream`'s context current (a green context for green
+/// streams), restoring the previous one after.
+fn with_stream_ctx<T>(stream: &CudaStream, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: live stream; valid out-pointer.
+    check("cuStreamGetCtx", unsafe {
+        cudarc::driver::sys::cuStreamGetCtx(stream.cu_stream(), &mut ctx)
+    })?;
+    // SAFETY: ctx is the stream's live context.
+    check("cuCtxPushCurrent", unsafe {
+        cudarc::driver::sys::cuCtxPushCurrent_v2(ctx)
+    })?;
+    let res = f();
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: pops what was pushed above.
+    let pop = check("cuCtxPopCurrent", unsafe {
+        cudarc::driver::sys::cuCtxPopCurrent_v2(&mut popped)
+    });
+    res.and_then(|v| pop.map(|_| v))
+}
+
 /// Runs one rank's share of `warmup + timed (+1)` iterations. Iteration numbers
 /// start at `first_iter` (> 0) and are the generations of the sync points.
 pub fn run_rank(
@@ -762,7 +891,12 @@ pub fn run_rank(
             if in_timeline {
                 task_ev[i].0.record(stream).map_err(drv("cuEventRecord"))?;
             }
-            issue(rank, sh, stream, task.stream, &task.kind)?;
+            if sh.plan.resources.green_sms.is_some() {
+                // Green-context streams: issue in the stream's own context.
+                with_stream_ctx(stream, || issue(rank, sh, stream, task.stream, &task.kind))?;
+            } else {
+                issue(rank, sh, stream, task.stream, &task.kind)?;
+            }
             if in_timeline {
                 task_ev[i].1.record(stream).map_err(drv("cuEventRecord"))?;
             }
@@ -839,11 +973,32 @@ pub fn run_plan(
     let mut all_streams = vec![];
     for (r, rank) in ranks.iter_mut().enumerate() {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        all_streams.push(rank.plan_streams(&plan.ranks[r])?);
+        all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &ptrs[r])?;
+        rank.prepare_shaped(&plan.ranks[r])?;
     }
-    let start = std::sync::Barrier::new(ranks.len());
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
+    // Communicators under the plan's NCCL limits: one set per limit, cached
+    // for the process and warmed up at first use.
+    let _set;
+    let comms: Vec<CommHandle> = match plan.resources.nccl_ctas {
+        None => ranks.iter().map(|r| CommHandle(r.comm.raw())).collect(),
+        Some(ctas) => {
+            let gpus: Vec<usize> = ranks.iter().map(|r| r.ctx.ordinal()).collect();
+            let limits = NcclLimits {
+                max_ctas: Some(ctas as u32),
+                ..NcclLimits::default()
+            };
+            let set = CommCache::global().get(&gpus, limits)?;
+            let raw: Vec<_> = set.comms().iter().map(|c| c.raw()).collect();
+            if set.first_use() {
+                warm_comms(&ctxs, &raw)?;
+            }
+            _set = set;
+            raw.into_iter().map(CommHandle).collect()
+        }
+    };
+    let start = std::sync::Barrier::new(ranks.len());
     let points: Vec<usize> = plan.ranks.iter().map(|rp| rp.tasks.len() + 1).collect();
     let sync = InProcessSync::new(&ctxs, &points)?;
     let sh = Shared {
@@ -851,6 +1006,7 @@ pub fn run_plan(
         ptrs,
         ctxs: &ctxs,
         sync: &sync,
+        comms: &comms,
         spec,
         start: &start,
     };

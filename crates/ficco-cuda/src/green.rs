@@ -254,6 +254,19 @@ impl GreenPartition {
     pub fn comm_stream(&self) -> Option<&RawStream> {
         self.comm.as_ref()
     }
+
+    /// A further stream on the compute partition (`comm` false) or on the
+    /// remaining SMs (`comm` true), at a raw priority value. It must be
+    /// dropped before the partition.
+    pub fn new_stream(&self, comm: bool, priority: i32) -> Result<RawStream> {
+        match (comm, &self._comm_ctx) {
+            (false, _) => green_stream(&self._compute_ctx, priority),
+            (true, Some(g)) => green_stream(g, priority),
+            (true, None) => Err(CudaError::Plan(
+                "green partition has no communication context (request it with split)".into(),
+            )),
+        }
+    }
 }
 
 /// NVRTC source of the `%smid` probe.

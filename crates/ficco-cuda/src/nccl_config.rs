@@ -184,6 +184,8 @@ pub struct CommSet {
     /// `ncclGetVersion` of the loaded library, e.g. 22803.
     pub nccl_version: i32,
     comms: Vec<ConfiguredComm>,
+    /// Whether the executor has established its connections (see `exec::warm_comms`).
+    warmed: std::sync::atomic::AtomicBool,
 }
 
 impl CommSet {
@@ -258,12 +260,18 @@ impl CommSet {
             limits,
             nccl_version: version,
             comms,
+            warmed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// The communicators, rank order.
     pub fn comms(&self) -> &[ConfiguredComm] {
         &self.comms
+    }
+
+    /// True the first time only: the caller then warms the set up.
+    pub fn first_use(&self) -> bool {
+        !self.warmed.swap(true, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// What NCCL reports about each rank, `(count, device, rank)`, checked

@@ -12,7 +12,7 @@ use ficco_core::plan::{
     TaskKind, View,
 };
 use ficco_core::schedule::{enumerate, Priority, Schedule, SpaceOptions};
-use ficco_core::workload::{Op, Problem};
+use ficco_core::workload::{Collective, Op, Problem};
 use ficco_cuda::{CudaError, GpuBackend};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -88,9 +88,11 @@ fn plan(op: Op, m: usize, k: usize, n: usize, ranks: Vec<RankPlan>) -> Plan {
             k,
             n,
             gpus: GPUS,
+            side: None,
         },
         name: "hand".into(),
         schedule: None,
+        resources: Default::default(),
         ranks,
     }
 }
@@ -151,6 +153,7 @@ fn gemm_matches_host_reference_including_strided_views() {
                     c: View::whole(2, m, n),
                     sm_target: if r == 1 { Some(66) } else { None },
                     accumulate: false,
+                    occupancy: None,
                 },
                 vec![],
             )],
@@ -223,6 +226,7 @@ fn copy_pull_push_and_cross_rank_dependency() {
                     c: View::whole(3, rows, cols),
                     sm_target: None,
                     accumulate: false,
+                    occupancy: None,
                 },
                 vec![],
             ));
@@ -504,8 +508,16 @@ fn every_enumerated_schedule_is_correct() {
         nccl_sms: 16,
     };
     let mut failures = vec![];
-    for op in Op::ALL {
-        let problem = Problem::new(op, 512, 256, 384, GPUS).expect("problem");
+    let mut problems: Vec<Problem> = Op::ALL
+        .into_iter()
+        .map(|op| Problem::new(op, 512, 256, 384, GPUS).expect("problem"))
+        .collect();
+    for c in Collective::ALL {
+        let bytes = 2 * 384 * GPUS * 64;
+        problems.push(Problem::concurrent(2, 512, 256, 384, c, bytes, GPUS).expect("problem"));
+    }
+    for problem in problems {
+        let op = problem.op;
         let seq = lower(&problem, &Schedule::SEQ).expect("seq");
         eprintln!("preparing {}", problem.label());
         be.prepare(&seq).expect("prepare");
