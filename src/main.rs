@@ -64,7 +64,7 @@ struct InfoArgs {
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 struct SchedulesArgs {
-    /// Operator: ag-gemm, gemm-rs or gemm-ar.
+    /// Operator: ag-gemm, gemm-rs, gemm-ar or concurrent.
     #[arg(long)]
     op: String,
     /// Number of GPUs.
@@ -91,7 +91,8 @@ pub(crate) enum BackendChoice {
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 struct ExploreArgs {
-    /// Operator of a single scenario: ag-gemm, gemm-rs or gemm-ar (with --m --k --n --gpus).
+    /// Operator of a single scenario: ag-gemm, gemm-rs, gemm-ar (with --m --k --n --gpus) or
+    /// concurrent (also --gemms --collective --bytes).
     #[arg(long, conflicts_with_all = ["model", "suite", "hidden"], requires_all = ["m", "k", "n", "gpus"])]
     op: Option<String>,
     /// Rows of the global GEMM (tokens).
@@ -106,6 +107,15 @@ struct ExploreArgs {
     /// Number of GPUs.
     #[arg(long, conflicts_with = "suite")]
     gpus: Option<i64>,
+    /// concurrent: independent GEMMs per GPU beside the collective.
+    #[arg(long, requires = "op", default_value_t = 1)]
+    gemms: i64,
+    /// concurrent: the collective (all-reduce, all-gather or reduce-scatter).
+    #[arg(long, requires = "op")]
+    collective: Option<String>,
+    /// concurrent: the collective's size in bytes (nccl-tests' "size").
+    #[arg(long, requires = "op")]
+    bytes: Option<i64>,
     /// Model preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b); needs --tokens and --gpus.
     #[arg(long, conflicts_with_all = ["suite", "hidden"], requires_all = ["tokens", "gpus"])]
     model: Option<String>,
@@ -299,7 +309,27 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
             positive("k", args.k.unwrap_or(0))?,
             positive("n", args.n.unwrap_or(0))?,
         );
-        let problem = Problem::new(op, m, k, n, gpus.unwrap_or(0))?;
+        let problem = if op == Op::Concurrent {
+            let collective = args.collective.as_deref().ok_or_else(|| {
+                Error::Shape("--op concurrent needs --collective (all-reduce, all-gather or reduce-scatter) and --bytes".into())
+            })?;
+            Problem::concurrent(
+                positive("gemms", args.gemms)?,
+                m,
+                k,
+                n,
+                collective.parse()?,
+                positive("bytes", args.bytes.unwrap_or(0))?,
+                gpus.unwrap_or(0),
+            )?
+        } else {
+            if args.collective.is_some() || args.bytes.is_some() {
+                bail!(Error::Shape(format!(
+                    "--collective and --bytes belong to --op concurrent, not {op}"
+                )));
+            }
+            Problem::new(op, m, k, n, gpus.unwrap_or(0))?
+        };
         return Ok(vec![Scenario {
             name: problem.label(),
             problem,
@@ -483,6 +513,9 @@ fn cmd_explore(args: ExploreArgs) -> Result<()> {
             text.push('\n');
         }
         text += &r.table();
+        if let Some(rows) = report::ablation(r) {
+            text += &report::ablation_table(&rows);
+        }
     }
     if several {
         text.push('\n');

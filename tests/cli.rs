@@ -80,6 +80,76 @@ fn bad_input_is_one_line_and_exit_2() {
         "smaller than the GPU count",
     );
     assert_fails(
+        &e(&[
+            "--op",
+            "concurrent",
+            "--m",
+            "64",
+            "--k",
+            "64",
+            "--n",
+            "64",
+            "--gpus",
+            "2",
+        ]),
+        "needs --collective",
+    );
+    assert_fails(
+        &e(&[
+            "--op",
+            "concurrent",
+            "--m",
+            "64",
+            "--k",
+            "64",
+            "--n",
+            "64",
+            "--gpus",
+            "2",
+            "--collective",
+            "all-to-all",
+            "--bytes",
+            "1048576",
+        ]),
+        "unknown collective 'all-to-all'",
+    );
+    assert_fails(
+        &e(&[
+            "--op",
+            "concurrent",
+            "--m",
+            "64",
+            "--k",
+            "64",
+            "--n",
+            "64",
+            "--gpus",
+            "2",
+            "--collective",
+            "all-reduce",
+            "--bytes",
+            "1000",
+        ]),
+        "must be a positive multiple of",
+    );
+    assert_fails(
+        &e(&[
+            "--op",
+            "gemm-rs",
+            "--m",
+            "64",
+            "--k",
+            "64",
+            "--n",
+            "64",
+            "--gpus",
+            "2",
+            "--collective",
+            "all-reduce",
+        ]),
+        "belong to --op concurrent",
+    );
+    assert_fails(
         &e(&["--model", "gpt-9", "--tokens", "2048", "--gpus", "2"]),
         "unknown model 'gpt-9'",
     );
@@ -287,17 +357,35 @@ fn model_and_suite_json_wrap_scenarios() {
         "suites/llama3.toml",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let err = stderr(&o);
-    assert_eq!(
-        err.lines()
-            .filter(|l| l.contains("skipped [[concurrent]]"))
-            .count(),
-        5,
-        "{err}"
-    );
+    assert!(!stderr(&o).contains("skipped"), "{}", stderr(&o));
     let out = stdout(&o);
     assert_eq!(out.matches("# ficco explore: ").count(), 60);
     assert!(out.contains("# suite summary: 60 scenarios"), "{out}");
+
+    // The concurrent suite: every scenario with its ablation.
+    let o = ficco(&[
+        "explore",
+        "--backend",
+        "sim",
+        "--suite",
+        "suites/concurrent.toml",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.matches("# ablation").count(), 5, "{out}");
+    for setting in [
+        "back to back",
+        "overlap (NCCL)",
+        "+ green context",
+        "+ NCCL CTA limit",
+        "best combination",
+    ] {
+        let rows = out
+            .lines()
+            .filter(|l| l.trim_start().starts_with(setting))
+            .count();
+        assert_eq!(rows, 5, "{setting}: {out}");
+    }
 }
 
 #[test]

@@ -245,7 +245,14 @@ pub fn explore(
     }
     report.finish();
     if let Some(hw) = &opts.select_hw {
-        if let Ok(sel) = select::select(problem, hw, select::DEFAULT_SELECTOR) {
+        // The rules are for the dependent operators; `concurrent` is chosen
+        // by the model over its controls.
+        let selector = if problem.op == Op::Concurrent {
+            select::Selector::Model
+        } else {
+            select::DEFAULT_SELECTOR
+        };
+        if let Ok(sel) = select::select(problem, hw, selector) {
             report.set_selection(&sel.schedule, sel.selector.name());
         }
     }

@@ -183,6 +183,14 @@ pub struct HwProfile {
     pub nccl: NcclParams,
     pub reduce: ReduceParams,
     pub contention: Contention,
+    /// ficco's own (shaped, `-occB`) GEMM kernel's time over cuBLASLt's on
+    /// the same shape. Measured on H200: 3.10 (bench/RESULTS.md).
+    #[serde(default = "shaped_default")]
+    pub shaped_gemm_slowdown: f64,
+}
+
+fn shaped_default() -> f64 {
+    3.1
 }
 
 const BUILTIN: [(&str, &str); 2] = [

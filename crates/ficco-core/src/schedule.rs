@@ -257,7 +257,11 @@ impl Schedule {
         }
         if let Some(b) = self.occupancy {
             let (m, n, k) = (problem.m, problem.n, problem.k);
-            let rows = if split { problem.m / (p * c) } else { problem.m };
+            let rows = if split {
+                problem.m / (p * c)
+            } else {
+                problem.m
+            };
             if b == 0 || n % SHAPED_TILE != 0 || k % SHAPED_K != 0 || rows % SHAPED_TILE != 0 {
                 return Some(format!(
                     "ficco's shaped GEMM needs M pieces and N multiples of {SHAPED_TILE} and K of {SHAPED_K} \

@@ -41,6 +41,15 @@
 //!   of its GPUs, an NCCL transfer's rate cap is divided by
 //!   `nccl_slowdown_gemm` and a copy's by `copy_slowdown_gemm`.
 //!
+//! - **Resource controls** (the plan's [`crate::plan::Resources`] and GEMM
+//!   fields). `-ctaN`: an NCCL kernel holds N SMs instead of `nccl_sms`, and
+//!   its bandwidth cap scales by min(1, N / `nccl_sms`) (fewer channels move
+//!   fewer bytes at once). `-gcN`: GEMMs get at most N SMs, and NCCL kernels
+//!   run on the other partition, resident at once without taking SMs from
+//!   the GEMM. `-occB`: the GEMM runs `shaped_gemm_slowdown` times slower
+//!   (ficco's kernel), and NCCL kernels fit beside its blocks, resident at
+//!   once. Copy engines take no SMs under any control.
+//!
 //! A task that runs alone takes exactly its [`crate::cost`] time, so the
 //! sequential plan (one collective, then one GEMM) simulates to
 //! `cost::problem_seq_ms`.
@@ -192,6 +201,12 @@ struct Sim<'a> {
     dirty: Vec<bool>,
     next_seq: usize,
     done: usize,
+    /// SMs an NCCL kernel needs (`-ctaN`, else `nccl_sms`).
+    nccl_need: usize,
+    /// Whether NCCL kernels run beside the GEMMs' SMs (green split or shaped GEMMs).
+    nccl_beside: bool,
+    /// NCCL bandwidth factor of the CTA limit.
+    nccl_scale: f64,
 }
 
 /// Simulates `plan` on `hw` and returns the predicted timeline.
@@ -260,10 +275,21 @@ impl<'a> Sim<'a> {
                 })?;
                 let work = match &task.kind {
                     TaskKind::Gemm {
-                        a, b, sm_target, ..
+                        a,
+                        b,
+                        sm_target,
+                        occupancy,
+                        ..
                     } => {
-                        let cap = sm_target.unwrap_or(hw.sm_count).clamp(1, hw.sm_count);
-                        let c = cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap);
+                        let green = plan.resources.green_sms.unwrap_or(hw.sm_count);
+                        let cap = sm_target
+                            .unwrap_or(hw.sm_count)
+                            .min(green)
+                            .clamp(1, hw.sm_count);
+                        let mut c = cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap);
+                        if occupancy.is_some() {
+                            c.wave_ms *= hw.shaped_gemm_slowdown;
+                        }
                         let (units, unit_tiles, long_units) = if hw.gemm.persistent {
                             if hw.gemm.full_grid && c.tiles < cap {
                                 // Every block runs the whole (one-wave) time.
@@ -374,7 +400,35 @@ impl<'a> Sim<'a> {
             dirty: vec![false; p],
             next_seq: 0,
             done: 0,
+            nccl_need: plan
+                .resources
+                .nccl_ctas
+                .unwrap_or(hw.nccl_sms)
+                .clamp(1, hw.sm_count),
+            nccl_beside: plan.resources.green_sms.is_some()
+                || plan.ranks.iter().flat_map(|r| &r.tasks).any(|t| {
+                    matches!(
+                        t.kind,
+                        TaskKind::Gemm {
+                            occupancy: Some(_),
+                            ..
+                        }
+                    )
+                }),
+            nccl_scale: plan
+                .resources
+                .nccl_ctas
+                .map_or(1.0, |n| (n as f64 / hw.nccl_sms.max(1) as f64).min(1.0)),
         })
+    }
+
+    /// SMs an NCCL kernel takes from the rank's shared pool.
+    fn nccl_held(&self) -> usize {
+        if self.nccl_beside {
+            0
+        } else {
+            self.nccl_need
+        }
     }
 
     fn run(&mut self, plan: &Plan) -> Result<()> {
@@ -548,7 +602,7 @@ impl<'a> Sim<'a> {
                     (*undispatched == 0, false)
                 }
                 Work::Nccl { group } => {
-                    let need = self.hw.nccl_sms;
+                    let need = self.nccl_held();
                     if (hi && preempt) || free >= need {
                         self.held[r] += need;
                         self.nodes[i].state = State::Resident;
@@ -701,7 +755,7 @@ impl<'a> Sim<'a> {
             members,
             usage,
             usage_work: work,
-            cap,
+            cap: cap * self.nccl_scale,
             is_copy: false,
             ranks,
         });
@@ -754,7 +808,7 @@ impl<'a> Sim<'a> {
                     if is_copy {
                         self.ce_busy[r] -= 1;
                     } else {
-                        self.held[r] -= self.hw.nccl_sms;
+                        self.held[r] -= self.nccl_held();
                     }
                     self.dirty[r] = true;
                     self.complete(m);

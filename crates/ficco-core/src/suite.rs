@@ -10,8 +10,23 @@
 //! gpus = 2
 //! ```
 //!
-//! Entries that ficco cannot run yet (other tables such as `[[concurrent]]`,
-//! or a `[[scenario]]` whose `op` is not an operator of this version) are
+//! `[[concurrent]]` entries (independent GEMMs beside a collective) load as
+//! `concurrent` scenarios:
+//!
+//! ```toml
+//! [[concurrent]]
+//! name = "dp.balanced.p4"
+//! gemms = 4
+//! m = 4096
+//! k = 4096
+//! n = 4096
+//! collective = "all-reduce"
+//! bytes = 268435456
+//! gpus = 4
+//! ```
+//!
+//! Entries that ficco cannot run yet (other tables, or a `[[scenario]]`
+//! whose `op` is not an operator of this version) are
 //! returned as [`Skipped`] entries with a reason, so that a newer suite still
 //! runs what it can. A file that cannot be read or is not a valid suite is an
 //! [`Error::Suite`] naming the file and the problem.
@@ -49,6 +64,19 @@ struct RawScenario {
     m: i64,
     k: i64,
     n: i64,
+    gpus: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConcurrent {
+    name: String,
+    gemms: i64,
+    m: i64,
+    k: i64,
+    n: i64,
+    collective: String,
+    bytes: i64,
     gpus: i64,
 }
 
@@ -93,6 +121,44 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
                 .and_then(|v| v.as_str())
                 .map(str::to_string)
                 .unwrap_or_else(|| format!("#{i}"));
+            let dim = |what: &str, v: i64| -> Result<usize> {
+                usize::try_from(v)
+                    .ok()
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| bad(format!("{key} '{name}': {what} must be positive, got {v}")))
+            };
+            if key == "concurrent" {
+                let raw: RawConcurrent =
+                    entry.clone().try_into().map_err(|e: toml::de::Error| {
+                        bad(format!("concurrent '{name}': {}", one_line(&e)))
+                    })?;
+                let problem = raw
+                    .collective
+                    .parse()
+                    .and_then(|c| {
+                        Problem::concurrent(
+                            dim("gemms", raw.gemms)?,
+                            dim("m", raw.m)?,
+                            dim("k", raw.k)?,
+                            dim("n", raw.n)?,
+                            c,
+                            dim("bytes", raw.bytes)?,
+                            dim("gpus", raw.gpus)?,
+                        )
+                    })
+                    .map_err(|e| match e {
+                        Error::Suite(_) => e,
+                        e => bad(format!("concurrent '{name}': {e}")),
+                    })?;
+                if !names.insert(raw.name.clone()) {
+                    return Err(bad(format!("scenario name '{}' appears twice", raw.name)));
+                }
+                suite.scenarios.push(Scenario {
+                    name: raw.name,
+                    problem,
+                });
+                continue;
+            }
             if key != "scenario" {
                 suite.skipped.push(Skipped {
                     kind: key.clone(),
@@ -114,13 +180,6 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
             let raw: RawScenario = entry.clone().try_into().map_err(|e: toml::de::Error| {
                 bad(format!("scenario '{name}': {}", one_line(&e)))
             })?;
-            let dim = |what: &str, v: i64| -> Result<usize> {
-                usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| {
-                    bad(format!(
-                        "scenario '{name}': {what} must be positive, got {v}"
-                    ))
-                })
-            };
             let op: Op = raw.op.parse()?;
             let problem = Problem::new(
                 op,
@@ -161,9 +220,27 @@ mod tests {
         )))
         .unwrap();
         assert_eq!(suite.scenarios.len(), 60);
-        assert_eq!(suite.skipped.len(), 5);
-        assert!(suite.skipped.iter().all(|s| s.kind == "concurrent"));
-        assert_eq!(suite.skipped[0].name, "dp.balanced.p4");
+        assert!(suite.skipped.is_empty());
+        let conc = load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../suites/concurrent.toml"
+        )))
+        .unwrap();
+        assert_eq!(conc.scenarios.len(), 5);
+        assert_eq!(conc.scenarios[0].name, "dp.balanced.p4");
+        assert_eq!(
+            conc.scenarios[0].problem,
+            Problem::concurrent(
+                4,
+                4096,
+                4096,
+                4096,
+                crate::workload::Collective::AllReduce,
+                268435456,
+                4
+            )
+            .unwrap()
+        );
         let first = &suite.scenarios[0];
         assert_eq!(first.name, "llama3-8b.qkv.t2048.p2");
         assert_eq!(

@@ -558,7 +558,10 @@ fn check_memory(plan: &Plan, hb: &HappensBefore) -> Result<()> {
                     )));
                 }
             }
-            let is_input = matches!(b.role, BufferRole::InputA | BufferRole::InputB | BufferRole::InputX);
+            let is_input = matches!(
+                b.role,
+                BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
+            );
             if !x.write && !is_input {
                 let writes: Vec<View> = acc
                     .iter()

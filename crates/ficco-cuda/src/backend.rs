@@ -268,16 +268,12 @@ impl GpuBackend {
         for (r, rp) in seq.ranks.iter().enumerate() {
             let rank = &self.ranks[r];
             let mut ins = vec![];
-            for buf in rp
-                .buffers
-                .iter()
-                .filter(|b| {
-                    matches!(
-                        b.role,
-                        BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
-                    )
-                })
-            {
+            for buf in rp.buffers.iter().filter(|b| {
+                matches!(
+                    b.role,
+                    BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
+                )
+            }) {
                 let d = rank.alloc(buf.bytes())?;
                 // SAFETY: d holds the buffer's elements.
                 unsafe {

@@ -10,10 +10,10 @@ use crate::controls::RawStream;
 use crate::error::{check, drv, nccl, CudaError, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::green::{GreenPartition, PartitionRequest};
-use crate::nccl_config::{CommCache, NcclLimits};
-use crate::shaped::ShapedGemm;
 use crate::kernels::{Kernels, ReduceSrcs, MAX_REDUCE_SRCS};
 use crate::mem::{copy_2d_async, memset_d16_async, CopyEnd, DeviceBuffer};
+use crate::nccl_config::{CommCache, NcclLimits};
+use crate::shaped::ShapedGemm;
 use crate::sync::{CrossRankSync, InProcessSync, Point};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
@@ -250,7 +250,8 @@ impl Rank {
         let mut out = vec![];
         if let Some(sms) = res.green_sms {
             if !self.green.contains_key(&sms) {
-                let partition = GreenPartition::new(&self.ctx, PartitionRequest::split(sms as u32))?;
+                let partition =
+                    GreenPartition::new(&self.ctx, PartitionRequest::split(sms as u32))?;
                 self.green.insert(
                     sms,
                     GreenSet {
@@ -307,10 +308,15 @@ impl Rank {
 
     /// Loads ficco's shaped GEMM when `rp` has a shaped GEMM task.
     fn prepare_shaped(&mut self, rp: &RankPlan) -> Result<()> {
-        let wants = rp
-            .tasks
-            .iter()
-            .any(|t| matches!(t.kind, TaskKind::Gemm { occupancy: Some(_), .. }));
+        let wants = rp.tasks.iter().any(|t| {
+            matches!(
+                t.kind,
+                TaskKind::Gemm {
+                    occupancy: Some(_),
+                    ..
+                }
+            )
+        });
         if wants && self.shaped.is_none() {
             self.shaped = Some(ShapedGemm::load(&self.ctx)?);
         }
