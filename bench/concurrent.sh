@@ -10,19 +10,19 @@ out=${1:?usage: bench/concurrent.sh OUTDIR}
 mkdir -p "$out"
 .bin/ficco info >"$out/device.log" 2>&1
 # 1. The concurrent suite: table + ablation, then the JSON (same binary, same machine).
-timeout 200 .bin/ficco explore --backend gpu --suite suites/concurrent.toml >"$out/concurrent.txt" 2>>"$out/device.log"
+timeout 150 .bin/ficco explore --backend gpu --suite suites/concurrent.toml >"$out/concurrent.txt" 2>>"$out/device.log"
 echo "concurrent suite: exit $?"
-timeout 100 .bin/ficco explore --backend gpu --suite suites/concurrent.toml --json >"$out/concurrent.json" 2>>"$out/device.log"
+timeout 110 .bin/ficco explore --backend gpu --suite suites/concurrent.toml --json >"$out/concurrent.json" 2>>"$out/device.log"
 echo "concurrent json: exit $?"
 # 2. Controls on the dependent operators (MISSION.md's P=4 anchor shapes with NCCL variants).
 for shape in "ag-gemm 8192 8192 2560" "gemm-rs 8192 2048 8192" "gemm-ar 16384 2048 8192" "ag-gemm 16384 8192 14336"; do
   set -- $shape
-  timeout 60 .bin/ficco explore --backend gpu --controls --op "$1" --m "$2" --k "$3" --n "$4" --gpus 4 --json \
+  timeout 45 .bin/ficco explore --backend gpu --controls --op "$1" --m "$2" --k "$3" --n "$4" --gpus 4 --json \
     >"$out/controls-$1-$2-$3-$4.json" 2>>"$out/device.log"
   echo "controls $shape: exit $?"
 done
 # 3. GPU tests: every schedule (controls and concurrent included) correct; control primitives.
-timeout 150 .bin/gpu-tests --test-threads=1 --nocapture >"$out/tests.log" 2>&1
+timeout 110 .bin/gpu-tests --test-threads=1 --nocapture >"$out/tests.log" 2>&1
 echo "gpu tests: exit $?"
-timeout 60 .bin/gpu-controls-tests --test-threads=1 --nocapture >>"$out/tests.log" 2>&1
+timeout 40 .bin/gpu-controls-tests --test-threads=1 --nocapture >>"$out/tests.log" 2>&1
 echo "gpu control tests: exit $?"
