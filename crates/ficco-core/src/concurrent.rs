@@ -185,7 +185,7 @@ fn push_gemms(plan: &mut Plan, p: &Problem, s: &Schedule, deps: Vec<TaskId>) -> 
                 a: View::whole(A, p.m, p.k),
                 b: View::whole(B, p.k, p.n),
                 c: view(plan, OUT, i * p.m, p.m),
-                sm_target: s.sm_target,
+                sm_target: s.gemm_sm_target(),
                 accumulate: false,
                 occupancy: s.occupancy,
             };

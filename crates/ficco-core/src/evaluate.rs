@@ -2,10 +2,11 @@
 //! (the oracle): `ficco evaluate`.
 //!
 //! For every scenario the measured best is the fastest valid row. Each
-//! selector ([`crate::select`]) picks a schedule (the model selector among the
-//! rows that were measured, re-simulated with the given profile); its
-//! slowdown is T_pick / T_best, and it is *accurate* when the slowdown is at
-//! most 1 + [`TOLERANCE`]. The simulator's error is |predicted / measured − 1|
+//! selector ([`crate::select`]) picks a schedule within the design space that
+//! was measured (the model selector among the measured rows, re-simulated
+//! with the given profile; the rules without their fused-reduce rule when no
+//! `-acc` schedule was measured); its slowdown is T_pick / T_best, and it is
+//! *accurate* when the slowdown is at most 1 + [`TOLERANCE`]. The simulator's error is |predicted / measured − 1|
 //! over every valid row, re-simulated with the given profile.
 
 use crate::error::Result;
@@ -122,7 +123,7 @@ pub fn evaluate(
             measured.push(s);
         }
         let model = select::select_model_among(&p, hw, &measured)?;
-        let rules = select::select_rules(&p, hw)?;
+        let rules = select::select_rules_among(&p, hw, &measured)?;
         let picks = [model, rules]
             .into_iter()
             .map(|sel| {

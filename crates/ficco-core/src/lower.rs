@@ -402,7 +402,7 @@ impl Builder {
             a,
             b: self.whole(self.bufs.b),
             c,
-            sm_target: self.s.sm_target,
+            sm_target: self.s.gemm_sm_target(),
             accumulate,
             occupancy: self.s.occupancy,
         };

@@ -1,38 +1,86 @@
-//! The simulator and the selectors against every measured schedule time of
-//! run 3 on 4x H200 (`bench/data/2026-11-21-h200x4-run3`, 60 scenarios of
-//! `suites/llama3.toml`, 2268 valid rows).
+//! The simulator and the selectors against every measured schedule time on
+//! 4x H200: run 3 (`bench/data/2026-11-21-h200x4-run3`, 60 scenarios of
+//! `suites/llama3.toml`, 2268 valid rows, the base design space) and run 4
+//! (`...-run4`, the same scenarios with the fused-reduce `-acc` schedules,
+//! 3228 rows), and the P=2 sweep of a separate 2x H200 machine
+//! (`bench/data/2026-11-21-h200x2`, 30 scenarios).
 //!
-//! Reached with the `h200-nvlink` profile (global parameters only): simulator
-//! MAPE 9.0% (median 7.2%, p90 18.7%, worst 53%; it was 14.9% / 11.5% /
-//! 31.4% / 136% before issue 5). The rule selector, derived on llama3-8b
-//! only, picks within 5% of the measured best in 100% of llama3-8b and 83.3%
-//! of the held-out llama3-70b scenarios (91.7% overall, worst slowdown
-//! 1.128); the model selector reaches 50% overall. The held-out target of
-//! 90% is NOT met; the bounds below are what is reached.
+//! Simulator (`h200-nvlink` profile, global parameters only), run 3: MAPE
+//! 9.0% (median 7.2%, p90 18.7%, worst 53%; it was 14.9% / 11.5% / 31.4% /
+//! 136% before issue 5).
+//!
+//! Selectors, rules derived on llama3-8b, llama3-70b held out; "accurate" =
+//! within 5% of the measured best:
+//!
+//! | data | rules all / 8b / 70b held out (worst) | model all / 8b / 70b held out |
+//! |---|---|---|
+//! | run 4 | 91.7% / 93.3% / 90.0% (1.080) | 70.0% / 73.3% / 66.7% |
+//! | run 3 | 96.7% / 100% / 93.3% (1.128) | 80.0% / 83.3% / 76.7% |
+//! | 2x H200 | 90.0% / 100% / 80.0% (1.123) | 86.7% / 100% / 73.3% |
+//!
+//! The held-out target of 90% is met on run 4; the 95% whole-suite target
+//! is not (see README "How selection works" for the misses). The bounds
+//! below are what is reached.
 //!
 //! Reproduce: `ficco evaluate --measured
-//! bench/data/2026-11-21-h200x4-run3/ficco-p2.json,bench/data/2026-11-21-h200x4-run3/ficco-p4.json
-//! --holdout llama3-70b`.
+//! bench/data/2026-11-21-h200x4-run4/ficco-p2.json,bench/data/2026-11-21-h200x4-run4/ficco-p4.json
+//! --holdout llama3-70b` (likewise for run 3 and the 2x H200 file).
 
-use ficco_core::evaluate::evaluate;
+use ficco_core::evaluate::{evaluate, Evaluation};
 use ficco_core::profile::HwProfile;
 use ficco_core::report::{ScenarioReport, SuiteReport};
 use ficco_core::select::{Selector, DEFAULT_SELECTOR};
+use std::sync::OnceLock;
 
-const P2: &str = include_str!("../../../bench/data/2026-11-21-h200x4-run3/ficco-p2.json");
-const P4: &str = include_str!("../../../bench/data/2026-11-21-h200x4-run3/ficco-p4.json");
+const RUN3: [&str; 2] = [
+    include_str!("../../../bench/data/2026-11-21-h200x4-run3/ficco-p2.json"),
+    include_str!("../../../bench/data/2026-11-21-h200x4-run3/ficco-p4.json"),
+];
+const RUN4: [&str; 2] = [
+    include_str!("../../../bench/data/2026-11-21-h200x4-run4/ficco-p2.json"),
+    include_str!("../../../bench/data/2026-11-21-h200x4-run4/ficco-p4.json"),
+];
+const X2: [&str; 1] = [include_str!(
+    "../../../bench/data/2026-11-21-h200x2/ficco-p2.json"
+)];
 
-fn reports() -> Vec<ScenarioReport> {
-    [P2, P4]
+fn reports(files: &[&str]) -> Vec<ScenarioReport> {
+    files
         .iter()
         .flat_map(|t| serde_json::from_str::<SuiteReport>(t).unwrap().scenarios)
         .collect()
 }
 
+/// One evaluation per data set, shared by the tests (CI has two cores).
+fn eval(files: &[&str], cell: &'static OnceLock<Evaluation>) -> &'static Evaluation {
+    cell.get_or_init(|| {
+        let hw = HwProfile::builtin("h200-nvlink").unwrap();
+        evaluate(&reports(files), &hw, Some("llama3-70b")).unwrap()
+    })
+}
+
+fn run3() -> &'static Evaluation {
+    static E: OnceLock<Evaluation> = OnceLock::new();
+    eval(&RUN3, &E)
+}
+
+fn run4() -> &'static Evaluation {
+    static E: OnceLock<Evaluation> = OnceLock::new();
+    eval(&RUN4, &E)
+}
+
+fn x2() -> &'static Evaluation {
+    static E: OnceLock<Evaluation> = OnceLock::new();
+    eval(&X2, &E)
+}
+
+fn acc(ev: &Evaluation, subset: &str, sel: Selector) -> f64 {
+    ev.score(subset, sel).unwrap().accuracy
+}
+
 #[test]
 fn simulator_mape_over_measured_schedules_is_at_most_10_percent() {
-    let hw = HwProfile::builtin("h200-nvlink").unwrap();
-    let ev = evaluate(&reports(), &hw, Some("llama3-70b")).unwrap();
+    let ev = run3();
     println!("{}", ev.table());
     let all = &ev.subsets[0];
     assert_eq!(all.scenarios, 60);
@@ -47,22 +95,56 @@ fn simulator_mape_over_measured_schedules_is_at_most_10_percent() {
 }
 
 #[test]
-fn rule_selector_accuracy_on_the_suite_and_held_out() {
-    let hw = HwProfile::builtin("h200-nvlink").unwrap();
-    let ev = evaluate(&reports(), &hw, Some("llama3-70b")).unwrap();
-    let rules_all = ev.score("all", Selector::Rules).unwrap();
-    let rules_held = ev.score("holdout", Selector::Rules).unwrap();
-    let rules_fit = ev.score("rest", Selector::Rules).unwrap();
-    let model_all = ev.score("all", Selector::Model).unwrap();
-    let model_held = ev.score("holdout", Selector::Model).unwrap();
-    assert!(rules_fit.accuracy >= 0.999, "{rules_fit:?}");
-    assert!(rules_all.accuracy >= 0.9, "{rules_all:?}");
-    assert!(rules_held.accuracy >= 0.83, "{rules_held:?}");
-    assert!(rules_all.worst_slowdown <= 1.13, "{rules_all:?}");
-    assert!(rules_all.mean_slowdown <= 1.02, "{rules_all:?}");
-    assert_eq!(rules_all.unmeasured, 0);
-    // Rules beat the model held out, so they are the default.
-    assert!(rules_held.accuracy > model_held.accuracy);
-    assert!(rules_all.worst_slowdown < model_all.worst_slowdown);
+fn rule_selector_on_the_fused_reduce_design_space() {
+    let ev = run4();
+    println!("{}", ev.table());
+    assert_eq!(ev.subsets[0].scenarios, 60);
+    assert_eq!(ev.subsets[0].sim.rows, 3228);
+    let all = ev.score("all", Selector::Rules).unwrap();
+    let held = ev.score("holdout", Selector::Rules).unwrap();
+    let fit = ev.score("rest", Selector::Rules).unwrap();
+    // 55/60, 27/30 held out, 28/30 where derived.
+    assert!(all.accuracy >= 55.0 / 60.0 - 1e-9, "{all:?}");
+    assert!(held.accuracy >= 0.9 - 1e-9, "{held:?}");
+    assert!(fit.accuracy >= 28.0 / 30.0 - 1e-9, "{fit:?}");
+    assert!(all.worst_slowdown <= 1.10, "{all:?}");
+    assert!(all.mean_slowdown <= 1.015, "{all:?}");
+    assert_eq!(all.unmeasured, 0);
+    // The rules pick fused-reduce schedules where they win.
+    let fused = ev
+        .scenarios
+        .iter()
+        .flat_map(|s| &s.picks)
+        .filter(|p| p.selector == Selector::Rules && p.schedule.ends_with("-acc"))
+        .count();
+    assert!(fused >= 10, "{fused}");
+}
+
+#[test]
+fn rule_selector_on_the_base_design_space_and_another_machine() {
+    // Run 3 has no -acc rows: the fused rule is off there.
+    let ev = run3();
+    assert!(acc(ev, "all", Selector::Rules) >= 58.0 / 60.0 - 1e-9);
+    assert!(acc(ev, "holdout", Selector::Rules) >= 28.0 / 30.0 - 1e-9);
+    assert!(acc(ev, "rest", Selector::Rules) >= 1.0 - 1e-9);
+    assert_eq!(ev.score("all", Selector::Rules).unwrap().unmeasured, 0);
+    let ev = x2();
+    println!("{}", ev.table());
+    assert!(acc(ev, "all", Selector::Rules) >= 0.9 - 1e-9);
+    assert!(acc(ev, "rest", Selector::Rules) >= 1.0 - 1e-9);
+    assert!(ev.score("all", Selector::Rules).unwrap().worst_slowdown <= 1.13);
+}
+
+#[test]
+fn rules_beat_the_model_held_out_so_they_are_the_default() {
+    for ev in [run4(), run3(), x2()] {
+        let rules = ev.score("holdout", Selector::Rules).unwrap();
+        let model = ev.score("holdout", Selector::Model).unwrap();
+        assert!(rules.accuracy > model.accuracy, "{rules:?} {model:?}");
+    }
+    // The model selector (copy engines, one stream, simplest within 3%).
+    assert!(acc(run4(), "all", Selector::Model) >= 0.70 - 1e-9);
+    assert!(acc(run4(), "holdout", Selector::Model) >= 20.0 / 30.0 - 1e-9);
+    assert!(acc(run3(), "all", Selector::Model) >= 0.80 - 1e-9);
     assert_eq!(DEFAULT_SELECTOR, Selector::Rules);
 }
