@@ -22,10 +22,9 @@
 //! Controls (`-smN`, `-gcN`, `-occB`, `-ctaN`, `-hi`) become GEMM task
 //! fields, stream priorities and the plan's [`Resources`].
 
-use crate::lower::{buffer, collective_op, resources_of, stream};
+use crate::lower::{buffer, collective_op, push_task, resources_of, stream};
 use crate::plan::{
-    BufferRole, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec, Task, TaskId,
-    TaskKind, View,
+    BufferRole, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec, TaskId, TaskKind, View,
 };
 use crate::schedule::{Engine, Order, Priority, Schedule};
 use crate::workload::{Collective, Problem};
@@ -158,21 +157,7 @@ fn push(
     kind: TaskKind,
     deps: Vec<TaskId>,
 ) -> TaskId {
-    let tasks = &mut plan.ranks[rank].tasks;
-    let deps = deps
-        .into_iter()
-        .filter(|d| !(d.rank == rank && tasks[d.index].stream == stream))
-        .collect();
-    tasks.push(Task {
-        label,
-        stream,
-        kind,
-        deps,
-    });
-    TaskId {
-        rank,
-        index: tasks.len() - 1,
-    }
+    push_task(&mut plan.ranks, rank, stream, label, kind, deps)
 }
 
 /// Every rank's GEMMs on stream 0; returns each rank's last GEMM.

@@ -138,6 +138,33 @@ pub fn comm_only(problem: &Problem) -> Plan {
     }
 }
 
+/// Appends a task to `rank`'s plan and returns its id. Same-stream
+/// predecessors are ordered already, so they are dropped from `deps`.
+pub(crate) fn push_task(
+    ranks: &mut [RankPlan],
+    rank: usize,
+    stream: usize,
+    label: String,
+    kind: TaskKind,
+    deps: Vec<TaskId>,
+) -> TaskId {
+    let tasks = &mut ranks[rank].tasks;
+    let deps = deps
+        .into_iter()
+        .filter(|d| !(d.rank == rank && tasks[d.index].stream == stream))
+        .collect();
+    tasks.push(Task {
+        label,
+        stream,
+        kind,
+        deps,
+    });
+    TaskId {
+        rank,
+        index: tasks.len() - 1,
+    }
+}
+
 /// The NCCL call of `collective` from `send` into `recv`.
 pub(crate) fn collective_op(collective: Collective, send: View, recv: View) -> NcclOp {
     match collective {
@@ -363,22 +390,7 @@ impl Builder {
         kind: TaskKind,
         deps: Vec<TaskId>,
     ) -> TaskId {
-        let tasks = &mut self.ranks[rank].tasks;
-        // Same-stream predecessors are ordered already; keep deps minimal.
-        let deps = deps
-            .into_iter()
-            .filter(|d| !(d.rank == rank && tasks[d.index].stream == stream))
-            .collect();
-        tasks.push(Task {
-            label,
-            stream,
-            kind,
-            deps,
-        });
-        TaskId {
-            rank,
-            index: tasks.len() - 1,
-        }
+        push_task(&mut self.ranks, rank, stream, label, kind, deps)
     }
 
     /// A GEMM of `a` rows into `c`, on the next compute stream of the rotation.
