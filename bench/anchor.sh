@@ -3,7 +3,8 @@
 # suite in one device call, merged into one markdown table.
 # Usage, from the repo root on the GPU machine:
 #   bench/anchor.sh SUITE OUTDIR [FICCO_BINARY]
-# Writes OUTDIR/torch.jsonl, OUTDIR/ficco-pN.json (one per GPU count),
+# Writes OUTDIR/torch.jsonl, OUTDIR/ficco-pN.json (every schedule measured, one per GPU count),
+# OUTDIR/evaluate-pN.{json,txt} (the selectors scored on that same sweep, llama3-70b held out),
 # OUTDIR/ficco.err and OUTDIR/RESULTS.md. TORCH_TIMEOUT / FICCO_TIMEOUT (seconds) bound each part.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -15,8 +16,13 @@ timeout "${TORCH_TIMEOUT:-240}" python3 bench/anchor.py torch "$suite" "$out/tor
 files=()
 split=$(mktemp -d)
 for p in $(python3 bench/anchor.py split "$suite" "$split"); do
-  timeout "${FICCO_TIMEOUT:-200}" "$bin" explore --backend gpu --suite "$split/suite-p$p.toml" --json >"$out/ficco-p$p.json" 2>>"$out/ficco.err"
+  # One sweep: `evaluate --suite` measures every schedule (what `explore --backend gpu --json`
+  # does), saves it, and scores the selectors on it.
+  timeout "${FICCO_TIMEOUT:-200}" "$bin" evaluate --backend gpu --suite "$split/suite-p$p.toml" \
+    --holdout "${HOLDOUT:-llama3-70b}" --save "$out/ficco-p$p.json" --json "$out/evaluate-p$p.json" \
+    >"$out/evaluate-p$p.txt" 2>>"$out/ficco.err"
   echo "ficco P=$p: exit $? ($(wc -c <"$out/ficco-p$p.json") bytes of JSON)"
+  cat "$out/evaluate-p$p.txt"
   files+=("$out/ficco-p$p.json")
 done
 tail -n 5 "$out/ficco.err"

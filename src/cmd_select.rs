@@ -216,6 +216,10 @@ pub struct EvaluateArgs {
     /// Write the evaluation as JSON to this file ('-' for stdout instead of the table).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// With --suite: also write every measured schedule, in `explore --json`'s
+    /// suite schema (what `--measured` and `bench/anchor.py report` read).
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
 }
 
 fn read_reports(files: &[PathBuf]) -> Result<Vec<ScenarioReport>> {
@@ -299,8 +303,21 @@ fn measure_suite(
 
 pub fn cmd_evaluate(args: EvaluateArgs) -> Result<()> {
     let hw = backend::load_hw(&args.hw)?;
+    if args.save.is_some() && args.suite.is_none() {
+        bail!("--save writes what --suite measures; with --measured the measurements are already saved");
+    }
     let reports = match (&args.suite, args.measured.is_empty()) {
-        (Some(path), true) => measure_suite(&args, path, &hw)?,
+        (Some(path), true) => {
+            let reports = measure_suite(&args, path, &hw)?;
+            if let Some(p) = &args.save {
+                let text = serde_json::to_string_pretty(&SuiteReport {
+                    scenarios: reports.clone(),
+                })? + "\n";
+                std::fs::write(p, text)
+                    .map_err(|e| Error::Io(format!("cannot write '{}': {e}", p.display())))?;
+            }
+            reports
+        }
         (None, false) => read_reports(&args.measured)?,
         _ => bail!(
             "say what to evaluate: --suite FILE (measure) or --measured FILE.json[,FILE2.json]"

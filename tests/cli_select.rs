@@ -91,12 +91,51 @@ fn bad_input_exits_2_with_one_line() {
         &["evaluate"],
         &["evaluate", "--measured", "/nonexistent/x.json"],
         &[
+            "evaluate",
+            "--measured",
+            "bench/data/2026-11-21-h200x2/ficco-p2.json",
+            "--save",
+            "/tmp/never.json",
+        ],
+        &[
             "tune", "--op", "ag-gemm", "--m", "8", "--k", "8", "--n", "8", "--gpus", "2", "--top",
             "0",
         ],
     ] {
         one_line_error(&ficco(args));
     }
+}
+
+#[test]
+fn evaluate_saves_what_it_measured_in_the_explore_schema() {
+    let save = std::env::temp_dir().join("ficco-evaluate-save.json");
+    let out = ficco(&[
+        "evaluate",
+        "--suite",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/bench/smoke.toml"),
+        "--backend",
+        "sim",
+        "--save",
+        save.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&save).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let scenarios = v["scenarios"].as_array().unwrap();
+    assert_eq!(scenarios.len(), 2);
+    // The saved file is what `evaluate --measured` reads back.
+    let again = ficco(&["evaluate", "--measured", save.to_str().unwrap()]);
+    assert!(again.status.success(), "{again:?}");
+    // The selector scores agree (the simulator-error lines may break ties
+    // between equal errors differently after the JSON round trip).
+    let head = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .take(4)
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(head(&again), head(&out));
 }
 
 #[test]

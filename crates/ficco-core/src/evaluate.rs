@@ -115,12 +115,15 @@ pub fn evaluate(
             let Ok(s) = r.name.parse::<Schedule>() else {
                 continue;
             };
+            measured.push(s);
+            if r.same_plan_as.is_some() {
+                continue; // one plan's measurement, counted once
+            }
             let pred = select::predict_ms(&p, &s, hw)?;
             errs.push((
                 (pred / r.time_ms.unwrap() - 1.0).abs(),
                 format!("{} {}", rep.scenario, r.name),
             ));
-            measured.push(s);
         }
         let model = select::select_model_among(&p, hw, &measured)?;
         let rules = select::select_rules_among(&p, hw, &measured)?;

@@ -205,15 +205,35 @@ pub fn explore(
                 continue;
             }
         };
-        let row = match measurer.as_deref_mut() {
-            None => ScheduleResult::ran(&name, pred.total_ms, pred.total_ms, None, false),
-            Some(m) => match m.measure(&plan, true, false) {
+        // Names that lower to one plan (e.g. `ring` and `all` with a single
+        // peer) are one schedule: measure it once, so run-to-run noise cannot
+        // rank a plan against itself.
+        let twin = ran.iter().enumerate().find_map(|(i, r)| {
+            r.as_ref()
+                .filter(|(p, _, _)| p.ranks == plan.ranks && p.resources == plan.resources)
+                .map(|_| i)
+        });
+        let row = match (twin, measurer.as_deref_mut()) {
+            (Some(i), _) => {
+                let first = &report.schedules[i];
+                ScheduleResult {
+                    name: name.clone(),
+                    same_plan_as: Some(first.same_plan_as.clone().unwrap_or(first.name.clone())),
+                    ..first.clone()
+                }
+            }
+            (None, None) => ScheduleResult::ran(&name, pred.total_ms, pred.total_ms, None, false),
+            (None, Some(m)) => match m.measure(&plan, true, false) {
                 Ok(Measured {
                     time_ms,
                     max_rel_err,
                     correct,
+                    launch_us,
                     ..
-                }) => ScheduleResult::ran(&name, time_ms, pred.total_ms, max_rel_err, !correct),
+                }) => ScheduleResult {
+                    launch_us,
+                    ..ScheduleResult::ran(&name, time_ms, pred.total_ms, max_rel_err, !correct)
+                },
                 Err(e) => ScheduleResult::skipped(&name, format!("measurement failed: {e}")),
             },
         };

@@ -18,6 +18,9 @@ pub struct Measured {
     pub correct: bool,
     /// Per-task measured timeline, when asked for.
     pub timeline: Option<Timeline>,
+    /// Host-side cost of launching the plan once, µs (median over timed
+    /// iterations, maximum over ranks); `None` where nothing is launched.
+    pub launch_us: Option<f64>,
 }
 
 /// Error type of measurers (a backend's own typed error, boxed).

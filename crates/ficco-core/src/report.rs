@@ -71,6 +71,15 @@ pub struct ScheduleResult {
     /// The measured output was wrong (only serialized when true).
     #[serde(default, skip_serializing_if = "is_false")]
     pub wrong: bool,
+    /// Host-side cost of launching this schedule once (µs, no CUDA graphs);
+    /// GPU backend only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_us: Option<f64>,
+    /// This schedule lowers to exactly the plan of the named, earlier row
+    /// (e.g. `ring` and `all` with one peer): it was measured once, under
+    /// that name, and this row repeats that measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_plan_as: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -89,6 +98,8 @@ impl ScheduleResult {
             max_rel_err: None,
             skipped: Some(reason.into()),
             wrong: false,
+            launch_us: None,
+            same_plan_as: None,
         }
     }
 
@@ -109,6 +120,8 @@ impl ScheduleResult {
             max_rel_err,
             skipped: None,
             wrong,
+            launch_us: None,
+            same_plan_as: None,
         }
     }
 
@@ -222,6 +235,23 @@ impl ScenarioReport {
         }
     }
 
+    /// Median and maximum over the measured schedules of the host-side
+    /// launch cost (µs), when the backend reported it.
+    pub fn launch_us(&self) -> Option<(f64, f64)> {
+        let mut v: Vec<f64> = self
+            .schedules
+            .iter()
+            .filter(|r| r.same_plan_as.is_none())
+            .filter_map(|r| r.launch_us)
+            .filter(|x| x.is_finite())
+            .collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some((v[v.len() / 2], v[v.len() - 1]))
+    }
+
     /// Fills the derived columns (speedup, E) and `best` / `selected`.
     pub fn finish(&mut self) {
         let r = self.reference;
@@ -309,9 +339,14 @@ impl ScenarioReport {
             } else {
                 ""
             };
+            let twin = row
+                .same_plan_as
+                .as_deref()
+                .map(|t| format!("  (same plan as {t})"))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  {}",
+                "  {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  {}{twin}",
                 row.name,
                 opt(row.time_ms, ms),
                 opt(row.predicted_ms, ms),
@@ -357,6 +392,12 @@ impl ScenarioReport {
             ms(r.ideal_ms),
             ms(r.sequential_ms)
         );
+        if let Some((median, max)) = self.launch_us() {
+            let _ = writeln!(
+                s,
+                "# host launch per operator (no CUDA graphs): median {median:.1} us, max {max:.1} us over schedules"
+            );
+        }
         // Rows with an empty last column would end in spaces.
         s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n") + "\n"
     }

@@ -3,7 +3,7 @@
 use ficco_core::error::{Error, Result};
 use ficco_core::explore::{explore, schedules_for, ExploreOptions, Lowering};
 use ficco_core::measure::{MeasureError, Measured, Measurer};
-use ficco_core::plan::{Plan, RankPlan};
+use ficco_core::plan::{Buffer, BufferRole, Plan, RankPlan};
 use ficco_core::schedule::{Schedule, SpaceOptions};
 use ficco_core::timeline::{Span, Timeline};
 use ficco_core::workload::{Op, Problem, Scenario};
@@ -81,6 +81,7 @@ impl Measurer for Mock {
                 spans: vec![],
                 total_ms: time_ms,
             }),
+            launch_us: Some(12.0),
         })
     }
 }
@@ -199,7 +200,13 @@ fn measurer_is_prepared_once_and_wrong_results_are_never_best() {
 }
 
 /// A plan with one empty rank per GPU (valid: nothing to check).
+/// A plan with no tasks whose content differs by `name` (one scratch
+/// buffer of `name.len()` rows): plans of different names are different.
 fn tiny_plan(problem: &Problem, name: &str) -> Plan {
+    tiny_plan_rows(problem, name, name.len())
+}
+
+fn tiny_plan_rows(problem: &Problem, name: &str, rows: usize) -> Plan {
     Plan {
         problem: *problem,
         name: name.into(),
@@ -207,7 +214,13 @@ fn tiny_plan(problem: &Problem, name: &str) -> Plan {
         resources: Default::default(),
         ranks: vec![
             RankPlan {
-                buffers: vec![],
+                buffers: vec![Buffer {
+                    name: "scratch".into(),
+                    role: BufferRole::Scratch,
+                    rows,
+                    cols: 1,
+                    peer_visible: false,
+                }],
                 streams: vec![],
                 tasks: vec![],
             };
@@ -298,4 +311,55 @@ fn invalid_problems_are_errors() {
         err.to_string().contains("smaller than the GPU count"),
         "{err}"
     );
+}
+
+#[test]
+fn names_lowering_to_one_plan_are_measured_once() {
+    // `shard-copy-ring` and `shard-copy-all` lower to the same plan here (as
+    // they do with one peer); `bulk-copy-ring` to another.
+    fn lower(p: &Problem, s: &Schedule) -> Result<Plan> {
+        let rows = match s.name().as_str() {
+            "shard-copy-ring" | "shard-copy-all" => 1,
+            "bulk-copy-ring" => 2,
+            _ => 3,
+        };
+        Ok(tiny_plan_rows(p, &s.name(), rows))
+    }
+    let mut opts = ExploreOptions::new("hw");
+    opts.lowering = Lowering {
+        lower,
+        gemm_only: |p| tiny_plan_rows(p, "gemm-only", 4),
+        comm_only: |p| tiny_plan_rows(p, "comm-only", 5),
+    };
+    let mut mock = Mock::default();
+    mock.times.insert("shard-copy-ring".into(), 1.5);
+    mock.times.insert("shard-copy-all".into(), 1.0);
+    mock.times.insert("bulk-copy-ring".into(), 1.8);
+    let schedules: Vec<Schedule> = ["seq", "shard-copy-ring", "shard-copy-all", "bulk-copy-ring"]
+        .iter()
+        .map(|s| sched(s))
+        .collect();
+    let predict = table_predict(HashMap::new());
+    let r = explore(&scenario(), &schedules, &predict, Some(&mut mock), &opts)
+        .unwrap()
+        .report;
+    let measured: Vec<&str> = mock
+        .calls
+        .iter()
+        .filter(|c| c.1)
+        .map(|c| c.0.as_str())
+        .collect();
+    assert_eq!(measured, ["seq", "shard-copy-ring", "bulk-copy-ring"]);
+    let twin = r.row("shard-copy-all").unwrap();
+    assert_eq!(twin.same_plan_as.as_deref(), Some("shard-copy-ring"));
+    assert_eq!(twin.time_ms, Some(1.5));
+    assert_eq!(twin.launch_us, Some(12.0));
+    assert_eq!(r.best.as_deref(), Some("shard-copy-ring"));
+    assert_eq!(r.launch_us(), Some((12.0, 12.0)));
+    let table = r.table();
+    assert!(table.contains("(same plan as shard-copy-ring)"), "{table}");
+    assert!(table.contains("# host launch per operator (no CUDA graphs): median 12.0 us"), "{table}");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["schedules"][2]["same_plan_as"], "shard-copy-ring");
+    assert!(json["schedules"][3].get("same_plan_as").is_none());
 }

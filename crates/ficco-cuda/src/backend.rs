@@ -352,6 +352,15 @@ impl GpuBackend {
             .map(|k| times.iter().map(|t| t.iters[k]).fold(0.0, f64::max))
             .collect();
         let time_ms = median(per_iter);
+        let host: Vec<f64> = (0..iters)
+            .filter_map(|k| {
+                times
+                    .iter()
+                    .map(|t| t.host_us.get(k).copied())
+                    .try_fold(0.0, |acc: f64, x| x.map(|x| acc.max(x)))
+            })
+            .collect();
+        let launch_us = (!host.is_empty()).then(|| median(host));
         let timeline = timeline.then(|| {
             let mut spans = vec![];
             for (r, t) in times.iter().enumerate() {
@@ -380,6 +389,7 @@ impl GpuBackend {
             max_rel_err,
             correct,
             timeline,
+            launch_us,
         })
     }
 

@@ -396,6 +396,10 @@ pub struct RankTimes {
     pub iters: Vec<f64>,
     /// Per task (start, end) in ms from the iteration start, when asked.
     pub tasks: Vec<(f64, f64)>,
+    /// Per timed iteration, host µs this thread spent issuing the plan: every
+    /// launch, copy, event record and cross-rank wait, from the start event
+    /// to the end event (no CUDA graphs).
+    pub host_us: Vec<f64>,
 }
 
 /// Bounds-checked device address of a view's first element, and its pitch in bytes.
@@ -855,6 +859,7 @@ pub fn run_rank(
     })();
     sh.start.wait();
     let (starts, ends, task_ev, go, stream_done) = prep?;
+    let mut host_us = Vec::with_capacity(spec.timed);
     for it in 0..total {
         let iter = first_iter + it as u64;
         let control = rank.control.clone();
@@ -872,6 +877,7 @@ pub fn run_rank(
             }
         }
         let timed_slot = it.checked_sub(spec.warmup);
+        let issue_start = std::time::Instant::now();
         if let Some(k) = timed_slot {
             starts[k].record(&control).map_err(drv("cuEventRecord"))?;
         }
@@ -914,6 +920,9 @@ pub fn run_rank(
         }
         if let Some(k) = timed_slot {
             ends[k].record(&control).map_err(drv("cuEventRecord"))?;
+            if k < spec.timed {
+                host_us.push(issue_start.elapsed().as_secs_f64() * 1e6);
+            }
         }
         sh.sync.record(
             Point {
@@ -925,7 +934,10 @@ pub fn run_rank(
         )?;
     }
     rank.synchronize()?;
-    let mut out = RankTimes::default();
+    let mut out = RankTimes {
+        host_us,
+        ..RankTimes::default()
+    };
     for k in 0..spec.timed {
         out.iters.push(
             starts[k]
