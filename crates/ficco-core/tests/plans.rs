@@ -226,3 +226,20 @@ fn interpreter_exposes_a_wrong_plan() {
     let got = interpret(&p, &inputs).unwrap();
     assert_ne!(got, reference(&problem, &inputs));
 }
+
+/// With one peer, `ring` and `all` are the same schedule: they must lower to
+/// one plan (explore then measures it once); with more peers they differ.
+#[test]
+fn ring_and_all_lower_to_one_plan_exactly_when_there_is_one_peer() {
+    for op in Op::ALL {
+        for gpus in [2usize, 4, 8] {
+            let p = Problem::new(op, 8192, 8192, 8192, gpus).unwrap();
+            for gran in ["shard", "bulk", "fine4"] {
+                let ring: Schedule = format!("{gran}-copy-ring").parse().unwrap();
+                let all: Schedule = format!("{gran}-copy-all").parse().unwrap();
+                let (a, b) = (lower(&p, &ring).unwrap(), lower(&p, &all).unwrap());
+                assert_eq!(a.ranks == b.ranks, gpus == 2, "{op:?} {gran} P={gpus}");
+            }
+        }
+    }
+}
