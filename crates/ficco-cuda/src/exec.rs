@@ -527,6 +527,39 @@ pub fn precheck(plan: &Plan, ptrs: &[Vec<u64>]) -> Result<()> {
     Ok(())
 }
 
+/// The tasks whose completion another stream waits for. Dependencies on an
+/// earlier task of the same stream are already kept by stream order, so
+/// neither their record nor their wait is issued: each costs host time on
+/// every launch of the plan.
+pub fn cross_stream_points(plan: &Plan) -> Vec<Vec<bool>> {
+    let mut out: Vec<Vec<bool>> = plan
+        .ranks
+        .iter()
+        .map(|rp| vec![false; rp.tasks.len()])
+        .collect();
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for t in &rp.tasks {
+            for d in &t.deps {
+                if !same_stream(plan, r, t.stream, d.rank, d.index) {
+                    if let Some(x) = out.get_mut(d.rank).and_then(|v| v.get_mut(d.index)) {
+                        *x = true;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Task `index` of rank `dep_rank` runs on stream `stream` of rank `rank`.
+fn same_stream(plan: &Plan, rank: usize, stream: usize, dep_rank: usize, index: usize) -> bool {
+    dep_rank == rank
+        && plan.ranks[rank]
+            .tasks
+            .get(index)
+            .is_some_and(|t| t.stream == stream)
+}
+
 /// Everything the rank threads share for one run.
 pub struct Shared<'a> {
     pub plan: &'a Plan,
@@ -537,6 +570,9 @@ pub struct Shared<'a> {
     pub sync: &'a dyn CrossRankSync,
     /// Each rank's communicator for this plan (its NCCL limits).
     pub comms: &'a [CommHandle],
+    /// Per rank per task: another stream (of any rank) waits for it, so its
+    /// completion must be recorded. See [`cross_stream_points`].
+    pub recorded: &'a [Vec<bool>],
     pub spec: RunSpec,
     /// Every rank thread passes it once its events exist.
     pub start: &'a std::sync::Barrier,
@@ -890,7 +926,10 @@ pub fn run_rank(
             let stream = streams.get(task.stream).ok_or_else(|| {
                 CudaError::Plan(format!("task {i} of rank {r} names stream {}", task.stream))
             })?;
-            for d in &task.deps {
+            for d in task.deps.iter().filter(|d| {
+                // Stream order already keeps a dependency on the same stream.
+                !same_stream(sh.plan, r, task.stream, d.rank, d.index)
+            }) {
                 sh.sync.wait(
                     stream,
                     Point {
@@ -912,7 +951,15 @@ pub fn run_rank(
             if in_timeline {
                 task_ev[i].1.record(stream).map_err(drv("cuEventRecord"))?;
             }
-            sh.sync.record(Point { rank: r, index: i }, stream, iter)?;
+            let waited_on = sh
+                .recorded
+                .get(r)
+                .and_then(|v| v.get(i))
+                .copied()
+                .unwrap_or(true);
+            if waited_on {
+                sh.sync.record(Point { rank: r, index: i }, stream, iter)?;
+            }
         }
         for (s, ev) in streams.iter().zip(&stream_done) {
             ev.record(s).map_err(drv("cuEventRecord"))?;
@@ -1019,7 +1066,9 @@ pub fn run_plan(
     let start = std::sync::Barrier::new(ranks.len());
     let points: Vec<usize> = plan.ranks.iter().map(|rp| rp.tasks.len() + 1).collect();
     let sync = InProcessSync::new(&ctxs, &points)?;
+    let recorded = cross_stream_points(plan);
     let sh = Shared {
+        recorded: &recorded,
         plan,
         ptrs,
         ctxs: &ctxs,
@@ -1155,5 +1204,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every task another stream waits for is recorded; tasks only their own
+    /// stream follows are not (fine-grained plans have many of those).
+    #[test]
+    fn only_cross_stream_dependencies_are_recorded() {
+        let mut skipped = 0;
+        for gpus in [2, 4, 8] {
+            for op in Op::ALL {
+                let problem = Problem::new(op, 4096, 1024, 1024, gpus).expect("problem");
+                for s in enumerate(op, SpaceOptions::default()) {
+                    let Ok(plan) = lower(&problem, &s) else {
+                        continue;
+                    };
+                    let rec = super::cross_stream_points(&plan);
+                    for (r, rp) in plan.ranks.iter().enumerate() {
+                        for t in &rp.tasks {
+                            for d in &t.deps {
+                                let producer = &plan.ranks[d.rank].tasks[d.index];
+                                let cross = d.rank != r || producer.stream != t.stream;
+                                assert!(!cross || rec[d.rank][d.index], "{}", plan.name);
+                            }
+                        }
+                        skipped += rec[r].iter().filter(|x| !**x).count();
+                    }
+                }
+            }
+        }
+        assert!(skipped > 0);
     }
 }

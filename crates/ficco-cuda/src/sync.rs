@@ -16,13 +16,16 @@
 //! which it does after issuing all its waits of iteration i+1.
 //!
 //! [`CrossRankSync`] is the one seam for this. [`InProcessSync`] implements it
-//! for one process driving every GPU (events shared between threads, a
-//! condition variable for generations). A later backend with one process per
-//! rank implements it with IPC event handles and signal flags.
+//! for one process driving every GPU (events shared between threads, one
+//! atomic generation per point that waiters spin on: a condition variable's
+//! wake-up costs tens of µs per cross-rank dependency, which made launching a
+//! fine-grained plan slower than running it). A later backend with one
+//! process per rank implements it with IPC event handles and signal flags.
 
 use crate::error::{drv, CudaError, Result};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A point of a rank's iteration: task `index` done, or, for
 /// `index == tasks.len()`, the end of the rank's iteration.
@@ -44,19 +47,19 @@ pub trait CrossRankSync: Send + Sync {
     fn abort(&self);
 }
 
-struct State {
-    /// Generation last recorded, per rank per point; 0 = never.
-    gens: Vec<Vec<u64>>,
-    aborted: bool,
-}
-
 /// Events shared between the host threads of one process.
 pub struct InProcessSync {
     /// events[rank][point][iteration parity]
     events: Vec<Vec<[CudaEvent; 2]>>,
-    state: Mutex<State>,
-    cv: Condvar,
+    /// Generation last recorded, per rank per point; 0 = never. Published
+    /// with release ordering after the event record, read with acquire.
+    gens: Vec<Vec<AtomicU64>>,
+    aborted: AtomicBool,
 }
+
+/// Spins before yielding the core: waits are short (another thread is
+/// issuing the producer right now) and every rank has its own core.
+const SPINS_BEFORE_YIELD: u32 = 1 << 14;
 
 impl InProcessSync {
     /// One event per point: `points[r]` points on rank `r` (tasks + 1 for the end).
@@ -74,11 +77,11 @@ impl InProcessSync {
         }
         Ok(InProcessSync {
             events,
-            state: Mutex::new(State {
-                gens: points.iter().map(|&n| vec![0; n]).collect(),
-                aborted: false,
-            }),
-            cv: Condvar::new(),
+            gens: points
+                .iter()
+                .map(|&n| (0..n).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+            aborted: AtomicBool::new(false),
         })
     }
 
@@ -89,10 +92,13 @@ impl InProcessSync {
             .map(|pair| &pair[(iter % 2) as usize])
             .ok_or_else(|| CudaError::Plan(format!("dependency on unknown task {p:?}")))
     }
-}
 
-fn poisoned<T>(_: T) -> CudaError {
-    CudaError::Plan("synchronisation state poisoned by a failed rank".into())
+    fn gen(&self, p: Point) -> Result<&AtomicU64> {
+        self.gens
+            .get(p.rank)
+            .and_then(|g| g.get(p.index))
+            .ok_or_else(|| CudaError::Plan(format!("dependency on unknown task {p:?}")))
+    }
 }
 
 impl CrossRankSync for InProcessSync {
@@ -100,30 +106,29 @@ impl CrossRankSync for InProcessSync {
         self.event(point, iter)?
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
-        let mut st = self.state.lock().map_err(poisoned)?;
-        st.gens[point.rank][point.index] = iter;
-        drop(st);
-        self.cv.notify_all();
+        self.gen(point)?.store(iter, Ordering::Release);
         Ok(())
     }
 
     fn wait(&self, stream: &CudaStream, point: Point, iter: u64) -> Result<()> {
         let ev = self.event(point, iter)?;
-        let mut st = self.state.lock().map_err(poisoned)?;
-        while st.gens[point.rank][point.index] < iter {
-            if st.aborted {
+        let gen = self.gen(point)?;
+        let mut spins = 0u32;
+        while gen.load(Ordering::Acquire) < iter {
+            if self.aborted.load(Ordering::Acquire) {
                 return Err(CudaError::Plan("another rank failed".into()));
             }
-            st = self.cv.wait(st).map_err(poisoned)?;
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
-        drop(st);
         stream.wait(ev).map_err(drv("cuStreamWaitEvent"))
     }
 
     fn abort(&self) {
-        if let Ok(mut st) = self.state.lock() {
-            st.aborted = true;
-        }
-        self.cv.notify_all();
+        self.aborted.store(true, Ordering::Release);
     }
 }
