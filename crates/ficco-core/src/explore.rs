@@ -11,6 +11,13 @@
 //! References: `seq` gives T_seq, `gemm-only` T_comp and `comm-only` T_comm.
 //! With a measurer, `prepare` runs once with the seq plan; reference-only
 //! plans are measured unchecked, `seq` and every schedule checked.
+//!
+//! Clocks and power drift over a sweep: one plan timed twice minutes apart
+//! differs by up to ~9% on H200 (measured under two names of one plan). So
+//! the contenders, every schedule within [`CONTENDER_MARGIN`] of the
+//! fastest, are timed again in [`ExploreOptions::retime_rounds`] rounds,
+//! interleaved and in rotating order, and each keeps the median of its
+//! times. Names that lower to the same plan are measured once.
 
 use crate::error::{Error, Result};
 use crate::lower;
@@ -58,7 +65,12 @@ pub struct ExploreOptions {
     /// With a profile, `selected` is the pick of [`select::DEFAULT_SELECTOR`]
     /// (when that schedule ran); without one, the best by prediction.
     pub select_hw: Option<HwProfile>,
+    /// With a measurer: rounds in which the contenders are timed again.
+    pub retime_rounds: usize,
 }
+
+/// Schedules measured within this fraction of the fastest are re-timed.
+pub const CONTENDER_MARGIN: f64 = 0.10;
 
 impl ExploreOptions {
     pub fn new(hardware: impl Into<String>) -> Self {
@@ -67,6 +79,7 @@ impl ExploreOptions {
             timelines: false,
             lowering: Lowering::STANDARD,
             select_hw: None,
+            retime_rounds: 2,
         }
     }
 }
@@ -105,6 +118,62 @@ pub fn schedules_for(op: Op, space: SpaceOptions, only: &[Schedule]) -> Vec<Sche
 
 fn backend_err(backend: &str, what: &str, e: crate::measure::MeasureError) -> Error {
     Error::Io(format!("{backend} backend: {what}: {e}"))
+}
+
+/// Times every valid schedule within [`CONTENDER_MARGIN`] of the fastest
+/// `rounds` more times, interleaved (round r starts at contender r), and
+/// sets each one's time, and its twins' (`same_plan_as`), to the median of
+/// all its times.
+fn retime_contenders(
+    m: &mut dyn Measurer,
+    rows: &mut [ScheduleResult],
+    ran: &[Option<(Plan, Timeline, Option<Timeline>)>],
+    rounds: usize,
+) -> std::result::Result<(), crate::measure::MeasureError> {
+    let time = |r: &ScheduleResult| r.time_ms.filter(|_| r.is_valid());
+    let Some(best) = rows.iter().filter_map(time).min_by(f64::total_cmp) else {
+        return Ok(());
+    };
+    let contenders: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].name != "seq" && rows[i].same_plan_as.is_none())
+        .filter(|&i| time(&rows[i]).is_some_and(|t| t <= best * (1.0 + CONTENDER_MARGIN)))
+        .filter(|&i| ran.get(i).is_some_and(Option::is_some))
+        .collect();
+    if contenders.len() < 2 || rounds == 0 {
+        return Ok(());
+    }
+    let mut times: Vec<Vec<f64>> = contenders
+        .iter()
+        .map(|&i| time(&rows[i]).into_iter().collect())
+        .collect();
+    for round in 0..rounds {
+        for j in 0..contenders.len() {
+            let c = (round + j) % contenders.len();
+            if let Some(Some((plan, _, _))) = ran.get(contenders[c]) {
+                times[c].push(m.measure(plan, false, false)?.time_ms);
+            }
+        }
+    }
+    for (c, &i) in contenders.iter().enumerate() {
+        let t = median(&mut times[c]);
+        let name = rows[i].name.clone();
+        for row in rows.iter_mut() {
+            if row.name == name || row.same_plan_as.as_deref() == Some(name.as_str()) {
+                row.time_ms = Some(t);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
 }
 
 /// Explores `schedules` on `scenario`; see the module doc.
@@ -205,14 +274,13 @@ pub fn explore(
                 continue;
             }
         };
-        // Names that lower to one plan (e.g. `ring` and `all` with a single
-        // peer) are one schedule: measure it once, so run-to-run noise cannot
+        // Names that lower to one plan (e.g. `shard`/`bulk` and `ring`/`all`
+        // with a single peer) are one schedule: measure it once, so run-to-run noise cannot
         // rank a plan against itself.
-        let twin = ran.iter().enumerate().find_map(|(i, r)| {
-            r.as_ref()
-                .filter(|(p, _, _)| p.ranks == plan.ranks && p.resources == plan.resources)
-                .map(|_| i)
-        });
+        let twin = ran
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().filter(|(p, _, _)| p.same_work(&plan)).map(|_| i));
         let row = match (twin, measurer.as_deref_mut()) {
             (Some(i), _) => {
                 let first = &report.schedules[i];
@@ -240,6 +308,10 @@ pub fn explore(
         let ok = row.skipped.is_none();
         report.schedules.push(row);
         ran.push(ok.then_some((plan, pred, None)));
+    }
+    if let Some(m) = measurer.as_deref_mut() {
+        retime_contenders(m, &mut report.schedules, &ran, opts.retime_rounds)
+            .map_err(|e| backend_err(&backend, "re-timing the contenders", e))?;
     }
     if let Some(m) = measurer.as_deref_mut() {
         // Clocks drift over a sweep: measure the references again after the

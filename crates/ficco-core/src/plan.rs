@@ -269,4 +269,22 @@ impl Plan {
     pub fn task_count(&self) -> usize {
         self.ranks.iter().map(|r| r.tasks.len()).sum()
     }
+
+    /// The two plans do the same work in the same order on the same streams
+    /// and resources: equal but for names and task labels (e.g. `shard` and
+    /// `bulk` with one peer). An executor runs them identically.
+    pub fn same_work(&self, other: &Plan) -> bool {
+        self.problem == other.problem
+            && self.resources == other.resources
+            && self.ranks.len() == other.ranks.len()
+            && self.ranks.iter().zip(&other.ranks).all(|(a, b)| {
+                a.buffers == b.buffers
+                    && a.streams == b.streams
+                    && a.tasks.len() == b.tasks.len()
+                    && a.tasks
+                        .iter()
+                        .zip(&b.tasks)
+                        .all(|(x, y)| x.stream == y.stream && x.kind == y.kind && x.deps == y.deps)
+            })
+    }
 }

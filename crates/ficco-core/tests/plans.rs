@@ -227,19 +227,25 @@ fn interpreter_exposes_a_wrong_plan() {
     assert_ne!(got, reference(&problem, &inputs));
 }
 
-/// With one peer, `ring` and `all` are the same schedule: they must lower to
-/// one plan (explore then measures it once); with more peers they differ.
+/// With one peer, `ring` and `all`, and `shard` and `bulk`, are the same
+/// schedule: they must lower to one plan (explore then measures it once);
+/// with more peers they differ.
 #[test]
-fn ring_and_all_lower_to_one_plan_exactly_when_there_is_one_peer() {
+fn ring_and_all_shard_and_bulk_are_one_plan_exactly_when_there_is_one_peer() {
     for op in Op::ALL {
         for gpus in [2usize, 4, 8] {
             let p = Problem::new(op, 8192, 8192, 8192, gpus).unwrap();
+            let plan = |name: &str| lower(&p, &name.parse().unwrap()).unwrap();
             for gran in ["shard", "bulk", "fine4"] {
-                let ring: Schedule = format!("{gran}-copy-ring").parse().unwrap();
-                let all: Schedule = format!("{gran}-copy-all").parse().unwrap();
-                let (a, b) = (lower(&p, &ring).unwrap(), lower(&p, &all).unwrap());
-                assert_eq!(a.ranks == b.ranks, gpus == 2, "{op:?} {gran} P={gpus}");
+                let (a, b) = (
+                    plan(&format!("{gran}-copy-ring")),
+                    plan(&format!("{gran}-copy-all")),
+                );
+                assert_eq!(a.same_work(&b), gpus == 2, "{op:?} {gran} P={gpus}");
             }
+            let (a, b) = (plan("shard-copy-ring"), plan("bulk-copy-ring"));
+            assert_eq!(a.same_work(&b), gpus == 2, "{op:?} shard/bulk P={gpus}");
+            assert!(!a.same_work(&plan("fine2-copy-ring")));
         }
     }
 }

@@ -358,8 +358,79 @@ fn names_lowering_to_one_plan_are_measured_once() {
     assert_eq!(r.launch_us(), Some((12.0, 12.0)));
     let table = r.table();
     assert!(table.contains("(same plan as shard-copy-ring)"), "{table}");
-    assert!(table.contains("# host launch per operator (no CUDA graphs): median 12.0 us"), "{table}");
+    assert!(
+        table.contains("# host launch per operator (no CUDA graphs): median 12.0 us"),
+        "{table}"
+    );
     let json = serde_json::to_value(&r).unwrap();
     assert_eq!(json["schedules"][2]["same_plan_as"], "shard-copy-ring");
     assert!(json["schedules"][3].get("same_plan_as").is_none());
+}
+
+/// Returns, per plan name, the next of a list of times (the last repeats).
+struct Drifting {
+    times: HashMap<String, Vec<f64>>,
+    calls: HashMap<String, usize>,
+}
+
+impl Measurer for Drifting {
+    fn backend(&self) -> &str {
+        "gpu"
+    }
+    fn device(&self) -> String {
+        "drifting".into()
+    }
+    fn prepare(&mut self, _: &Plan) -> Result<(), MeasureError> {
+        Ok(())
+    }
+    fn measure(&mut self, plan: &Plan, check: bool, _: bool) -> Result<Measured, MeasureError> {
+        let n = self.calls.entry(plan.name.clone()).or_default();
+        let list = self.times.get(&plan.name).cloned().unwrap_or(vec![5.0]);
+        let time_ms = list[(*n).min(list.len() - 1)];
+        *n += 1;
+        Ok(Measured {
+            time_ms,
+            max_rel_err: check.then_some(1e-3),
+            correct: true,
+            timeline: None,
+            launch_us: None,
+        })
+    }
+}
+
+#[test]
+fn contenders_are_retimed_and_keep_their_median() {
+    let times = HashMap::from([
+        // A lucky first sample, then its usual 1.2 ms.
+        ("shard-copy-ring".to_string(), vec![1.0, 1.2, 1.2]),
+        // Unlucky first, then 1.1 ms.
+        ("shard-copy-all".to_string(), vec![1.08, 1.1, 1.1]),
+        // Far behind: measured once.
+        ("shard-nccl-ring".to_string(), vec![2.0]),
+    ]);
+    let mut m = Drifting {
+        times,
+        calls: HashMap::new(),
+    };
+    let schedules: Vec<Schedule> = [
+        "seq",
+        "shard-copy-ring",
+        "shard-copy-all",
+        "shard-nccl-ring",
+    ]
+    .iter()
+    .map(|s| sched(s))
+    .collect();
+    let predict = table_predict(HashMap::new());
+    let opts = ExploreOptions::new("hw");
+    assert_eq!(opts.retime_rounds, 2);
+    let r = explore(&scenario(), &schedules, &predict, Some(&mut m), &opts)
+        .unwrap()
+        .report;
+    assert_eq!(r.row("shard-copy-ring").unwrap().time_ms, Some(1.2));
+    assert_eq!(r.row("shard-copy-all").unwrap().time_ms, Some(1.1));
+    assert_eq!(r.row("shard-nccl-ring").unwrap().time_ms, Some(2.0));
+    assert_eq!(r.best.as_deref(), Some("shard-copy-all"));
+    assert_eq!(m.calls["shard-copy-ring"], 3);
+    assert_eq!(m.calls["shard-nccl-ring"], 1);
 }
