@@ -16,8 +16,11 @@
 //! differs by up to ~9% on H200 (measured under two names of one plan). So
 //! the contenders, every schedule within [`CONTENDER_MARGIN`] of the
 //! fastest, are timed again in [`ExploreOptions::retime_rounds`] rounds,
-//! interleaved and in rotating order, and each keeps the median of its
-//! times. Names that lower to the same plan are measured once.
+//! interleaved and in rotating order, after the sweep; the references (seq,
+//! GEMM alone, collective alone) as many times again. Every one of them keeps
+//! the fastest of its 1 + rounds medians: one estimator for all, so neither
+//! the references nor the schedules are favoured. Names that lower to the
+//! same plan are measured once.
 
 use crate::error::{Error, Result};
 use crate::lower;
@@ -122,8 +125,8 @@ fn backend_err(backend: &str, what: &str, e: crate::measure::MeasureError) -> Er
 
 /// Times every valid schedule within [`CONTENDER_MARGIN`] of the fastest
 /// `rounds` more times, interleaved (round r starts at contender r), and
-/// sets each one's time, and its twins' (`same_plan_as`), to the median of
-/// all its times.
+/// sets each one's time, and its twins' (`same_plan_as`), to the fastest of
+/// all its times (`seq` is re-timed with the references).
 fn retime_contenders(
     m: &mut dyn Measurer,
     rows: &mut [ScheduleResult],
@@ -155,7 +158,7 @@ fn retime_contenders(
         }
     }
     for (c, &i) in contenders.iter().enumerate() {
-        let t = median(&mut times[c]);
+        let t = times[c].iter().copied().fold(f64::INFINITY, f64::min);
         let name = rows[i].name.clone();
         for row in rows.iter_mut() {
             if row.name == name || row.same_plan_as.as_deref() == Some(name.as_str()) {
@@ -164,16 +167,6 @@ fn retime_contenders(
         }
     }
     Ok(())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
 }
 
 /// Explores `schedules` on `scenario`; see the module doc.
@@ -314,13 +307,18 @@ pub fn explore(
             .map_err(|e| backend_err(&backend, "re-timing the contenders", e))?;
     }
     if let Some(m) = measurer.as_deref_mut() {
-        // Clocks drift over a sweep: measure the references again after the
-        // schedules and keep the faster of the two medians of each. That can
-        // only lower T_seq and T_ideal, so E and speedups stay conservative.
+        // The references again, as often as the contenders (module doc):
+        // each keeps the fastest of its medians.
         let again = |m: &mut dyn Measurer, plan: &Plan, what: &str| {
-            m.measure(plan, false, false)
-                .map(|x| x.time_ms)
-                .map_err(|e| backend_err(&backend, what, e))
+            let mut best = f64::INFINITY;
+            for _ in 0..opts.retime_rounds.max(1) {
+                let t = m
+                    .measure(plan, false, false)
+                    .map(|x| x.time_ms)
+                    .map_err(|e| backend_err(&backend, what, e))?;
+                best = best.min(t);
+            }
+            Ok::<f64, Error>(best)
         };
         let seq = again(m, &seq_plan, "re-measuring seq")?;
         let comp = again(m, &gemm_plan, "re-measuring gemm-only")?;

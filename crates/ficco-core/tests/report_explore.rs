@@ -399,12 +399,15 @@ impl Measurer for Drifting {
 }
 
 #[test]
-fn contenders_are_retimed_and_keep_their_median() {
+fn contenders_are_retimed_and_keep_their_fastest() {
     let times = HashMap::from([
-        // A lucky first sample, then its usual 1.2 ms.
-        ("shard-copy-ring".to_string(), vec![1.0, 1.2, 1.2]),
-        // Unlucky first, then 1.1 ms.
-        ("shard-copy-all".to_string(), vec![1.08, 1.1, 1.1]),
+        // Slow at first (a clock dip), then 1.0 ms.
+        ("shard-copy-ring".to_string(), vec![1.09, 1.0, 1.05]),
+        // Steady at 1.02 ms.
+        ("shard-copy-all".to_string(), vec![1.02]),
+        // seq: slow at first, then 1.5; gemm-only 0.8 then 0.7.
+        ("seq".to_string(), vec![1.6, 1.5]),
+        ("gemm-only".to_string(), vec![0.8, 0.7]),
         // Far behind: measured once.
         ("shard-nccl-ring".to_string(), vec![2.0]),
     ]);
@@ -427,10 +430,15 @@ fn contenders_are_retimed_and_keep_their_median() {
     let r = explore(&scenario(), &schedules, &predict, Some(&mut m), &opts)
         .unwrap()
         .report;
-    assert_eq!(r.row("shard-copy-ring").unwrap().time_ms, Some(1.2));
-    assert_eq!(r.row("shard-copy-all").unwrap().time_ms, Some(1.1));
+    assert_eq!(r.row("shard-copy-ring").unwrap().time_ms, Some(1.0));
+    assert_eq!(r.row("shard-copy-all").unwrap().time_ms, Some(1.02));
     assert_eq!(r.row("shard-nccl-ring").unwrap().time_ms, Some(2.0));
-    assert_eq!(r.best.as_deref(), Some("shard-copy-all"));
+    assert_eq!(r.best.as_deref(), Some("shard-copy-ring"));
     assert_eq!(m.calls["shard-copy-ring"], 3);
     assert_eq!(m.calls["shard-nccl-ring"], 1);
+    // The references: 1 + 2 measurements each (seq also once more, checked).
+    assert_eq!(m.calls["gemm-only"], 3);
+    assert_eq!(r.reference.sequential_ms, 1.5);
+    assert_eq!(r.row("seq").unwrap().time_ms, Some(1.5));
+    assert_eq!(r.reference.compute_ms, 0.7);
 }
