@@ -138,6 +138,45 @@ fn evaluate_saves_what_it_measured_in_the_explore_schema() {
     assert_eq!(head(&again), head(&out));
 }
 
+/// The figures `bench/RESULTS.md` reports for the current code (run 7).
+#[test]
+fn offline_evaluate_reproduces_run_7() {
+    let d = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/bench/data/2026-11-21-h200x4-run7"
+    );
+    let files = format!("{d}/ficco-p2.json,{d}/ficco-p4.json");
+    let out = ficco(&[
+        "evaluate",
+        "--measured",
+        &files,
+        "--holdout",
+        "llama3-70b",
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rules = |subset: &str| -> serde_json::Value {
+        v["subsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["subset"] == subset)
+            .unwrap()["selectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["selector"] == "rules")
+            .unwrap()
+            .clone()
+    };
+    assert!((rules("all")["accuracy"].as_f64().unwrap() - 57.0 / 60.0).abs() < 1e-9);
+    assert!((rules("holdout")["accuracy"].as_f64().unwrap() - 28.0 / 30.0).abs() < 1e-9);
+    let mape = v["subsets"][0]["sim"]["mape"].as_f64().unwrap();
+    assert!(mape < 0.10, "{mape}");
+}
+
 #[test]
 fn offline_evaluate_reproduces_the_reported_numbers() {
     let d = concat!(
