@@ -138,12 +138,28 @@ fn evaluate_saves_what_it_measured_in_the_explore_schema() {
     assert_eq!(head(&again), head(&out));
 }
 
-/// The figures `bench/RESULTS.md` reports for the current code (run 7).
-#[test]
-fn offline_evaluate_reproduces_run_7() {
-    let d = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/bench/data/2026-11-21-h200x4-run7"
+/// `accuracy` of `selector` on `subset` in `ficco evaluate --json` output.
+fn accuracy(v: &serde_json::Value, subset: &str, selector: &str) -> f64 {
+    v["subsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["subset"] == subset)
+        .unwrap()["selectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["selector"] == selector)
+        .unwrap()["accuracy"]
+        .as_f64()
+        .unwrap()
+}
+
+/// `ficco evaluate --measured` on both GPU counts of a 4x H200 run, llama3-70b held out.
+fn evaluate_run(run: &str) -> serde_json::Value {
+    let d = format!(
+        "{}/bench/data/2026-11-21-h200x4-{run}",
+        env!("CARGO_MANIFEST_DIR")
     );
     let files = format!("{d}/ficco-p2.json,{d}/ficco-p4.json");
     let out = ficco(&[
@@ -156,60 +172,23 @@ fn offline_evaluate_reproduces_run_7() {
         "-",
     ]);
     assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rules = |subset: &str| -> serde_json::Value {
-        v["subsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["subset"] == subset)
-            .unwrap()["selectors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["selector"] == "rules")
-            .unwrap()
-            .clone()
-    };
-    assert!((rules("all")["accuracy"].as_f64().unwrap() - 57.0 / 60.0).abs() < 1e-9);
-    assert!((rules("holdout")["accuracy"].as_f64().unwrap() - 28.0 / 30.0).abs() < 1e-9);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The figures `bench/RESULTS.md` reports for the current code (run 7).
+#[test]
+fn offline_evaluate_reproduces_run_7() {
+    let v = evaluate_run("run7");
+    assert!((accuracy(&v, "all", "rules") - 57.0 / 60.0).abs() < 1e-9);
+    assert!((accuracy(&v, "holdout", "rules") - 28.0 / 30.0).abs() < 1e-9);
     let mape = v["subsets"][0]["sim"]["mape"].as_f64().unwrap();
     assert!(mape < 0.10, "{mape}");
 }
 
 #[test]
 fn offline_evaluate_reproduces_the_reported_numbers() {
-    let d = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/bench/data/2026-11-21-h200x4-run3"
-    );
-    let files = format!("{d}/ficco-p2.json,{d}/ficco-p4.json");
-    let out = ficco(&[
-        "evaluate",
-        "--measured",
-        &files,
-        "--holdout",
-        "llama3-70b",
-        "--json",
-        "-",
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let score = |subset: &str, sel: &str| -> f64 {
-        v["subsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["subset"] == subset)
-            .unwrap()["selectors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["selector"] == sel)
-            .unwrap()["accuracy"]
-            .as_f64()
-            .unwrap()
-    };
+    let v = evaluate_run("run3");
+    let score = |subset: &str, sel: &str| accuracy(&v, subset, sel);
     assert!((score("all", "rules") - 58.0 / 60.0).abs() < 1e-9);
     assert!((score("holdout", "rules") - 28.0 / 30.0).abs() < 1e-9);
     assert!((score("rest", "rules") - 1.0).abs() < 1e-9);
@@ -217,13 +196,11 @@ fn offline_evaluate_reproduces_the_reported_numbers() {
     let mape = v["subsets"][0]["sim"]["mape"].as_f64().unwrap();
     assert!(mape < 0.10, "{mape}");
     // A holdout that matches nothing is an error.
-    one_line_error(&ficco(&[
-        "evaluate",
-        "--measured",
-        &files,
-        "--holdout",
-        "gpt5",
-    ]));
+    let f = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/bench/data/2026-11-21-h200x4-run3/ficco-p2.json"
+    );
+    one_line_error(&ficco(&["evaluate", "--measured", f, "--holdout", "gpt5"]));
 }
 
 #[test]
