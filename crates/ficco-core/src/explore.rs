@@ -268,8 +268,8 @@ pub fn explore(
             }
         };
         // Names that lower to one plan (e.g. `shard`/`bulk` and `ring`/`all`
-        // with a single peer) are one schedule: measure it once, so run-to-run noise cannot
-        // rank a plan against itself.
+        // with a single peer) are one schedule: measure it once, so run-to-run
+        // noise cannot rank a plan against itself.
         let twin = ran
             .iter()
             .enumerate()
@@ -305,8 +305,6 @@ pub fn explore(
     if let Some(m) = measurer.as_deref_mut() {
         retime_contenders(m, &mut report.schedules, &ran, opts.retime_rounds)
             .map_err(|e| backend_err(&backend, "re-timing the contenders", e))?;
-    }
-    if let Some(m) = measurer.as_deref_mut() {
         // The references again, as often as the contenders (module doc):
         // each keeps the fastest of its medians.
         let again = |m: &mut dyn Measurer, plan: &Plan, what: &str| {
