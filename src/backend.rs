@@ -2,10 +2,10 @@
 //! only place the CLI touches the simulator and the GPU backend.
 
 use anyhow::{anyhow, Result};
-use ficco_core::measure::{MeasureError, Measured, Measurer};
 use ficco_core::plan::Plan;
-use ficco_core::profile::HwProfile;
-use ficco_core::timeline::Timeline;
+use ficco_core::run::timeline::Timeline;
+use ficco_core::run::{MeasureError, Measured, Measurer};
+use ficco_core::sim::profile::HwProfile;
 use ficco_cuda::GpuBackend;
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;

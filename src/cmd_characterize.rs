@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use ficco_core::profile::HwProfile;
+use ficco_core::sim::profile::HwProfile;
 use ficco_cuda::characterize::{
     characterize, fit_profile, profile_toml, steps, tables, CharOptions,
 };

@@ -406,7 +406,7 @@ fn schedules_listing_round_trips() {
         assert!(names.len() > 20, "{out}");
         assert_eq!(names[0], "seq");
         for name in &names {
-            let s: ficco_core::schedule::Schedule = name.parse().unwrap();
+            let s: ficco_core::space::Schedule = name.parse().unwrap();
             assert_eq!(&s.name(), name);
         }
         assert!(

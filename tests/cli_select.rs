@@ -44,7 +44,7 @@ fn select_prints_a_fitting_schedule_for_each_selector() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["selector"], sel);
         let name = v["schedule"].as_str().unwrap();
-        let s: ficco_core::schedule::Schedule = name.parse().unwrap();
+        let s: ficco_core::space::Schedule = name.parse().unwrap();
         assert!(s.is_seq() || name.contains("copy") || name.contains("nccl"));
     }
     let out = ficco(&[

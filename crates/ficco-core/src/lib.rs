@@ -1,47 +1,38 @@
 //! ficco-core: the pure core of ficco, with no CUDA in it.
 //!
-//! Data flows workload → schedule → plan → executor (simulated here, or on
-//! GPUs in `ficco-cuda`) → timeline → report.
+//! The folders follow the data path, and each one only uses the ones above it:
 //!
-//! | module | role |
-//! |---|---|
-//! | [`workload`] | operators, problems, scenarios |
-//! | [`schedule`] | the design space and canonical schedule names |
-//! | [`plan`] | the plan IR: buffers, views, streams, tasks, dependencies |
-//! | [`lower`] | schedule + problem → plan |
-//! | [`validate`] | cycles, unordered reads, races |
-//! | [`interp`] | exact CPU interpreter of plans on small integer matrices |
-//! | [`timeline`] | the timeline type shared by simulator and GPU executor |
-//! | [`models`] | model presets expanded into tensor-parallel layer scenarios |
-//! | [`suite`] | suite TOML files → scenarios (+ skipped entries) |
-//! | [`explore`] | the driver: scenario x schedules → predicted/measured report |
-//! | [`report`] | result types, JSON, nccl-tests table, Chrome trace, SVG Gantt, suite summary |
-//! | [`profile`] | hardware profiles (built in, or TOML files) |
-//! | [`cost`] | the cost model: GEMM, NCCL, copy and reduce times |
-//! | [`sim`] | the discrete-event simulator: plan + profile → timeline |
-//! | [`select`] | schedule selection without measuring: model and rule selectors |
-//! | [`tune`] | the autotuning cache of measured winners |
-//! | [`evaluate`] | scoring selectors and the simulator against measured reports |
+//! ```text
+//! problem   what to run: operators, shapes, model presets, suite files
+//!   ↓
+//! space     the design space: schedules and their canonical names
+//!   ↓
+//! plan      a schedule of a problem lowered to the plan IR; one validator,
+//!           one dependency graph, an exact CPU interpreter
+//!   ↓
+//! run       the seam that runs plans: the Backend trait and the Timeline
+//!   ↓       both backends produce
+//! sim       the simulator backend: cost model, hardware profiles, the event
+//!           simulator, calibration from measurements
+//!   ↓
+//! choose    explore (every schedule through a backend), selection (rules,
+//!           model), the tuning cache and its algorithm, evaluation
+//!   ↓
+//! report    the result data model and its exporters: table, summary, JSON,
+//!           Chrome trace, SVG, ablation
+//! ```
+//!
+//! The GPU backend (`ficco-cuda`) is the other implementation of
+//! [`run::Backend`]; it executes the same plans and returns the same
+//! [`run::timeline::Timeline`].
 
-mod concurrent;
-pub mod cost;
+pub mod choose;
 pub mod error;
-pub mod evaluate;
-pub mod explore;
-pub mod interp;
-pub mod lower;
-pub mod measure;
-pub mod models;
 pub mod plan;
-pub mod profile;
+pub mod problem;
 pub mod report;
-pub mod schedule;
-pub mod select;
+pub mod run;
 pub mod sim;
-pub mod suite;
-pub mod timeline;
-pub mod tune;
-pub mod validate;
-pub mod workload;
+pub mod space;
 
 pub use error::{Error, Result};

@@ -5,9 +5,9 @@
 //!
 //! Run with `--nocapture` to see the table.
 
-use ficco_core::cost;
-use ficco_core::profile::HwProfile;
-use ficco_core::workload::{Op, Problem};
+use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::sim::cost;
+use ficco_core::sim::profile::HwProfile;
 use serde::Deserialize;
 
 const ANCHOR: &str = include_str!("../data/anchor-h200x4.jsonl");

@@ -2,13 +2,13 @@
 //! interpreter on the CPU, so the one device call on an 8-GPU machine only
 //! has to measure.
 
-use ficco_core::interp::{interpret, reference, Inputs};
-use ficco_core::lower::{comm_only, gemm_only, lower};
-use ficco_core::profile::HwProfile;
-use ficco_core::schedule::{enumerate, SpaceOptions};
+use ficco_core::plan::interp::{interpret, reference, Inputs};
+use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+use ficco_core::plan::validate::validate;
+use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::simulate;
-use ficco_core::validate::validate;
-use ficco_core::workload::{Op, Problem};
+use ficco_core::space::{enumerate, SpaceOptions};
 
 fn space(hw: &HwProfile) -> SpaceOptions {
     SpaceOptions {
@@ -21,7 +21,7 @@ fn space(hw: &HwProfile) -> SpaceOptions {
 #[test]
 fn the_p8_suite_simulates_every_schedule() {
     let hw = HwProfile::builtin("h200-nvlink").unwrap();
-    let suite = ficco_core::suite::parse(
+    let suite = ficco_core::problem::suite::parse(
         include_str!("../../../suites/llama3-p8.toml"),
         "llama3-p8.toml",
     )

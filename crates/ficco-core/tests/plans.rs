@@ -1,11 +1,11 @@
 //! Every schedule of the design space, lowered for random small shapes, is a
 //! valid plan whose exact interpretation equals the sequential reference.
 
-use ficco_core::interp::{interpret, reference, Inputs};
-use ficco_core::lower::{comm_only, gemm_only, lower};
-use ficco_core::schedule::{enumerate, Schedule, SpaceOptions};
-use ficco_core::validate::validate;
-use ficco_core::workload::{Collective, Op, Problem};
+use ficco_core::plan::interp::{interpret, reference, Inputs};
+use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+use ficco_core::plan::validate::validate;
+use ficco_core::problem::workload::{Collective, Op, Problem};
+use ficco_core::space::{enumerate, Schedule, SpaceOptions};
 use proptest::prelude::*;
 
 fn space() -> SpaceOptions {

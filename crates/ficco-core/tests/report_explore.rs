@@ -1,12 +1,12 @@
 //! The explore driver with a fake predictor and a mock measurer.
 
+use ficco_core::choose::explore::{explore, schedules_for, ExploreOptions, Lowering};
 use ficco_core::error::{Error, Result};
-use ficco_core::explore::{explore, schedules_for, ExploreOptions, Lowering};
-use ficco_core::measure::{MeasureError, Measured, Measurer};
 use ficco_core::plan::{Buffer, BufferRole, Plan, RankPlan};
-use ficco_core::schedule::{Schedule, SpaceOptions};
-use ficco_core::timeline::{Span, Timeline};
-use ficco_core::workload::{Op, Problem, Scenario};
+use ficco_core::problem::workload::{Op, Problem, Scenario};
+use ficco_core::run::timeline::{Span, Timeline};
+use ficco_core::run::{MeasureError, Measured, Measurer};
+use ficco_core::space::{Schedule, SpaceOptions};
 use std::collections::HashMap;
 
 fn scenario() -> Scenario {

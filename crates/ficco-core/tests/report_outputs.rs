@@ -1,11 +1,11 @@
 //! Report outputs: the exact JSON schema, the table, the trace, the SVG and the summary.
 
+use ficco_core::problem::workload::{Op, Problem, Scenario};
 use ficco_core::report::{
     chrome_trace, summarize, svg_gantt, Reference, ScenarioReport, ScheduleResult, SuiteReport,
     TracePanel,
 };
-use ficco_core::timeline::{Span, Timeline};
-use ficco_core::workload::{Op, Problem, Scenario};
+use ficco_core::run::timeline::{Span, Timeline};
 
 fn report(
     name: &str,

@@ -2,10 +2,10 @@
 //! yet, so the simulator is the only check), and tiny, huge and awkward
 //! shapes.
 
-use ficco_core::profile::HwProfile;
-use ficco_core::schedule::{Engine, Schedule};
-use ficco_core::select::{self, Selector};
-use ficco_core::workload::{Op, Problem};
+use ficco_core::choose::select::{self, Selector};
+use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::sim::profile::HwProfile;
+use ficco_core::space::{Engine, Schedule};
 
 fn hw() -> HwProfile {
     HwProfile::builtin("h200-nvlink").unwrap()
@@ -14,7 +14,7 @@ fn hw() -> HwProfile {
 #[test]
 fn rules_are_sensible_on_eight_gpus() {
     let hw = hw();
-    let suite = ficco_core::suite::parse(
+    let suite = ficco_core::problem::suite::parse(
         include_str!("../../../suites/llama3-p8.toml"),
         "llama3-p8.toml",
     )

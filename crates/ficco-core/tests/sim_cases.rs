@@ -1,15 +1,15 @@
 //! The simulator against hand-computed cases on small hand-built plans.
 
-use ficco_core::cost;
 use ficco_core::error::Error;
 use ficco_core::plan::{
     Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task, TaskId,
     TaskKind, View,
 };
-use ficco_core::profile::HwProfile;
-use ficco_core::schedule::Priority;
+use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::sim::cost;
+use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::simulate;
-use ficco_core::workload::{Op, Problem};
+use ficco_core::space::Priority;
 
 const MB: usize = 1 << 20;
 
@@ -283,7 +283,12 @@ fn rendezvous_starts_when_the_late_rank_is_ready() {
     b.push(1, 1, all_reduce(7, bytes), &[g]);
     let tl = simulate(&b.plan(), &hw).unwrap();
     let tg = cost::gemm_ms(&hw, m, k, n, hw.sm_count);
-    let tar = cost::collective_ms(&hw, ficco_core::workload::Collective::AllReduce, bytes, 2);
+    let tar = cost::collective_ms(
+        &hw,
+        ficco_core::problem::workload::Collective::AllReduce,
+        bytes,
+        2,
+    );
     let early = &tl.spans[0];
     let late = &tl.spans[2];
     close(early.start_ms, 0.0, "early rank resident at once");

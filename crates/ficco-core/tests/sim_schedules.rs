@@ -3,12 +3,12 @@
 //! plan agrees with the cost model and the anchor, and overlap pays where it
 //! should.
 
-use ficco_core::cost;
-use ficco_core::lower::{comm_only, gemm_only, lower};
-use ficco_core::profile::HwProfile;
-use ficco_core::schedule::{enumerate, Schedule, SpaceOptions};
+use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::sim::cost;
+use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::simulate;
-use ficco_core::workload::{Op, Problem};
+use ficco_core::space::{enumerate, Schedule, SpaceOptions};
 
 fn hw() -> HwProfile {
     HwProfile::builtin("h200-nvlink").unwrap()

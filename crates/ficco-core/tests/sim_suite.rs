@@ -4,11 +4,11 @@
 //! builds it must take under 5 s (`cargo test --release -p ficco-core --test
 //! sim_suite -- --nocapture`).
 
-use ficco_core::lower::{comm_only, gemm_only, lower};
-use ficco_core::profile::HwProfile;
-use ficco_core::schedule::{enumerate, SpaceOptions};
+use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+use ficco_core::problem::workload::{Problem, Scenario};
+use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::simulate;
-use ficco_core::workload::{Problem, Scenario};
+use ficco_core::space::{enumerate, SpaceOptions};
 use serde::Deserialize;
 use std::time::Instant;
 

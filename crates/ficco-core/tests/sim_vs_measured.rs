@@ -26,10 +26,10 @@
 //! bench/data/2026-11-21-h200x4-run4/ficco-p2.json,bench/data/2026-11-21-h200x4-run4/ficco-p4.json
 //! --holdout llama3-70b` (likewise for run 3 and the 2x H200 file).
 
-use ficco_core::evaluate::{evaluate, Evaluation};
-use ficco_core::profile::HwProfile;
+use ficco_core::choose::evaluate::{evaluate, Evaluation};
+use ficco_core::choose::select::{Selector, DEFAULT_SELECTOR};
 use ficco_core::report::{ScenarioReport, SuiteReport};
-use ficco_core::select::{Selector, DEFAULT_SELECTOR};
+use ficco_core::sim::profile::HwProfile;
 use std::sync::OnceLock;
 
 const RUN3: [&str; 2] = [

@@ -1,14 +1,14 @@
-//! [`GpuBackend`]: opens the GPUs and implements `ficco_core::measure::Measurer`.
+//! [`GpuBackend`]: opens the GPUs and implements `ficco_core::run::Measurer`.
 
 use crate::error::{drv, CudaError, Result};
 use crate::exec::{self, init_comms, Rank, RunSpec};
 use crate::info::{self, SystemInfo};
 use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer};
 use cudarc::driver::CudaContext;
-use ficco_core::measure::{MeasureError, Measured, Measurer};
 use ficco_core::plan::{BufferRole, Plan};
-use ficco_core::timeline::{Span, Timeline};
-use ficco_core::workload::{Op, Problem, ELEM_BYTES};
+use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
+use ficco_core::run::timeline::{Span, Timeline};
+use ficco_core::run::{MeasureError, Measured, Measurer};
 
 /// Iteration counts and tolerance of measurements.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -23,15 +23,15 @@
 
 use crate::backend::GpuBackend;
 use crate::error::{CudaError, Result};
-use ficco_core::cost;
 use ficco_core::plan::{
     Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task, TaskId,
     TaskKind, View,
 };
-use ficco_core::profile::{CollectiveParams, Contention, HwProfile};
-use ficco_core::schedule::Priority;
-use ficco_core::timeline::Timeline;
-use ficco_core::workload::{Collective, Op, Problem, ELEM_BYTES};
+use ficco_core::problem::workload::{Collective, Op, Problem, ELEM_BYTES};
+use ficco_core::run::timeline::Timeline;
+use ficco_core::sim::cost;
+use ficco_core::sim::profile::{CollectiveParams, Contention, HwProfile};
+use ficco_core::space::Priority;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -19,8 +19,8 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use cudarc::nccl::sys as nsys;
 use ficco_core::plan::{Buffer, NcclOp, Plan, RankPlan, Resources, StreamRole, TaskKind, View};
-use ficco_core::schedule::Priority;
-use ficco_core::workload::ELEM_BYTES;
+use ficco_core::problem::workload::ELEM_BYTES;
+use ficco_core::space::Priority;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -1170,9 +1170,9 @@ pub fn compare(rank: &Rank, out: u64, reference: u64, n: usize) -> Result<(f64, 
 
 #[cfg(test)]
 mod tests {
-    use ficco_core::lower::{comm_only, gemm_only, lower};
-    use ficco_core::schedule::{enumerate, SpaceOptions};
-    use ficco_core::workload::{Op, Problem};
+    use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+    use ficco_core::problem::workload::{Op, Problem};
+    use ficco_core::space::{enumerate, SpaceOptions};
 
     /// Every lowered plan passes the executor's host-side checks (views in
     /// bounds, NCCL views contiguous, sizes consistent). Runs without a GPU.

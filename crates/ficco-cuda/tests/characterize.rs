@@ -1,9 +1,9 @@
 //! The characterization's fitting, on synthetic measurements (no GPU needed):
 //! fits recover known parameters and the written profile loads back.
 
-use ficco_core::cost;
-use ficco_core::profile::HwProfile;
-use ficco_core::workload::Collective;
+use ficco_core::problem::workload::Collective;
+use ficco_core::sim::cost;
+use ficco_core::sim::profile::HwProfile;
 use ficco_cuda::characterize::*;
 
 fn base() -> HwProfile {

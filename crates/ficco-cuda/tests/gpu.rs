@@ -5,14 +5,14 @@
 
 mod common;
 use common::{b2f, f2b, rand, rel_err};
-use ficco_core::lower::{comm_only, gemm_only, lower};
-use ficco_core::measure::Measurer;
+use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{
     Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task, TaskId,
     TaskKind, View,
 };
-use ficco_core::schedule::{enumerate, Priority, Schedule, SpaceOptions};
-use ficco_core::workload::{Collective, Op, Problem};
+use ficco_core::problem::workload::{Collective, Op, Problem};
+use ficco_core::run::Measurer;
+use ficco_core::space::{enumerate, Priority, Schedule, SpaceOptions};
 use ficco_cuda::{CudaError, GpuBackend};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 

@@ -4,7 +4,7 @@
 //!
 //! Every rank's output buffer holds the GEMM results (block g of M rows is
 //! GEMM g) followed by the rank's part of the collective, so one buffer is
-//! checked against [`crate::interp::reference`]. The collective's buffers
+//! checked against [`crate::plan::interp::reference`]. The collective's buffers
 //! are bf16 rows of N elements; with T rows in all and P ranks, a block is
 //! B = T / P rows.
 //!
@@ -22,12 +22,12 @@
 //! Controls (`-smN`, `-gcN`, `-occB`, `-ctaN`, `-hi`) become GEMM task
 //! fields, stream priorities and the plan's [`Resources`].
 
-use crate::lower::{buffer, collective_op, push_task, resources_of, stream};
+use crate::plan::lower::{buffer, collective_op, push_task, resources_of, stream};
 use crate::plan::{
     BufferRole, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec, TaskId, TaskKind, View,
 };
-use crate::schedule::{Engine, Order, Priority, Schedule};
-use crate::workload::{Collective, Problem};
+use crate::problem::workload::{Collective, Problem};
+use crate::space::{Engine, Order, Priority, Schedule};
 
 const A: usize = 0;
 const B: usize = 1;

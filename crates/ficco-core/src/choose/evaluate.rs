@@ -2,18 +2,18 @@
 //! (the oracle): `ficco evaluate`.
 //!
 //! For every scenario the measured best is the fastest valid row. Each
-//! selector ([`crate::select`]) picks a schedule within the design space that
+//! selector ([`crate::choose::select`]) picks a schedule within the design space that
 //! was measured (the model selector among the measured rows, re-simulated
 //! with the given profile; the rules without their fused-reduce rule when no
 //! `-acc` schedule was measured); its slowdown is T_pick / T_best, and it is
 //! *accurate* when the slowdown is at most 1 + [`TOLERANCE`]. The simulator's error is |predicted / measured − 1|
 //! over every valid row, re-simulated with the given profile.
 
+use crate::choose::select::{self, Selector};
 use crate::error::Result;
-use crate::profile::HwProfile;
 use crate::report::ScenarioReport;
-use crate::schedule::Schedule;
-use crate::select::{self, Selector};
+use crate::sim::profile::HwProfile;
+use crate::space::Schedule;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 

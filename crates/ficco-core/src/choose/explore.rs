@@ -22,19 +22,19 @@
 //! the references nor the schedules are favoured. Names that lower to the
 //! same plan are measured once.
 
+use crate::choose::select;
 use crate::error::{Error, Result};
-use crate::lower;
-use crate::measure::{Measured, Measurer};
+use crate::plan::lower;
+use crate::plan::validate;
 use crate::plan::Plan;
-use crate::profile::HwProfile;
+use crate::problem::workload::{Op, Problem, Scenario};
 use crate::report::{Reference, ScenarioReport, ScheduleResult};
-use crate::schedule::{enumerate, Schedule, SpaceOptions};
-use crate::select;
-use crate::timeline::Timeline;
-use crate::validate;
-use crate::workload::{Op, Problem, Scenario};
+use crate::run::timeline::Timeline;
+use crate::run::{Measured, Measurer};
+use crate::sim::profile::HwProfile;
+use crate::space::{enumerate, Schedule, SpaceOptions};
 
-/// How plans are made; [`Lowering::STANDARD`] is [`crate::lower`]. Tests and
+/// How plans are made; [`Lowering::STANDARD`] is [`crate::plan::lower`]. Tests and
 /// experiments can substitute hand-built plans.
 #[derive(Debug, Clone, Copy)]
 pub struct Lowering {
@@ -119,7 +119,7 @@ pub fn schedules_for(op: Op, space: SpaceOptions, only: &[Schedule]) -> Vec<Sche
     out
 }
 
-fn backend_err(backend: &str, what: &str, e: crate::measure::MeasureError) -> Error {
+fn backend_err(backend: &str, what: &str, e: crate::run::MeasureError) -> Error {
     Error::Io(format!("{backend} backend: {what}: {e}"))
 }
 
@@ -132,7 +132,7 @@ fn retime_contenders(
     rows: &mut [ScheduleResult],
     ran: &[Option<(Plan, Timeline, Option<Timeline>)>],
     rounds: usize,
-) -> std::result::Result<(), crate::measure::MeasureError> {
+) -> std::result::Result<(), crate::run::MeasureError> {
     let time = |r: &ScheduleResult| r.time_ms.filter(|_| r.is_valid());
     let Some(best) = rows.iter().filter_map(time).min_by(f64::total_cmp) else {
         return Ok(());

@@ -7,9 +7,9 @@
 //! Memory nothing has written is NaN, so a read of it shows in the output.
 
 use crate::error::{Error, Result};
+use crate::plan::validate::HappensBefore;
 use crate::plan::{BufferRole, NcclOp, Plan, TaskKind, View};
-use crate::validate::HappensBefore;
-use crate::workload::{Op, Problem};
+use crate::problem::workload::{Op, Problem};
 use std::collections::HashSet;
 
 /// A row-major matrix of f64.
@@ -144,11 +144,11 @@ fn concurrent_reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
         }
     }
     let side: Vec<Vec<f64>> = match problem.collective() {
-        crate::workload::Collective::AllReduce => vec![sum; p],
-        crate::workload::Collective::ReduceScatter => (0..p)
+        crate::problem::workload::Collective::AllReduce => vec![sum; p],
+        crate::problem::workload::Collective::ReduceScatter => (0..p)
             .map(|q| sum[q * out_rows * n..(q + 1) * out_rows * n].to_vec())
             .collect(),
-        crate::workload::Collective::AllGather => {
+        crate::problem::workload::Collective::AllGather => {
             let gathered: Vec<f64> = inputs.x.iter().flat_map(|x| x.data.clone()).collect();
             vec![gathered; p]
         }
@@ -200,7 +200,7 @@ fn add(acc: &mut Matrix, x: &Matrix) {
 }
 
 /// Runs `plan` on `inputs`; returns each rank's output buffer. The plan must
-/// be valid ([`crate::validate::validate`]); this only rechecks ordering.
+/// be valid ([`crate::plan::validate::validate`]); this only rechecks ordering.
 pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
     let hb = HappensBefore::build(plan)?;
     let mut mem = Memory(

@@ -24,8 +24,8 @@
 //! - **Sequential reference**: collective then GEMM with no gap between them
 //!   (the GEMM is launched behind the collective on the device).
 
-use crate::profile::HwProfile;
-use crate::workload::{Collective, Op, Problem, ELEM_BYTES};
+use crate::problem::workload::{Collective, Op, Problem, ELEM_BYTES};
+use crate::sim::profile::HwProfile;
 
 const US: f64 = 1e-3;
 

@@ -9,7 +9,7 @@
 //!   dependencies (which may cross ranks) are done. NCCL tasks with the same
 //!   group form one rendezvous: the transfer starts when every member's kernel
 //!   is resident on its GPU, and all members end together.
-//! - **SMs** (per GPU). A GEMM is a pool of tiles (see [`crate::cost`]);
+//! - **SMs** (per GPU). A GEMM is a pool of tiles (see [`crate::sim::cost`]);
 //!   whenever SMs are free it dispatches a wave of `min(free SMs, sm_target -
 //!   SMs it holds, tiles left)` tiles, each held for one tile time. So wave
 //!   and tile quantization fall out of the model, SMs freed mid-wave are
@@ -50,7 +50,7 @@
 //!   (ficco's kernel), and NCCL kernels fit beside its blocks, resident at
 //!   once. Copy engines take no SMs under any control.
 //!
-//! A task that runs alone takes exactly its [`crate::cost`] time, so the
+//! A task that runs alone takes exactly its [`crate::sim::cost`] time, so the
 //! sequential plan (one collective, then one GEMM) simulates to
 //! `cost::problem_seq_ms`.
 //!
@@ -61,12 +61,14 @@
 //! A plan in which some task can never start (a dependency cycle, or a
 //! rendezvous a rank never reaches) is an [`Error::InvalidPlan`] naming it.
 
-use crate::cost;
+pub mod cost;
+pub mod profile;
+
 use crate::error::{Error, Result};
 use crate::plan::{NcclOp, Plan, TaskId, TaskKind};
-use crate::profile::HwProfile;
-use crate::schedule::Priority;
-use crate::timeline::{Span, Timeline};
+use crate::run::timeline::{Span, Timeline};
+use crate::sim::profile::HwProfile;
+use crate::space::Priority;
 use std::collections::HashMap;
 
 const EPS: f64 = 1e-12;

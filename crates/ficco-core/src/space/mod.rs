@@ -22,7 +22,7 @@
 //! pushes and a reduce kernel), each with any of the controls.
 
 use crate::error::{Error, Result};
-use crate::workload::{Op, Problem};
+use crate::problem::workload::{Op, Problem};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;

@@ -32,7 +32,7 @@
 //! [`Error::Suite`] naming the file and the problem.
 
 use crate::error::{Error, Result};
-use crate::workload::{Op, Problem, Scenario};
+use crate::problem::workload::{Op, Problem, Scenario};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
@@ -235,7 +235,7 @@ mod tests {
                 4096,
                 4096,
                 4096,
-                crate::workload::Collective::AllReduce,
+                crate::problem::workload::Collective::AllReduce,
                 268435456,
                 4
             )

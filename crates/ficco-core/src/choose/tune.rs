@@ -8,8 +8,8 @@
 //! included; a stale entry (other device or versions) or a file that does not
 //! parse is reported as one warning line and ignored, never trusted.
 
-use crate::schedule::Schedule;
-use crate::workload::{Op, Problem};
+use crate::problem::workload::{Op, Problem};
+use crate::space::Schedule;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

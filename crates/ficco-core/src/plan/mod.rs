@@ -10,8 +10,12 @@
 //! The simulator, the CPU interpreter and the GPU executor all consume this
 //! type, which is what makes predicted and measured timelines line up.
 
-use crate::schedule::{Priority, Schedule};
-use crate::workload::{Collective, Problem, ELEM_BYTES};
+pub mod interp;
+pub mod lower;
+pub mod validate;
+
+use crate::problem::workload::{Collective, Problem, ELEM_BYTES};
+use crate::space::{Priority, Schedule};
 use serde::{Deserialize, Serialize};
 
 /// Index of a buffer within its rank's plan.

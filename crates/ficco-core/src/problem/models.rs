@@ -31,7 +31,7 @@
 //! expert parallelism (`a2a-gemm`) are not modelled here.
 
 use crate::error::{Error, Result};
-use crate::workload::{Op, Problem, Scenario};
+use crate::problem::workload::{Op, Problem, Scenario};
 use serde::{Deserialize, Serialize};
 
 /// The sizes of a model that decide its tensor-parallel GEMM shapes.
@@ -205,11 +205,11 @@ impl ModelSpec {
 mod tests {
     use super::*;
 
-    const SUITE: &str = include_str!("../../../suites/llama3.toml");
+    const SUITE: &str = include_str!("../../../../suites/llama3.toml");
 
     #[test]
     fn presets_reproduce_every_suite_scenario() {
-        let suite = crate::suite::parse(SUITE, "suites/llama3.toml").unwrap();
+        let suite = crate::problem::suite::parse(SUITE, "suites/llama3.toml").unwrap();
         assert_eq!(suite.scenarios.len(), 60);
         for sc in &suite.scenarios {
             // MODEL.LAYER.tT.pP

@@ -20,13 +20,15 @@
 //! another rank always names a task created earlier: issuing tasks in plan
 //! order on every rank can never wait for a task that is issued later.
 
+mod concurrent;
+
 use crate::error::{Error, Result};
 use crate::plan::{
     BufId, Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec,
     Task, TaskId, TaskKind, View,
 };
-use crate::schedule::{Engine, Granularity, Order, Priority, Schedule};
-use crate::workload::{Collective, Op, Problem};
+use crate::problem::workload::{Collective, Op, Problem};
+use crate::space::{Engine, Granularity, Order, Priority, Schedule};
 
 /// Lowers `schedule` for `problem`. Fails with `DoesNotFit` when the schedule cannot run the shape.
 pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
@@ -38,7 +40,7 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
         });
     }
     if problem.op == Op::Concurrent {
-        return Ok(crate::concurrent::lower(problem, schedule));
+        return Ok(crate::plan::lower::concurrent::lower(problem, schedule));
     }
     let mut b = Builder::new(problem, schedule);
     if schedule.is_seq() {
@@ -60,7 +62,7 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
 /// The GEMM of the whole problem alone (T_comp): [M, K] x [K, N] on every rank.
 pub fn gemm_only(problem: &Problem) -> Plan {
     if problem.op == Op::Concurrent {
-        return crate::concurrent::gemm_only(problem);
+        return crate::plan::lower::concurrent::gemm_only(problem);
     }
     let (m, k, n) = (problem.m, problem.k, problem.n);
     let ranks = (0..problem.gpus)
@@ -278,7 +280,7 @@ impl Builder {
             streams.len() - 1
         });
         let buffers = match p.op {
-            // Lowered by crate::concurrent; never built here.
+            // Lowered by crate::plan::lower::concurrent; never built here.
             Op::Concurrent => vec![],
             Op::AgGemm => vec![
                 buffer("a", BufferRole::InputA, r, k, copy),

@@ -1,5 +1,5 @@
 //! Hardware profiles: the named, file-backed description of a multi-GPU node
-//! that the cost model ([`crate::cost`]) and the simulator ([`crate::sim`])
+//! that the cost model ([`crate::sim::cost`]) and the simulator ([`crate::sim`])
 //! read. This is the "network + compute hardware" layer in ASTRA-sim's terms.
 //!
 //! A profile is a TOML file. Two are built in (embedded from
@@ -21,11 +21,11 @@
 //! - Contention is a set of constant time multipliers (see [`Contention`]).
 
 use crate::error::{Error, Result};
-use crate::workload::Collective;
+use crate::problem::workload::Collective;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// GEMM efficiency parameters (see [`crate::cost::gemm_cost`]).
+/// GEMM efficiency parameters (see [`crate::sim::cost::gemm_cost`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GemmParams {
@@ -194,8 +194,14 @@ fn shaped_default() -> f64 {
 }
 
 const BUILTIN: [(&str, &str); 2] = [
-    ("h200-nvlink", include_str!("../profiles/h200-nvlink.toml")),
-    ("h100-nvlink", include_str!("../profiles/h100-nvlink.toml")),
+    (
+        "h200-nvlink",
+        include_str!("../../profiles/h200-nvlink.toml"),
+    ),
+    (
+        "h100-nvlink",
+        include_str!("../../profiles/h100-nvlink.toml"),
+    ),
 ];
 
 const BUILTIN_NAMES: [&str; 2] = [BUILTIN[0].0, BUILTIN[1].0];

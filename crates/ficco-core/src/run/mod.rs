@@ -1,8 +1,10 @@
 //! The seam between the explore driver and whatever runs plans for real.
 //! The GPU backend implements [`Measurer`]; tests can implement it with a mock.
 
+pub mod timeline;
+
 use crate::plan::Plan;
-use crate::timeline::Timeline;
+use crate::run::timeline::Timeline;
 
 /// What measuring one plan on hardware gives.
 #[derive(Debug, Clone, PartialEq)]

@@ -21,13 +21,13 @@
 //! none is tuned to a shape. [`DEFAULT_SELECTOR`] is the one that scored
 //! better held out, and it is what `explore` reports as `selected`.
 
-use crate::cost;
 use crate::error::{Error, Result};
-use crate::lower;
-use crate::profile::HwProfile;
-use crate::schedule::{enumerate, Engine, Granularity, Order, Schedule, SpaceOptions};
+use crate::plan::lower;
+use crate::problem::workload::{Op, Problem};
 use crate::sim;
-use crate::workload::{Op, Problem};
+use crate::sim::cost;
+use crate::sim::profile::HwProfile;
+use crate::space::{enumerate, Engine, Granularity, Order, Schedule, SpaceOptions};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;

@@ -20,8 +20,8 @@
 //! E = (T_seq − T) / (T_seq − T_ideal) with T_ideal = max(T_comp, T_comm),
 //! null where T_seq − T_ideal is too small for E to mean anything.
 
-use crate::timeline::Timeline;
-use crate::workload::{Op, Problem, Scenario, SideCollective};
+use crate::problem::workload::{Op, Problem, Scenario, SideCollective};
+use crate::run::timeline::Timeline;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -163,7 +163,7 @@ pub struct ScenarioReport {
     /// The fastest correct schedule that ran, by `time_ms`.
     pub best: Option<String>,
     /// The schedule ficco picks without measuring: by default the rule
-    /// selector's pick ([`crate::select`]), else the best by `predicted_ms`.
+    /// selector's pick ([`crate::choose::select`]), else the best by `predicted_ms`.
     pub selected: Option<String>,
     /// Which selector chose `selected`: "rules" or "model" (absent in
     /// reports written before selectors existed).
@@ -413,8 +413,8 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
 
 /// A short description of a schedule for listings, e.g.
 /// "4 chunks per shard (32 steps), copy engines, all peers at once, 2 compute streams".
-pub fn describe(s: &crate::schedule::Schedule, gpus: usize) -> String {
-    use crate::schedule::{Engine, Granularity, Order, Priority};
+pub fn describe(s: &crate::space::Schedule, gpus: usize) -> String {
+    use crate::space::{Engine, Granularity, Order, Priority};
     let gran = match s.granularity {
         Granularity::Seq => {
             return "sequential reference: the whole collective, then the GEMM (or the reverse)"
@@ -879,7 +879,7 @@ pub struct AblationRow {
 /// and `-all`), and the best combination. Rows that did not run (or were
 /// wrong) are left out; `None` for other operators.
 pub fn ablation(r: &ScenarioReport) -> Option<Vec<AblationRow>> {
-    use crate::schedule::{Engine, Priority, Schedule};
+    use crate::space::{Engine, Priority, Schedule};
     if r.op != Op::Concurrent {
         return None;
     }
@@ -941,13 +941,13 @@ pub fn ablation(r: &ScenarioReport) -> Option<Vec<AblationRow>> {
 }
 
 /// How many resource controls `s` sets.
-fn controls_set(s: &crate::schedule::Schedule) -> usize {
+fn controls_set(s: &crate::space::Schedule) -> usize {
     [
         s.sm_target.is_some(),
         s.green_sms.is_some(),
         s.occupancy.is_some(),
         s.nccl_ctas.is_some(),
-        s.comm_priority == crate::schedule::Priority::High,
+        s.comm_priority == crate::space::Priority::High,
     ]
     .into_iter()
     .filter(|&b| b)

@@ -1,0 +1,10 @@
+//! Choosing a schedule: [`explore`] runs every schedule of a scenario through
+//! a backend, [`select`] picks one without running anything (the rules and the
+//! model selector), [`tune`] measures the top candidates and caches the
+//! winner, and [`evaluate`] scores the selectors and the simulator against
+//! measurements.
+
+pub mod evaluate;
+pub mod explore;
+pub mod select;
+pub mod tune;
