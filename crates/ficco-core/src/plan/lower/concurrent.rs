@@ -22,7 +22,7 @@
 //! Controls (`-smN`, `-gcN`, `-occB`, `-ctaN`, `-hi`) become GEMM task
 //! fields, stream priorities and the plan's [`Resources`].
 
-use crate::plan::lower::{buffer, collective_op, push_task, resources_of, stream};
+use super::parts::{buffer, collective_op, push_task, resources_of, stream};
 use crate::plan::{
     BufferRole, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec, TaskId, TaskKind, View,
 };
