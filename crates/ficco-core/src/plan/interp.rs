@@ -202,7 +202,7 @@ fn add(acc: &mut Matrix, x: &Matrix) {
 /// Runs `plan` on `inputs`; returns each rank's output buffer. The plan must
 /// be valid ([`crate::plan::validate::validate`]); this only rechecks ordering.
 pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
-    let hb = HappensBefore::build(plan)?;
+    let hb = HappensBefore::build(plan, crate::plan::graph::Graph::new(plan)?)?;
     let mut mem = Memory(
         plan.ranks
             .iter()

@@ -10,6 +10,7 @@
 //! The simulator, the CPU interpreter and the GPU executor all consume this
 //! type, which is what makes predicted and measured timelines line up.
 
+pub mod graph;
 pub mod interp;
 pub mod lower;
 pub mod validate;

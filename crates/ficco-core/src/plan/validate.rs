@@ -10,14 +10,16 @@
 //! * No two unordered tasks touch overlapping memory where either writes.
 
 use crate::error::{Error, Result};
+use crate::plan::graph::{topo, Graph};
 use crate::plan::{BufferRole, NcclOp, Plan, TaskId, TaskKind, View};
 use std::collections::HashMap;
 
 /// Rejects structural errors, cycles, reads not ordered after their writes, and races.
 pub fn validate(plan: &Plan) -> Result<()> {
     check_structure(plan)?;
-    check_issue_order(plan)?;
-    let hb = HappensBefore::build(plan)?;
+    let g = Graph::new(plan)?;
+    check_issue_order(plan, &g)?;
+    let hb = HappensBefore::build(plan, g)?;
     check_memory(plan, &hb)
 }
 
@@ -295,84 +297,29 @@ fn check_nccl_matching(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Kahn's algorithm; returns a topological order or the index of a node on a cycle.
-fn topo(n: usize, preds: &[Vec<usize>]) -> std::result::Result<Vec<usize>, usize> {
-    let mut indeg = vec![0usize; n];
-    let mut succ = vec![vec![]; n];
-    for (v, ps) in preds.iter().enumerate() {
-        indeg[v] = ps.len();
-        for &u in ps {
-            succ[u].push(v);
-        }
-    }
-    let mut ready: Vec<usize> = (0..n).filter(|&v| indeg[v] == 0).collect();
-    let mut order = Vec::with_capacity(n);
-    while let Some(u) = ready.pop() {
-        order.push(u);
-        for &v in &succ[u] {
-            indeg[v] -= 1;
-            if indeg[v] == 0 {
-                ready.push(v);
+fn check_issue_order(plan: &Plan, g: &Graph) -> Result<()> {
+    // Each rank's host thread issues in plan order: the previous task of the
+    // rank (any stream) comes first, then the explicit dependencies.
+    let preds: Vec<Vec<usize>> = (0..g.len())
+        .map(|v| {
+            let mut ps: Vec<usize> = g.deps(v).to_vec();
+            if g.id(v).index > 0 {
+                ps.push(v - 1);
             }
-        }
-    }
-    if order.len() == n {
-        Ok(order)
-    } else {
-        Err((0..n).find(|&v| indeg[v] > 0).unwrap_or(0))
-    }
-}
-
-struct Index {
-    offsets: Vec<usize>,
-    total: usize,
-}
-
-impl Index {
-    fn new(plan: &Plan) -> Self {
-        let mut offsets = vec![];
-        let mut total = 0;
-        for rp in &plan.ranks {
-            offsets.push(total);
-            total += rp.tasks.len();
-        }
-        Index { offsets, total }
-    }
-    fn node(&self, id: TaskId) -> usize {
-        self.offsets[id.rank] + id.index
-    }
-    fn id(&self, node: usize) -> TaskId {
-        let rank = self.offsets.iter().rposition(|&o| o <= node).unwrap_or(0);
-        TaskId {
-            rank,
-            index: node - self.offsets[rank],
-        }
-    }
-}
-
-fn check_issue_order(plan: &Plan) -> Result<()> {
-    let ix = Index::new(plan);
-    let mut preds = vec![vec![]; ix.total];
-    for (r, rp) in plan.ranks.iter().enumerate() {
-        for (i, t) in rp.tasks.iter().enumerate() {
-            let v = ix.node(TaskId { rank: r, index: i });
-            if i > 0 {
-                preds[v].push(v - 1);
-            }
-            preds[v].extend(t.deps.iter().map(|d| ix.node(*d)));
-        }
-    }
-    topo(ix.total, &preds).map(|_| ()).map_err(|v| {
+            ps
+        })
+        .collect();
+    topo(g.len(), &preds).map(|_| ()).map_err(|v| {
         invalid(format!(
             "issue-order cycle: {} waits for a task its rank's host thread can only issue later",
-            name(plan, ix.id(v))
+            name(plan, g.id(v))
         ))
     })
 }
 
 /// Happens-before as ancestor sets over tasks (and one node per NCCL group).
 pub(crate) struct HappensBefore {
-    ix: Index,
+    ix: Graph,
     /// anc[v] = bitset of nodes that finish before v starts.
     anc: Vec<Vec<u64>>,
     /// A topological order of task nodes (group nodes removed).
@@ -380,39 +327,32 @@ pub(crate) struct HappensBefore {
 }
 
 impl HappensBefore {
-    pub(crate) fn build(plan: &Plan) -> Result<Self> {
-        let ix = Index::new(plan);
+    pub(crate) fn build(plan: &Plan, ix: Graph) -> Result<Self> {
+        let total = ix.len();
         let mut groups: HashMap<usize, usize> = HashMap::new();
         for rp in &plan.ranks {
             for t in &rp.tasks {
                 if let TaskKind::Nccl { group, .. } = t.kind {
-                    let next = ix.total + groups.len();
+                    let next = total + groups.len();
                     groups.entry(group).or_insert(next);
                 }
             }
         }
-        let n = ix.total + groups.len();
+        let n = total + groups.len();
         let mut preds = vec![vec![]; n];
-        for (r, rp) in plan.ranks.iter().enumerate() {
-            let mut last: HashMap<usize, usize> = HashMap::new();
-            for (i, t) in rp.tasks.iter().enumerate() {
-                let v = ix.node(TaskId { rank: r, index: i });
-                let mut ps: Vec<usize> = t.deps.iter().map(|d| ix.node(*d)).collect();
-                if let Some(&u) = last.get(&t.stream) {
-                    ps.push(u);
-                }
-                last.insert(t.stream, v);
-                if let TaskKind::Nccl { group, .. } = t.kind {
-                    let gnode = groups[&group];
-                    preds[gnode].extend(ps);
-                    preds[v].push(gnode);
-                } else {
-                    preds[v] = ps;
-                }
+        for v in 0..total {
+            let id = ix.id(v);
+            let ps = ix.preds(v);
+            if let TaskKind::Nccl { group, .. } = plan.ranks[id.rank].tasks[id.index].kind {
+                let gnode = groups[&group];
+                preds[gnode].extend(ps);
+                preds[v].push(gnode);
+            } else {
+                preds[v] = ps;
             }
         }
         let order = topo(n, &preds).map_err(|v| {
-            let what = if v < ix.total {
+            let what = if v < total {
                 name(plan, ix.id(v))
             } else {
                 "an NCCL rendezvous".to_string()
@@ -433,7 +373,7 @@ impl HappensBefore {
         }
         let task_order = order
             .into_iter()
-            .filter(|&v| v < ix.total)
+            .filter(|&v| v < total)
             .map(|v| ix.id(v))
             .collect();
         Ok(HappensBefore {

@@ -65,6 +65,7 @@ pub mod cost;
 pub mod profile;
 
 use crate::error::{Error, Result};
+use crate::plan::graph::Graph;
 use crate::plan::{NcclOp, Plan, TaskId, TaskKind};
 use crate::run::timeline::{Span, Timeline};
 use crate::sim::profile::HwProfile;
@@ -258,10 +259,6 @@ impl<'a> Sim<'a> {
             offset.push(total);
             total += rp.tasks.len();
         }
-        let gid = |id: TaskId| -> Option<usize> {
-            let rp = plan.ranks.get(id.rank)?;
-            (id.index < rp.tasks.len()).then(|| offset[id.rank] + id.index)
-        };
         let mut nodes = Vec::with_capacity(total);
         let mut group_ix: HashMap<usize, usize> = HashMap::new();
         let mut groups: Vec<Group> = Vec::new();
@@ -359,26 +356,11 @@ impl<'a> Sim<'a> {
             }
         }
         // Stream order and explicit dependencies.
+        let graph = Graph::new(plan)?;
         for (rank, rp) in plan.ranks.iter().enumerate() {
-            let mut last_on_stream: HashMap<usize, usize> = HashMap::new();
-            for (index, task) in rp.tasks.iter().enumerate() {
+            for index in 0..rp.tasks.len() {
                 let me = offset[rank] + index;
-                let mut preds: Vec<usize> = Vec::with_capacity(task.deps.len() + 1);
-                if let Some(&prev) = last_on_stream.get(&task.stream) {
-                    preds.push(prev);
-                }
-                last_on_stream.insert(task.stream, me);
-                for &d in &task.deps {
-                    let g = gid(d).ok_or_else(|| {
-                        Error::InvalidPlan(format!(
-                            "task '{}' (rank {rank}, index {index}) depends on rank {} task {}, which does not exist",
-                            task.label, d.rank, d.index
-                        ))
-                    })?;
-                    preds.push(g);
-                }
-                preds.sort_unstable();
-                preds.dedup();
+                let preds = graph.preds(graph.node(TaskId { rank, index }));
                 nodes[me].preds_left = preds.len();
                 for pr in preds {
                     nodes[pr].succs.push(me);

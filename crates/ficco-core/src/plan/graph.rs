@@ -1,0 +1,159 @@
+//! The dependency graph of a plan, derived once: every task is a node
+//! (numbered rank by rank, in issue order), and its predecessors are its
+//! stream predecessor (tasks on one stream run in order) and its explicit
+//! dependencies, which may cross ranks. The validator, the simulator and the
+//! GPU executor all read ordering from here.
+
+use crate::error::{Error, Result};
+use crate::plan::{Plan, TaskId};
+use std::collections::HashMap;
+
+/// Node numbering and predecessor lists of one plan.
+#[derive(Debug, Clone)]
+pub struct Graph {
+    offsets: Vec<usize>,
+    total: usize,
+    /// Per node: the previous task on the same stream of the same rank.
+    stream_pred: Vec<Option<usize>>,
+    /// Per node: explicit dependencies, as nodes (sorted, deduplicated).
+    deps: Vec<Vec<usize>>,
+}
+
+impl Graph {
+    /// Builds the graph; a dependency on a task that does not exist is an
+    /// invalid plan.
+    pub fn new(plan: &Plan) -> Result<Self> {
+        let mut offsets = Vec::with_capacity(plan.ranks.len());
+        let mut total = 0;
+        for rp in &plan.ranks {
+            offsets.push(total);
+            total += rp.tasks.len();
+        }
+        let mut stream_pred = vec![None; total];
+        let mut deps = vec![vec![]; total];
+        for (rank, rp) in plan.ranks.iter().enumerate() {
+            let mut last: HashMap<usize, usize> = HashMap::new();
+            for (index, task) in rp.tasks.iter().enumerate() {
+                let me = offsets[rank] + index;
+                stream_pred[me] = last.insert(task.stream, me);
+                let mut ds = Vec::with_capacity(task.deps.len());
+                for d in &task.deps {
+                    let exists = plan.ranks.get(d.rank).is_some_and(|r| d.index < r.tasks.len());
+                    if !exists {
+                        return Err(Error::InvalidPlan(format!(
+                            "task '{}' (rank {rank}, index {index}) depends on rank {} task {}, which does not exist",
+                            task.label, d.rank, d.index
+                        )));
+                    }
+                    ds.push(offsets[d.rank] + d.index);
+                }
+                ds.sort_unstable();
+                ds.dedup();
+                deps[me] = ds;
+            }
+        }
+        Ok(Graph {
+            offsets,
+            total,
+            stream_pred,
+            deps,
+        })
+    }
+
+    /// Number of task nodes.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// Whether the plan has no task.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// The node of a task.
+    pub fn node(&self, id: TaskId) -> usize {
+        self.offsets[id.rank] + id.index
+    }
+
+    /// The task of a node.
+    pub fn id(&self, node: usize) -> TaskId {
+        let rank = self.offsets.iter().rposition(|&o| o <= node).unwrap_or(0);
+        TaskId {
+            rank,
+            index: node - self.offsets[rank],
+        }
+    }
+
+    /// The previous task on the same stream, if any.
+    pub fn stream_pred(&self, node: usize) -> Option<usize> {
+        self.stream_pred[node]
+    }
+
+    /// Explicit dependencies of a node (sorted, no duplicates).
+    pub fn deps(&self, node: usize) -> &[usize] {
+        &self.deps[node]
+    }
+
+    /// Every predecessor: the stream predecessor and the explicit
+    /// dependencies (sorted, no duplicates).
+    pub fn preds(&self, node: usize) -> Vec<usize> {
+        let mut ps: Vec<usize> = self.stream_pred[node].into_iter().collect();
+        ps.extend_from_slice(&self.deps[node]);
+        ps.sort_unstable();
+        ps.dedup();
+        ps
+    }
+
+    /// Per task, whether its completion must be signalled to another stream
+    /// or rank: it is an explicit dependency of a task on another stream or
+    /// another rank. Dependencies on the same stream are kept by stream order
+    /// and need no event or flag.
+    pub fn cross_stream_points(&self, plan: &Plan) -> Vec<Vec<bool>> {
+        let mut out: Vec<Vec<bool>> = plan
+            .ranks
+            .iter()
+            .map(|r| vec![false; r.tasks.len()])
+            .collect();
+        for v in 0..self.total {
+            let me = self.id(v);
+            let stream = plan.ranks[me.rank].tasks[me.index].stream;
+            for &u in &self.deps[v] {
+                let d = self.id(u);
+                let same = d.rank == me.rank && plan.ranks[d.rank].tasks[d.index].stream == stream;
+                if !same {
+                    out[d.rank][d.index] = true;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A topological order of `n` nodes given each node's predecessors, or
+/// `Err(node)` with a node on a cycle (or behind one).
+pub fn topo(n: usize, preds: &[Vec<usize>]) -> std::result::Result<Vec<usize>, usize> {
+    let mut indeg = vec![0usize; n];
+    let mut succs = vec![vec![]; n];
+    for (v, ps) in preds.iter().enumerate() {
+        for &u in ps {
+            indeg[v] += 1;
+            succs[u].push(v);
+        }
+    }
+    let mut ready: Vec<usize> = (0..n).filter(|&v| indeg[v] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(v) = ready.pop() {
+        order.push(v);
+        for &w in &succs[v] {
+            indeg[w] -= 1;
+            if indeg[w] == 0 {
+                ready.push(w);
+            }
+        }
+    }
+    if order.len() == n {
+        Ok(order)
+    } else {
+        Err((0..n).find(|&v| indeg[v] > 0).unwrap_or(0))
+    }
+}
