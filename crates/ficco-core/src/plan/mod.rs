@@ -19,6 +19,10 @@ use crate::problem::workload::{Collective, Problem, ELEM_BYTES};
 use crate::space::{Priority, Schedule};
 use serde::{Deserialize, Serialize};
 
+/// Most sources one reduce task may sum: the executors' reduce kernel takes
+/// its source pointers as one fixed-size kernel argument.
+pub const MAX_REDUCE_SOURCES: usize = 8;
+
 /// Index of a buffer within its rank's plan.
 pub type BufId = usize;
 

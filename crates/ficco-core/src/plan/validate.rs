@@ -1,7 +1,12 @@
 //! Plan validation: what must hold before any executor runs a plan.
 //!
 //! * Structure: indices in range, views inside their buffers, operand shapes
-//!   that agree, NCCL calls that match on every rank in the same order.
+//!   that agree, NCCL buffers contiguous, reduces of at most
+//!   [`MAX_REDUCE_SOURCES`] sources, NCCL calls that match on every rank in
+//!   the same order.
+//!
+//! This is the one validator: the executors run only plans it accepted and
+//! do not re-check them.
 //! * No cycle in happens-before (stream order, dependencies, and NCCL
 //!   rendezvous, where every member waits for every member's predecessors),
 //!   and none in issue order (each rank's host thread issues its tasks in plan
@@ -11,7 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::plan::graph::{topo, Graph};
-use crate::plan::{BufferRole, NcclOp, Plan, TaskId, TaskKind, View};
+use crate::plan::{BufferRole, NcclOp, Plan, TaskId, TaskKind, View, MAX_REDUCE_SOURCES};
 use std::collections::HashMap;
 
 /// Rejects structural errors, cycles, reads not ordered after their writes, and races.
@@ -132,8 +137,12 @@ fn check_structure(plan: &Plan) -> Result<()> {
                 }
                 TaskKind::Reduce { srcs, dst } => {
                     check_view(plan, r, dst, "reduce destination", id)?;
-                    if srcs.is_empty() {
-                        return Err(invalid(format!("{}: reduce of nothing", name(plan, id))));
+                    if srcs.is_empty() || srcs.len() > MAX_REDUCE_SOURCES {
+                        return Err(invalid(format!(
+                            "{}: reduce of {} sources (1..={MAX_REDUCE_SOURCES} supported)",
+                            name(plan, id),
+                            srcs.len()
+                        )));
                     }
                     for s in srcs {
                         check_view(plan, r, s, "reduce source", id)?;
