@@ -1,11 +1,13 @@
-//! The explore driver with a fake predictor and a mock measurer.
+//! The explore driver with a fake predictor and mock backends.
+
+#![allow(clippy::field_reassign_with_default)]
 
 use ficco_core::choose::explore::{explore, schedules_for, ExploreOptions, Lowering};
 use ficco_core::error::{Error, Result};
 use ficco_core::plan::{Buffer, BufferRole, Plan, RankPlan};
 use ficco_core::problem::workload::{Op, Problem, Scenario};
 use ficco_core::run::timeline::{Span, Timeline};
-use ficco_core::run::{MeasureError, Measured, Measurer};
+use ficco_core::run::{Backend, BackendError, Measured};
 use ficco_core::space::{Schedule, SpaceOptions};
 use std::collections::HashMap;
 
@@ -36,6 +38,35 @@ fn table_predict(times: HashMap<&'static str, f64>) -> impl Fn(&Plan) -> Result<
     }
 }
 
+/// A deterministic backend that returns the predictor's times, like the
+/// simulator does.
+struct Predicted<F>(F);
+
+impl<F: Fn(&Plan) -> Result<Timeline>> Backend for Predicted<F> {
+    fn name(&self) -> &str {
+        "sim"
+    }
+    fn deterministic(&self) -> bool {
+        true
+    }
+    fn device(&self) -> String {
+        "h200-nvlink".into()
+    }
+    fn prepare(&mut self, _: &Plan) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn measure(&mut self, plan: &Plan, _: bool, timeline: bool) -> Result<Measured, BackendError> {
+        let tl = (self.0)(plan)?;
+        Ok(Measured {
+            time_ms: tl.total_ms,
+            max_rel_err: None,
+            correct: true,
+            timeline: timeline.then_some(tl),
+            launch_us: None,
+        })
+    }
+}
+
 fn sched(name: &str) -> Schedule {
     name.parse().unwrap()
 }
@@ -49,14 +80,14 @@ struct Mock {
     fail: Vec<String>,
 }
 
-impl Measurer for Mock {
-    fn backend(&self) -> &str {
+impl Backend for Mock {
+    fn name(&self) -> &str {
         "gpu"
     }
     fn device(&self) -> String {
         "4x Mock GPU".into()
     }
-    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError> {
+    fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError> {
         self.prepared.push(seq.name.clone());
         Ok(())
     }
@@ -65,7 +96,7 @@ impl Measurer for Mock {
         plan: &Plan,
         check: bool,
         timeline: bool,
-    ) -> Result<Measured, MeasureError> {
+    ) -> Result<Measured, BackendError> {
         self.calls.push((plan.name.clone(), check, timeline));
         if self.fail.contains(&plan.name) {
             return Err("out of memory".into());
@@ -102,9 +133,16 @@ fn sim_reports_predictions_best_and_selected() {
         sched("fine8-copy-all"),  // 64 rows / (4 x 8): fits
         sched("fine32-copy-all"), // does not fit
     ];
-    let mut opts = ExploreOptions::new("h200-nvlink");
+    let mut opts = ExploreOptions::default();
     opts.timelines = true;
-    let ex = explore(&scenario(), &schedules, &predict, None, &opts).unwrap();
+    let ex = explore(
+        &scenario(),
+        &schedules,
+        &predict,
+        &mut Predicted(&predict),
+        &opts,
+    )
+    .unwrap();
     let r = &ex.report;
     assert_eq!(r.backend, "sim");
     assert_eq!(r.hardware, "h200-nvlink");
@@ -161,9 +199,9 @@ fn measurer_is_prepared_once_and_wrong_results_are_never_best() {
         ],
     );
     assert_eq!(schedules[0], Schedule::SEQ);
-    let mut opts = ExploreOptions::new("ignored");
+    let mut opts = ExploreOptions::default();
     opts.timelines = true;
-    let ex = explore(&scenario(), &schedules, &predict, Some(&mut mock), &opts).unwrap();
+    let ex = explore(&scenario(), &schedules, &predict, &mut mock, &opts).unwrap();
     let r = &ex.report;
     assert_eq!(mock.prepared, vec!["seq".to_string()]);
     // References: seq checked, gemm-only and comm-only unchecked.
@@ -241,7 +279,7 @@ fn driver_works_with_hand_built_plans() {
             n => Ok(tiny_plan(p, n)),
         }
     }
-    let mut opts = ExploreOptions::new("hw");
+    let mut opts = ExploreOptions::default();
     opts.lowering = Lowering {
         lower,
         gemm_only: |p| tiny_plan(p, "gemm-only"),
@@ -273,9 +311,15 @@ fn driver_works_with_hand_built_plans() {
     .iter()
     .map(|s| sched(s))
     .collect();
-    let r = explore(&scenario(), &schedules, &predict, None, &opts)
-        .unwrap()
-        .report;
+    let r = explore(
+        &scenario(),
+        &schedules,
+        &predict,
+        &mut Predicted(&predict),
+        &opts,
+    )
+    .unwrap()
+    .report;
     let reason = |n: &str| r.row(n).unwrap().skipped.clone().unwrap_or_default();
     assert!(reason("shard-nccl-ring").contains("lowering failed"));
     assert_eq!(reason("shard-nccl-all"), "no room");
@@ -303,8 +347,8 @@ fn invalid_problems_are_errors() {
         &sc,
         &[Schedule::SEQ],
         &predict,
-        None,
-        &ExploreOptions::new("hw"),
+        &mut Predicted(&predict),
+        &ExploreOptions::default(),
     )
     .unwrap_err();
     assert!(
@@ -325,7 +369,7 @@ fn names_lowering_to_one_plan_are_measured_once() {
         };
         Ok(tiny_plan_rows(p, &s.name(), rows))
     }
-    let mut opts = ExploreOptions::new("hw");
+    let mut opts = ExploreOptions::default();
     opts.lowering = Lowering {
         lower,
         gemm_only: |p| tiny_plan_rows(p, "gemm-only", 4),
@@ -340,7 +384,7 @@ fn names_lowering_to_one_plan_are_measured_once() {
         .map(|s| sched(s))
         .collect();
     let predict = table_predict(HashMap::new());
-    let r = explore(&scenario(), &schedules, &predict, Some(&mut mock), &opts)
+    let r = explore(&scenario(), &schedules, &predict, &mut mock, &opts)
         .unwrap()
         .report;
     let measured: Vec<&str> = mock
@@ -373,17 +417,17 @@ struct Drifting {
     calls: HashMap<String, usize>,
 }
 
-impl Measurer for Drifting {
-    fn backend(&self) -> &str {
+impl Backend for Drifting {
+    fn name(&self) -> &str {
         "gpu"
     }
     fn device(&self) -> String {
         "drifting".into()
     }
-    fn prepare(&mut self, _: &Plan) -> Result<(), MeasureError> {
+    fn prepare(&mut self, _: &Plan) -> Result<(), BackendError> {
         Ok(())
     }
-    fn measure(&mut self, plan: &Plan, check: bool, _: bool) -> Result<Measured, MeasureError> {
+    fn measure(&mut self, plan: &Plan, check: bool, _: bool) -> Result<Measured, BackendError> {
         let n = self.calls.entry(plan.name.clone()).or_default();
         let list = self.times.get(&plan.name).cloned().unwrap_or(vec![5.0]);
         let time_ms = list[(*n).min(list.len() - 1)];
@@ -425,9 +469,9 @@ fn contenders_are_retimed_and_keep_their_fastest() {
     .map(|s| sched(s))
     .collect();
     let predict = table_predict(HashMap::new());
-    let opts = ExploreOptions::new("hw");
+    let opts = ExploreOptions::default();
     assert_eq!(opts.retime_rounds, 2);
-    let r = explore(&scenario(), &schedules, &predict, Some(&mut m), &opts)
+    let r = explore(&scenario(), &schedules, &predict, &mut m, &opts)
         .unwrap()
         .report;
     assert_eq!(r.row("shard-copy-ring").unwrap().time_ms, Some(1.0));

@@ -1,4 +1,4 @@
-//! [`GpuBackend`]: opens the GPUs and implements `ficco_core::run::Measurer`.
+//! [`GpuBackend`]: opens the GPUs and implements `ficco_core::run::Backend`.
 
 use crate::error::{drv, CudaError, Result};
 use crate::exec::{self, init_comms, Rank, RunSpec};
@@ -8,7 +8,7 @@ use cudarc::driver::CudaContext;
 use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
 use ficco_core::run::timeline::{Span, Timeline};
-use ficco_core::run::{MeasureError, Measured, Measurer};
+use ficco_core::run::{Backend, BackendError, Measured};
 
 /// Iteration counts and tolerance of measurements.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -316,7 +316,7 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Checks (when `check`) and times `plan`; see [`Measurer::measure`].
+    /// Checks (when `check`) and times `plan`; see [`Backend::measure`].
     pub fn measure_plan(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
         let ptrs = self.bind(plan)?;
         let mut max_rel_err = None;
@@ -453,8 +453,8 @@ fn download(rank: &Rank, ptr: u64, out: &mut [u8]) -> Result<()> {
     })
 }
 
-impl Measurer for GpuBackend {
-    fn backend(&self) -> &str {
+impl Backend for GpuBackend {
+    fn name(&self) -> &str {
         "gpu"
     }
 
@@ -462,7 +462,7 @@ impl Measurer for GpuBackend {
         self.device_name()
     }
 
-    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError> {
+    fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError> {
         Ok(self.prepare_plan(seq)?)
     }
 
@@ -471,7 +471,7 @@ impl Measurer for GpuBackend {
         plan: &Plan,
         check: bool,
         timeline: bool,
-    ) -> Result<Measured, MeasureError> {
+    ) -> Result<Measured, BackendError> {
         Ok(self.measure_plan(plan, check, timeline)?)
     }
 }

@@ -38,6 +38,7 @@ pub mod kernels;
 pub mod loader;
 pub mod mem;
 pub mod nccl_config;
+pub mod open;
 pub mod shaped;
 pub mod sync;
 
@@ -45,3 +46,4 @@ pub use backend::{GpuBackend, MeasureConfig};
 pub use error::CudaError;
 pub use info::{info, SystemInfo};
 pub use loader::{nccl_soname_shim, Libraries};
+pub use open::{open, BackendChoice, GpuBackends, Opened};

@@ -11,7 +11,7 @@ use ficco_core::plan::{
     TaskKind, View,
 };
 use ficco_core::problem::workload::{Collective, Op, Problem};
-use ficco_core::run::Measurer;
+use ficco_core::run::Backend;
 use ficco_core::space::{enumerate, Priority, Schedule, SpaceOptions};
 use ficco_cuda::{CudaError, GpuBackend};
 use std::sync::{Mutex, MutexGuard, OnceLock};

@@ -1,16 +1,16 @@
-//! The explore driver: one scenario, a list of schedules, a predictor and
-//! optionally a measurer in; a [`ScenarioReport`] out.
+//! The explore driver: one scenario, a list of schedules, a predictor and a
+//! [`Backend`] in; a [`ScenarioReport`] out.
 //!
 //! The driver knows nothing of the simulator's or the GPU backend's
-//! internals: the predictor is any `Fn(&Plan) -> Result<Timeline>` and the
-//! measurer any [`Measurer`]. For each schedule it records why it was
-//! skipped (it does not fit the shape, lowering or prediction failed), or
-//! its predicted time and, with a measurer, its measured time and error.
-//! Without a measurer the measured time is the prediction (backend "sim").
+//! internals: the predictor is any `Fn(&Plan) -> Result<Timeline>` (the
+//! simulator) and the backend any [`Backend`] (the simulator again, or the
+//! GPUs). For each schedule it records why it was skipped (it does not fit
+//! the shape, lowering or prediction failed), or its predicted time and the
+//! backend's time and error.
 //!
 //! References: `seq` gives T_seq, `gemm-only` T_comp and `comm-only` T_comm.
-//! With a measurer, `prepare` runs once with the seq plan; reference-only
-//! plans are measured unchecked, `seq` and every schedule checked.
+//! `prepare` runs once with the seq plan; reference-only plans are run
+//! unchecked, `seq` and every schedule checked.
 //!
 //! Clocks and power drift over a sweep: one plan timed twice minutes apart
 //! differs by up to ~9% on H200 (measured under two names of one plan). So
@@ -30,7 +30,7 @@ use crate::plan::Plan;
 use crate::problem::workload::{Op, Problem, Scenario};
 use crate::report::{Reference, ScenarioReport, ScheduleResult};
 use crate::run::timeline::Timeline;
-use crate::run::{Measured, Measurer};
+use crate::run::{Backend, BackendError, Measured};
 use crate::sim::profile::HwProfile;
 use crate::space::{enumerate, Schedule, SpaceOptions};
 
@@ -60,8 +60,6 @@ impl Default for Lowering {
 /// Options of [`explore`].
 #[derive(Debug, Clone)]
 pub struct ExploreOptions {
-    /// Hardware profile name, reported when simulating.
-    pub hardware: String,
     /// Keep the timelines of seq and of the best schedule (for traces and SVGs).
     pub timelines: bool,
     pub lowering: Lowering,
@@ -75,10 +73,9 @@ pub struct ExploreOptions {
 /// Schedules measured within this fraction of the fastest are re-timed.
 pub const CONTENDER_MARGIN: f64 = 0.10;
 
-impl ExploreOptions {
-    pub fn new(hardware: impl Into<String>) -> Self {
+impl Default for ExploreOptions {
+    fn default() -> Self {
         ExploreOptions {
-            hardware: hardware.into(),
             timelines: false,
             lowering: Lowering::STANDARD,
             select_hw: None,
@@ -119,7 +116,7 @@ pub fn schedules_for(op: Op, space: SpaceOptions, only: &[Schedule]) -> Vec<Sche
     out
 }
 
-fn backend_err(backend: &str, what: &str, e: crate::run::MeasureError) -> Error {
+fn backend_err(backend: &str, what: &str, e: BackendError) -> Error {
     Error::Io(format!("{backend} backend: {what}: {e}"))
 }
 
@@ -128,11 +125,11 @@ fn backend_err(backend: &str, what: &str, e: crate::run::MeasureError) -> Error 
 /// sets each one's time, and its twins' (`same_plan_as`), to the fastest of
 /// all its times (`seq` is re-timed with the references).
 fn retime_contenders(
-    m: &mut dyn Measurer,
+    m: &mut dyn Backend,
     rows: &mut [ScheduleResult],
     ran: &[Option<(Plan, Timeline, Option<Timeline>)>],
     rounds: usize,
-) -> std::result::Result<(), crate::run::MeasureError> {
+) -> std::result::Result<(), BackendError> {
     let time = |r: &ScheduleResult| r.time_ms.filter(|_| r.is_valid());
     let Some(best) = rows.iter().filter_map(time).min_by(f64::total_cmp) else {
         return Ok(());
@@ -174,7 +171,7 @@ pub fn explore(
     scenario: &Scenario,
     schedules: &[Schedule],
     predict: &dyn Fn(&Plan) -> Result<Timeline>,
-    mut measurer: Option<&mut dyn Measurer>,
+    backend: &mut dyn Backend,
     opts: &ExploreOptions,
 ) -> Result<Explored> {
     let problem = &scenario.problem;
@@ -184,60 +181,51 @@ pub fn explore(
     let gemm_plan = (low.gemm_only)(problem);
     let comm_plan = (low.comm_only)(problem);
     let seq_pred = predict(&seq_plan)?;
-    let comp_pred = predict(&gemm_plan)?;
-    let comm_pred = predict(&comm_plan)?;
 
-    let (backend, hardware) = match measurer.as_deref() {
-        Some(m) => (m.backend().to_string(), m.device()),
-        None => ("sim".to_string(), opts.hardware.clone()),
+    let name = backend.name().to_string();
+    let hardware = backend.device();
+    let err = |what: &'static str| {
+        let name = name.clone();
+        move |e: BackendError| backend_err(&name, what, e)
     };
-    // Measured references, or the predictions.
-    let (reference, seq_measured) = match measurer.as_deref_mut() {
-        Some(m) => {
-            m.prepare(&seq_plan)
-                .map_err(|e| backend_err(&backend, "preparing inputs", e))?;
-            let seq = m
-                .measure(&seq_plan, true, opts.timelines)
-                .map_err(|e| backend_err(&backend, "measuring seq", e))?;
-            let comp = m
-                .measure(&gemm_plan, false, false)
-                .map_err(|e| backend_err(&backend, "measuring gemm-only", e))?;
-            let comm = m
-                .measure(&comm_plan, false, false)
-                .map_err(|e| backend_err(&backend, "measuring comm-only", e))?;
-            (
-                Reference::new(seq.time_ms, comp.time_ms, comm.time_ms),
-                Some(seq),
-            )
-        }
-        None => (
-            Reference::new(seq_pred.total_ms, comp_pred.total_ms, comm_pred.total_ms),
-            None,
-        ),
-    };
+    backend
+        .prepare(&seq_plan)
+        .map_err(err("preparing inputs"))?;
+    let seq_run = backend
+        .measure(&seq_plan, true, opts.timelines)
+        .map_err(err("measuring seq"))?;
+    let comp = backend
+        .measure(&gemm_plan, false, false)
+        .map_err(err("measuring gemm-only"))?;
+    let comm = backend
+        .measure(&comm_plan, false, false)
+        .map_err(err("measuring comm-only"))?;
+    let reference = Reference::new(seq_run.time_ms, comp.time_ms, comm.time_ms);
 
-    let mut report = ScenarioReport::new(scenario, &backend, &hardware, reference);
+    let mut report = ScenarioReport::new(scenario, &name, &hardware, reference);
     // Plans and predicted timelines of the rows that ran, by row index.
     let mut ran: Vec<Option<(Plan, Timeline, Option<Timeline>)>> = vec![];
     for schedule in schedules {
-        let name = schedule.name();
+        let sname = schedule.name();
         if schedule.is_seq() {
-            let (time, err, wrong, measured_tl) = match &seq_measured {
-                Some(m) => (m.time_ms, m.max_rel_err, !m.correct, m.timeline.clone()),
-                None => (seq_pred.total_ms, None, false, None),
-            };
             report.schedules.push(ScheduleResult::ran(
-                name,
-                time,
+                sname,
+                seq_run.time_ms,
                 seq_pred.total_ms,
-                err,
-                wrong,
+                seq_run.max_rel_err,
+                !seq_run.correct,
             ));
-            ran.push(Some((seq_plan.clone(), seq_pred.clone(), measured_tl)));
+            ran.push(Some((
+                seq_plan.clone(),
+                seq_pred.clone(),
+                seq_run.timeline.clone(),
+            )));
             continue;
         }
         if let Some(reason) = schedule.misfit(problem) {
-            report.schedules.push(ScheduleResult::skipped(name, reason));
+            report
+                .schedules
+                .push(ScheduleResult::skipped(sname, reason));
             ran.push(None);
             continue;
         }
@@ -251,7 +239,9 @@ pub fn explore(
                     Error::DoesNotFit { reason, .. } => reason,
                     e => format!("lowering failed: {e}"),
                 };
-                report.schedules.push(ScheduleResult::skipped(name, reason));
+                report
+                    .schedules
+                    .push(ScheduleResult::skipped(sname, reason));
                 ran.push(None);
                 continue;
             }
@@ -260,7 +250,7 @@ pub fn explore(
             Ok(t) => t,
             Err(e) => {
                 report.schedules.push(ScheduleResult::skipped(
-                    name,
+                    sname,
                     format!("prediction failed: {e}"),
                 ));
                 ran.push(None);
@@ -274,17 +264,16 @@ pub fn explore(
             .iter()
             .enumerate()
             .find_map(|(i, r)| r.as_ref().filter(|(p, _, _)| p.same_work(&plan)).map(|_| i));
-        let row = match (twin, measurer.as_deref_mut()) {
-            (Some(i), _) => {
+        let row = match twin {
+            Some(i) => {
                 let first = &report.schedules[i];
                 ScheduleResult {
-                    name: name.clone(),
+                    name: sname.clone(),
                     same_plan_as: Some(first.same_plan_as.clone().unwrap_or(first.name.clone())),
                     ..first.clone()
                 }
             }
-            (None, None) => ScheduleResult::ran(&name, pred.total_ms, pred.total_ms, None, false),
-            (None, Some(m)) => match m.measure(&plan, true, false) {
+            None => match backend.measure(&plan, true, false) {
                 Ok(Measured {
                     time_ms,
                     max_rel_err,
@@ -293,34 +282,31 @@ pub fn explore(
                     ..
                 }) => ScheduleResult {
                     launch_us,
-                    ..ScheduleResult::ran(&name, time_ms, pred.total_ms, max_rel_err, !correct)
+                    ..ScheduleResult::ran(&sname, time_ms, pred.total_ms, max_rel_err, !correct)
                 },
-                Err(e) => ScheduleResult::skipped(&name, format!("measurement failed: {e}")),
+                Err(e) => ScheduleResult::skipped(&sname, format!("measurement failed: {e}")),
             },
         };
         let ok = row.skipped.is_none();
         report.schedules.push(row);
         ran.push(ok.then_some((plan, pred, None)));
     }
-    if let Some(m) = measurer.as_deref_mut() {
-        retime_contenders(m, &mut report.schedules, &ran, opts.retime_rounds)
-            .map_err(|e| backend_err(&backend, "re-timing the contenders", e))?;
+    if !backend.deterministic() {
+        retime_contenders(backend, &mut report.schedules, &ran, opts.retime_rounds)
+            .map_err(err("re-timing the contenders"))?;
         // The references again, as often as the contenders (module doc):
         // each keeps the fastest of its medians.
-        let again = |m: &mut dyn Measurer, plan: &Plan, what: &str| {
+        let mut again = |plan: &Plan, what: &'static str| {
             let mut best = f64::INFINITY;
             for _ in 0..opts.retime_rounds.max(1) {
-                let t = m
-                    .measure(plan, false, false)
-                    .map(|x| x.time_ms)
-                    .map_err(|e| backend_err(&backend, what, e))?;
-                best = best.min(t);
+                let t = backend.measure(plan, false, false).map_err(err(what))?;
+                best = best.min(t.time_ms);
             }
             Ok::<f64, Error>(best)
         };
-        let seq = again(m, &seq_plan, "re-measuring seq")?;
-        let comp = again(m, &gemm_plan, "re-measuring gemm-only")?;
-        let comm = again(m, &comm_plan, "re-measuring comm-only")?;
+        let seq = again(&seq_plan, "re-measuring seq")?;
+        let comp = again(&gemm_plan, "re-measuring gemm-only")?;
+        let comm = again(&comm_plan, "re-measuring comm-only")?;
         let r = report.reference;
         report.reference = Reference::new(
             r.sequential_ms.min(seq),
@@ -351,12 +337,9 @@ pub fn explore(
         best: None,
     };
     if opts.timelines {
-        let seq_tl = seq_measured
-            .and_then(|m| m.timeline)
-            .unwrap_or_else(|| seq_pred.clone());
         explored.seq = Some(PlanRun {
             plan: seq_plan,
-            timeline: seq_tl,
+            timeline: seq_run.timeline.unwrap_or_else(|| seq_pred.clone()),
         });
         let best_idx = explored
             .report
@@ -364,15 +347,15 @@ pub fn explore(
             .as_ref()
             .and_then(|b| explored.report.schedules.iter().position(|r| &r.name == b));
         if let Some((plan, pred, measured_tl)) = best_idx.and_then(|i| ran[i].take()) {
-            // With a measurer, time the best once more with a per-task timeline.
-            let measured_tl = match (measured_tl, measurer) {
-                (Some(t), _) => Some(t),
-                (None, Some(m)) => {
-                    m.measure(&plan, false, true)
-                        .map_err(|e| backend_err(&backend, "recording the best timeline", e))?
+            // Run the best once more with a per-task timeline.
+            let measured_tl = match measured_tl {
+                Some(t) => Some(t),
+                None => {
+                    backend
+                        .measure(&plan, false, true)
+                        .map_err(err("recording the best timeline"))?
                         .timeline
                 }
-                (None, None) => None,
             };
             explored.best = Some(PlanRun {
                 plan,

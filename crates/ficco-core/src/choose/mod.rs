@@ -4,6 +4,7 @@
 //! winner, and [`evaluate`] scores the selectors and the simulator against
 //! measurements.
 
+pub mod autotune;
 pub mod evaluate;
 pub mod explore;
 pub mod select;

@@ -38,7 +38,10 @@ impl Graph {
                 stream_pred[me] = last.insert(task.stream, me);
                 let mut ds = Vec::with_capacity(task.deps.len());
                 for d in &task.deps {
-                    let exists = plan.ranks.get(d.rank).is_some_and(|r| d.index < r.tasks.len());
+                    let exists = plan
+                        .ranks
+                        .get(d.rank)
+                        .is_some_and(|r| d.index < r.tasks.len());
                     if !exists {
                         return Err(Error::InvalidPlan(format!(
                             "task '{}' (rank {rank}, index {index}) depends on rank {} task {}, which does not exist",

@@ -1,5 +1,8 @@
-//! The seam between the explore driver and whatever runs plans for real.
-//! The GPU backend implements [`Measurer`]; tests can implement it with a mock.
+//! The seam that runs plans: one [`Backend`] trait with two implementations,
+//! the simulator ([`crate::sim::Simulator`]) and the GPU executor
+//! (`ficco_cuda::GpuBackends`). Both take the same [`Plan`] and give the
+//! same [`Measured`] with the same [`timeline::Timeline`], so predicted and
+//! measured results line up row by row. Tests implement it with mocks.
 
 pub mod timeline;
 
@@ -25,24 +28,29 @@ pub struct Measured {
     pub launch_us: Option<f64>,
 }
 
-/// Error type of measurers (a backend's own typed error, boxed).
-pub type MeasureError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// Error type of backends (a backend's own typed error, boxed).
+pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Runs plans on real hardware.
-pub trait Measurer {
-    /// Short backend name for reports ("gpu").
-    fn backend(&self) -> &str;
+/// Runs plans: simulated or on hardware.
+pub trait Backend {
+    /// Short backend name for reports ("sim", "gpu").
+    fn name(&self) -> &str;
+    /// True when running a plan again gives the same time (the simulator):
+    /// then nothing is re-timed.
+    fn deterministic(&self) -> bool {
+        false
+    }
     /// Device description for reports, e.g. "4x NVIDIA H200".
     fn device(&self) -> String;
     /// Prepares fresh random inputs and the sequential reference outputs for
     /// `plan.problem`; later `measure` calls on plans of the same problem are
     /// checked against it. `seq` is the lowered sequential plan.
-    fn prepare(&mut self, seq: &Plan) -> Result<(), MeasureError>;
+    fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError>;
     /// Checks (when `check`) and times `plan`; records a per-task timeline when `timeline`.
     fn measure(
         &mut self,
         plan: &Plan,
         check: bool,
         timeline: bool,
-    ) -> Result<Measured, MeasureError>;
+    ) -> Result<Measured, BackendError>;
 }

@@ -61,6 +61,8 @@
 //! A plan in which some task can never start (a dependency cycle, or a
 //! rendezvous a rank never reaches) is an [`Error::InvalidPlan`] naming it.
 
+mod backend;
+pub use backend::Simulator;
 pub mod cost;
 pub mod profile;
 

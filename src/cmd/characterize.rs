@@ -32,7 +32,7 @@ pub struct CharacterizeArgs {
     pub base: String,
 }
 
-pub fn cmd_characterize(args: CharacterizeArgs) -> Result<()> {
+pub fn run(args: CharacterizeArgs) -> Result<()> {
     let base = HwProfile::load(&args.base)?;
     // Fail before any GPU work on unwritable outputs.
     for p in args.out.iter().chain(args.json.iter()) {
@@ -101,5 +101,5 @@ pub fn cmd_characterize(args: CharacterizeArgs) -> Result<()> {
         std::fs::write(p, serde_json::to_string_pretty(&ch)? + "\n")
             .with_context(|| format!("cannot write '{}'", p.display()))?;
     }
-    crate::print(&tables(&ch))
+    crate::output::print(&tables(&ch))
 }

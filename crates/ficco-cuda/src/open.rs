@@ -1,0 +1,121 @@
+//! The backend factory: `auto`, `sim` or `gpu` in, a [`Backend`] out, and
+//! when the GPUs are not there, the typed reason ([`CudaError`]) instead of
+//! a parsed message. `auto` falls back to the simulator and says why.
+
+use crate::backend::GpuBackend;
+use crate::error::CudaError;
+use ficco_core::plan::Plan;
+use ficco_core::run::{Backend, BackendError, Measured};
+use ficco_core::sim::profile::HwProfile;
+use ficco_core::sim::Simulator;
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+
+/// Where plans run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// GPUs when available, else the simulator.
+    Auto,
+    /// The simulator with a hardware profile.
+    Sim,
+    /// The GPUs (an error when there are none).
+    Gpu,
+}
+
+/// An opened backend.
+pub struct Opened {
+    pub backend: Box<dyn Backend>,
+    /// With `auto`: why the GPUs were not used (the simulator runs instead).
+    pub fallback: Option<CudaError>,
+}
+
+/// Whether `e` means "no usable GPU here" (libraries missing or unusable,
+/// no device, too few devices), as opposed to a failure of a GPU that is there.
+pub fn is_unavailable(e: &CudaError) -> bool {
+    matches!(
+        e,
+        CudaError::LibraryMissing { .. } | CudaError::NoGpu(_) | CudaError::NotEnoughGpus { .. }
+    )
+}
+
+/// Opens the backend `choice` for plans of up to `gpus` GPUs; the simulator
+/// uses `hw`. `gpu` fails with the typed reason; `auto` falls back to the
+/// simulator only when the GPUs are unavailable ([`is_unavailable`]), and
+/// fails on any other GPU error.
+pub fn open(choice: BackendChoice, gpus: usize, hw: &HwProfile) -> Result<Opened, CudaError> {
+    let sim = |fallback| Opened {
+        backend: Box::new(Simulator::new(hw.clone())),
+        fallback,
+    };
+    match choice {
+        BackendChoice::Sim => Ok(sim(None)),
+        BackendChoice::Gpu => Ok(Opened {
+            backend: Box::new(GpuBackends::open(gpus)?),
+            fallback: None,
+        }),
+        BackendChoice::Auto => match GpuBackends::open(gpus) {
+            Ok(b) => Ok(Opened {
+                backend: Box::new(b),
+                fallback: None,
+            }),
+            Err(e) if is_unavailable(&e) => Ok(sim(Some(e))),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// The GPU backend for plans of any GPU count: one [`GpuBackend`] per count
+/// (NCCL communicators span exactly the plan's ranks), opened on first use.
+/// The largest count is opened at once, so a machine without enough GPUs is
+/// detected before any work.
+pub struct GpuBackends {
+    by_count: BTreeMap<usize, GpuBackend>,
+    current: usize,
+}
+
+impl GpuBackends {
+    pub fn open(gpus: usize) -> Result<Self, CudaError> {
+        let first = GpuBackend::open(gpus)?;
+        let mut by_count = BTreeMap::new();
+        by_count.insert(gpus, first);
+        Ok(GpuBackends {
+            by_count,
+            current: gpus,
+        })
+    }
+
+    fn select(&mut self, gpus: usize) -> Result<&mut GpuBackend, CudaError> {
+        self.current = gpus;
+        Ok(match self.by_count.entry(gpus) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(GpuBackend::open(gpus)?),
+        })
+    }
+}
+
+impl Backend for GpuBackends {
+    fn name(&self) -> &str {
+        "gpu"
+    }
+
+    fn device(&self) -> String {
+        self.by_count
+            .get(&self.current)
+            .map(|b| b.device())
+            .unwrap_or_default()
+    }
+
+    fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError> {
+        self.select(seq.problem.gpus)?.prepare(seq)
+    }
+
+    fn measure(
+        &mut self,
+        plan: &Plan,
+        check: bool,
+        timeline: bool,
+    ) -> Result<Measured, BackendError> {
+        self.select(plan.problem.gpus)?
+            .measure(plan, check, timeline)
+    }
+}

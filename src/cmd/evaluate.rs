@@ -1,0 +1,149 @@
+//! `ficco evaluate`: scores the selectors and the simulator against
+//! measurements: a suite measured now (every valid schedule is the oracle),
+//! or saved explore JSON.
+
+use super::open_backend;
+use crate::args::{load_hw, BackendArg, DEFAULT_HW};
+use crate::output::print;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ficco_core::choose::evaluate::{evaluate, Evaluation};
+use ficco_core::choose::explore::{explore, schedules_for, ExploreOptions};
+use ficco_core::problem::suite;
+use ficco_core::report::{ScenarioReport, SuiteReport};
+use ficco_core::sim::profile::HwProfile;
+use ficco_core::sim::Simulator;
+use ficco_core::space::SpaceOptions;
+use ficco_core::Error;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct EvaluateArgs {
+    /// Suite TOML to measure as the oracle (every valid schedule, on GPUs).
+    #[arg(long, conflicts_with = "measured")]
+    suite: Option<PathBuf>,
+    /// Saved explore JSON to score offline (comma-separated files).
+    #[arg(long, value_delimiter = ',', value_name = "FILE.json")]
+    measured: Vec<PathBuf>,
+    /// With --suite: gpu (measure), auto or sim (the simulator is then its own oracle).
+    #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
+    backend: BackendArg,
+    /// Hardware profile for the selectors and the simulator.
+    #[arg(long, default_value = DEFAULT_HW)]
+    hw: String,
+    /// Also score the scenarios whose name starts with this (e.g. llama3-70b) apart.
+    #[arg(long, value_name = "MODEL_PREFIX")]
+    holdout: Option<String>,
+    /// Write the evaluation as JSON to this file ('-' for stdout instead of the table).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// With --suite: also write every measured schedule, in `explore --json`'s
+    /// suite schema (what `--measured` and `bench/anchor.py report` read).
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+}
+
+fn read_reports(files: &[PathBuf]) -> Result<Vec<ScenarioReport>> {
+    let mut out = vec![];
+    for f in files {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Error::Io(format!("cannot read '{}': {e}", f.display())))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Io(format!("'{}' is not JSON: {e}", f.display())))?;
+        let reports: Vec<ScenarioReport> = if v.get("scenarios").is_some() {
+            serde_json::from_value::<SuiteReport>(v)
+                .map(|s| s.scenarios)
+                .map_err(|e| {
+                    Error::Io(format!("'{}' is not an explore report: {e}", f.display()))
+                })?
+        } else {
+            vec![serde_json::from_value(v).map_err(|e| {
+                Error::Io(format!("'{}' is not an explore report: {e}", f.display()))
+            })?]
+        };
+        out.extend(reports);
+    }
+    if out.is_empty() {
+        bail!("no scenario in {}", files.len());
+    }
+    Ok(out)
+}
+
+fn measure_suite(
+    args: &EvaluateArgs,
+    path: &std::path::Path,
+    hw: &HwProfile,
+) -> Result<Vec<ScenarioReport>> {
+    let suite = suite::load(path)?;
+    if suite.scenarios.is_empty() {
+        bail!(Error::Suite(format!(
+            "'{}': no scenario ficco can run",
+            path.display()
+        )));
+    }
+    let max_gpus = suite
+        .scenarios
+        .iter()
+        .map(|s| s.problem.gpus)
+        .max()
+        .unwrap_or(0);
+    let mut backend = open_backend(args.backend, max_gpus, hw)?;
+    let sim = Simulator::new(hw.clone());
+    let predict = |plan: &ficco_core::plan::Plan| sim.predict(plan);
+    let opts = ExploreOptions {
+        select_hw: Some(hw.clone()),
+        ..Default::default()
+    };
+    let space = SpaceOptions::default();
+    let mut reports = vec![];
+    for sc in &suite.scenarios {
+        eprintln!("ficco: measuring {}", sc.name);
+        let schedules = schedules_for(sc.problem.op, space, &[]);
+        let ex = explore(sc, &schedules, &predict, backend.as_mut(), &opts)
+            .with_context(|| format!("scenario '{}'", sc.name))?;
+        reports.push(ex.report);
+    }
+    Ok(reports)
+}
+
+pub fn run(args: EvaluateArgs) -> Result<()> {
+    let hw = load_hw(&args.hw)?;
+    if args.save.is_some() && args.suite.is_none() {
+        bail!("--save writes what --suite measures; with --measured the measurements are already saved");
+    }
+    let reports = match (&args.suite, args.measured.is_empty()) {
+        (Some(path), true) => {
+            let reports = measure_suite(&args, path, &hw)?;
+            if let Some(p) = &args.save {
+                let text = serde_json::to_string_pretty(&SuiteReport {
+                    scenarios: reports.clone(),
+                })? + "\n";
+                std::fs::write(p, text)
+                    .map_err(|e| Error::Io(format!("cannot write '{}': {e}", p.display())))?;
+            }
+            reports
+        }
+        (None, false) => read_reports(&args.measured)?,
+        _ => bail!(
+            "say what to evaluate: --suite FILE (measure) or --measured FILE.json[,FILE2.json]"
+        ),
+    };
+    let ev: Evaluation = evaluate(&reports, &hw, args.holdout.as_deref())?;
+    if let Some(h) = &args.holdout {
+        if !ev
+            .scenarios
+            .iter()
+            .any(|s| s.scenario.starts_with(h.as_str()))
+        {
+            bail!("--holdout '{h}' matches no scenario");
+        }
+    }
+    let text = serde_json::to_string_pretty(&ev)? + "\n";
+    match &args.json {
+        Some(p) if p.as_os_str() == "-" => return print(&text),
+        Some(p) => std::fs::write(p, &text)
+            .map_err(|e| Error::Io(format!("cannot write '{}': {e}", p.display())))?,
+        None => {}
+    }
+    print(&ev.table())
+}

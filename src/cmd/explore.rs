@@ -1,0 +1,223 @@
+//! `ficco explore`: every schedule of a scenario, a model or a suite, run
+//! through a backend (the GPUs, or the simulator), as a table or JSON, with
+//! optional trace and SVG files.
+
+use super::open_backend;
+use super::schedules::space;
+use crate::args::{load_hw, positive, BackendArg, ShapeArgs, DEFAULT_HW};
+use crate::output::{print, write_timelines};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ficco_core::choose::explore::{explore, schedules_for, ExploreOptions};
+use ficco_core::problem::models::{self, ModelSpec};
+use ficco_core::problem::suite;
+use ficco_core::problem::workload::{Op, Problem, Scenario};
+use ficco_core::report::{self, ScenarioReport, SuiteReport};
+use ficco_core::sim::Simulator;
+use ficco_core::space::Schedule;
+use ficco_core::Error;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub struct ExploreArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Number of GPUs.
+    #[arg(long, conflicts_with = "suite")]
+    gpus: Option<i64>,
+    /// concurrent: independent GEMMs per GPU beside the collective.
+    #[arg(long, default_value_t = 1)]
+    gemms: i64,
+    /// concurrent: the collective (all-reduce, all-gather or reduce-scatter).
+    #[arg(long)]
+    collective: Option<String>,
+    /// concurrent: the collective's size in bytes (nccl-tests' "size").
+    #[arg(long)]
+    bytes: Option<i64>,
+    /// Model preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b); needs --tokens and --gpus.
+    #[arg(long, conflicts_with_all = ["op", "suite", "hidden"], requires_all = ["tokens", "gpus"])]
+    model: Option<String>,
+    /// Tokens (batch x sequence) for --model or a custom model.
+    #[arg(long)]
+    tokens: Option<i64>,
+    /// Custom model: hidden size (with --ffn --kv --tokens --gpus).
+    #[arg(long, conflicts_with_all = ["op", "suite"], requires_all = ["ffn", "kv", "tokens", "gpus"])]
+    hidden: Option<i64>,
+    /// Custom model: FFN size.
+    #[arg(long, requires = "hidden")]
+    ffn: Option<i64>,
+    /// Custom model: kv heads x head dim.
+    #[arg(long, requires = "hidden")]
+    kv: Option<i64>,
+    /// Suite TOML file (e.g. suites/llama3.toml).
+    #[arg(long, conflicts_with = "op")]
+    suite: Option<PathBuf>,
+    /// Where to run: auto (GPUs if present, else simulate), sim or gpu.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Hardware profile for the simulator: a built-in name or a TOML path.
+    #[arg(long, default_value = DEFAULT_HW)]
+    hw: String,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write a Chrome/Perfetto trace of the best schedule and seq.
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
+    /// Write an SVG timeline comparing seq and the best schedule.
+    #[arg(long, value_name = "FILE.svg")]
+    svg: Option<PathBuf>,
+    /// Include resource-control variants in the design space.
+    #[arg(long)]
+    controls: bool,
+    /// Restrict to these schedules (repeatable); seq is always included.
+    #[arg(long = "schedule", value_name = "NAME")]
+    schedules: Vec<String>,
+}
+
+/// The scenarios the flags ask for, validated.
+fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
+    if let Some(path) = &args.suite {
+        let suite = suite::load(path)?;
+        for s in &suite.skipped {
+            eprintln!("ficco: skipped [[{}]] '{}': {}", s.kind, s.name, s.reason);
+        }
+        if suite.scenarios.is_empty() {
+            bail!(Error::Suite(format!(
+                "'{}': no scenario ficco can run",
+                path.display()
+            )));
+        }
+        return Ok(suite.scenarios);
+    }
+    let gpus = args.gpus.map(|g| positive("gpus", g)).transpose()?;
+    if let Some((op, m, k, n)) = args.shape.shape()? {
+        let problem = if op == Op::Concurrent {
+            let collective = args.collective.as_deref().ok_or_else(|| {
+                Error::Shape("--op concurrent needs --collective (all-reduce, all-gather or reduce-scatter) and --bytes".into())
+            })?;
+            Problem::concurrent(
+                positive("gemms", args.gemms)?,
+                m,
+                k,
+                n,
+                collective.parse()?,
+                positive("bytes", args.bytes.unwrap_or(0))?,
+                gpus.unwrap_or(0),
+            )?
+        } else {
+            if args.collective.is_some() || args.bytes.is_some() {
+                bail!(Error::Shape(format!(
+                    "--collective and --bytes belong to --op concurrent, not {op}"
+                )));
+            }
+            Problem::new(op, m, k, n, gpus.unwrap_or(0))?
+        };
+        return Ok(vec![Scenario {
+            name: problem.label(),
+            problem,
+        }]);
+    }
+    let model = if let Some(name) = &args.model {
+        models::preset(name)?
+    } else if let Some(h) = args.hidden {
+        ModelSpec::custom(
+            None,
+            positive("hidden", h)?,
+            positive("ffn", args.ffn.unwrap_or(0))?,
+            positive("kv", args.kv.unwrap_or(0))?,
+        )?
+    } else {
+        bail!("say what to explore: --op OP --m M --k K --n N --gpus P, --model NAME --tokens T --gpus P, --hidden H --ffn F --kv KV --tokens T --gpus P, or --suite FILE");
+    };
+    let tokens = positive("tokens", args.tokens.unwrap_or(0))?;
+    Ok(model.scenarios(tokens, gpus.unwrap_or(0))?)
+}
+
+pub fn run(args: ExploreArgs) -> Result<()> {
+    let scenarios = scenarios(&args)?;
+    let only: Vec<Schedule> = args
+        .schedules
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    let hw = load_hw(&args.hw)?;
+    let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
+    let mut backend = open_backend(args.backend, max_gpus, &hw)?;
+    let space = space(args.controls, &hw);
+    let sim = Simulator::new(hw.clone());
+    let predict = |plan: &ficco_core::plan::Plan| sim.predict(plan);
+    let opts = ExploreOptions {
+        select_hw: Some(hw.clone()),
+        timelines: args.trace.is_some() || args.svg.is_some(),
+        ..Default::default()
+    };
+    let several = scenarios.len() > 1;
+
+    let bar = if several && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(scenarios.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut reports: Vec<ScenarioReport> = vec![];
+    for sc in &scenarios {
+        bar.set_message(sc.name.clone());
+        let schedules = schedules_for(sc.problem.op, space, &only);
+        let ex = explore(sc, &schedules, &predict, backend.as_mut(), &opts)
+            .with_context(|| format!("scenario '{}'", sc.name))?;
+        if only.iter().all(|s| {
+            ex.report
+                .row(&s.name())
+                .is_some_and(|r| r.skipped.is_some())
+        }) && !only.is_empty()
+            && !several
+        {
+            let why: Vec<String> = ex
+                .report
+                .schedules
+                .iter()
+                .filter_map(|r| Some(format!("{}: {}", r.name, r.skipped.as_ref()?)))
+                .collect();
+            bail!(Error::DoesNotFit {
+                schedule: args.schedules.join(", "),
+                reason: why.join("; "),
+            });
+        }
+        write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several)?;
+        reports.push(ex.report);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    if args.json {
+        let text = if several {
+            serde_json::to_string_pretty(&SuiteReport { scenarios: reports })?
+        } else {
+            serde_json::to_string_pretty(&reports[0])?
+        };
+        return print(&(text + "\n"));
+    }
+    let mut text = String::new();
+    for (i, r) in reports.iter().enumerate() {
+        if i > 0 {
+            text.push('\n');
+        }
+        text += &r.table();
+        if let Some(rows) = report::ablation(r) {
+            text += &report::ablation_table(&rows);
+        }
+    }
+    if several {
+        text.push('\n');
+        text += &report::summarize(&reports).table();
+    }
+    print(&text)
+}

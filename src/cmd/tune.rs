@@ -1,0 +1,81 @@
+//! `ficco tune`: measures the rule pick and the top predicted schedules on
+//! the GPUs (`ficco_core::choose::autotune`) and caches the winner for `select`.
+
+use super::select::device_and_software;
+use crate::args::{load_hw, positive, ProblemArgs, DEFAULT_HW};
+use crate::output::{one_line, print};
+use anyhow::{anyhow, Result};
+use clap::Args;
+use ficco_core::choose::autotune;
+use ficco_core::choose::tune::{self, TuneCache, TuneEntry, TuneKey};
+use ficco_core::Error;
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    problem: ProblemArgs,
+    /// Measure this many of the best-predicted candidates (plus seq).
+    #[arg(long, default_value_t = 4)]
+    top: i64,
+    /// Tuning cache to update (default: $XDG_CACHE_HOME/ficco/tune.json).
+    #[arg(long, value_name = "FILE")]
+    cache: Option<PathBuf>,
+    /// Hardware profile used to rank the candidates.
+    #[arg(long, default_value = DEFAULT_HW)]
+    hw: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: TuneArgs) -> Result<()> {
+    let top = positive("top", args.top)?;
+    let problems = args.problem.problems()?;
+    let hw = load_hw(&args.hw)?;
+    let path = args.cache.clone().unwrap_or_else(tune::default_path);
+    let max_gpus = problems.iter().map(|(_, p)| p.gpus).max().unwrap_or(0);
+    let mut m = ficco_cuda::open(ficco_cuda::BackendChoice::Gpu, max_gpus, &hw)
+        .map_err(|e| anyhow!("tune measures on GPUs and none is usable: {e}"))?
+        .backend;
+    let (mut cache, warn) = TuneCache::load(&path);
+    if let Some(w) = warn {
+        eprintln!("ficco: warning: {w} (it will be rewritten)");
+    }
+    let mut out = vec![];
+    let mut text = String::new();
+    for (name, p) in &problems {
+        let t = autotune::tune(p, &hw, top, m.as_mut())?;
+        for w in &t.warnings {
+            eprintln!("ficco: warning: {}", one_line(w));
+        }
+        let (best, t, measured) = (t.best, t.time_ms, t.measured);
+        let (device, software) = device_and_software(p.gpus)
+            .unwrap_or_else(|| (m.device(), format!("ficco {}", env!("CARGO_PKG_VERSION"))));
+        let entry = TuneEntry {
+            key: TuneKey::new(p, &device, &software),
+            schedule: best.clone(),
+            time_ms: t,
+            measured: measured.clone(),
+        };
+        text += &format!(
+            "{name}: {best}  {t:.4} ms  (measured {} candidates on {device})\n",
+            measured.len()
+        );
+        out.push(serde_json::to_value(&entry)?);
+        cache.insert(entry);
+    }
+    cache.save(&path).map_err(|e| {
+        Error::Io(format!(
+            "cannot write the tuning cache '{}': {e}",
+            path.display()
+        ))
+    })?;
+    text += &format!("# cache: {}\n", path.display());
+    if args.json {
+        print(&(serde_json::to_string_pretty(&json!({"cache": path, "entries": out}))? + "\n"))
+    } else {
+        print(&text)
+    }
+}
