@@ -281,7 +281,7 @@ fn cmd_schedules(args: SchedulesArgs) -> Result<()> {
         "name",
     );
     for s in &all {
-        text += &format!("{:<w$}  {}\n", s.name(), report::describe(s, gpus));
+        text += &format!("{:<w$}  {}\n", s.name(), s.describe(gpus));
     }
     print(&text)
 }
