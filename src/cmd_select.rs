@@ -170,7 +170,7 @@ pub fn cmd_select(args: SelectArgs) -> Result<()> {
             None => {
                 let s = select::select(p, &hw, selector)?;
                 (
-                    s.schedule,
+                    s.schedule.name(),
                     selector.name().to_string(),
                     s.predicted_ms,
                     s.reason,
@@ -383,7 +383,7 @@ pub fn cmd_tune(args: TuneArgs) -> Result<()> {
             .map(|s| Ok((select::predict_ms(p, &s, &hw)?, s)))
             .collect::<Result<_>>()?;
         ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let rules = select::select_rules(p, &hw)?.schedule.parse::<Schedule>()?;
+        let rules = select::select_rules(p, &hw)?.schedule;
         let mut chosen: Vec<Schedule> = vec![Schedule::SEQ];
         if !rules.is_seq() {
             chosen.push(rules);
