@@ -145,10 +145,7 @@ pub fn cmd_select(args: SelectArgs) -> Result<()> {
                     Lookup::Miss => {}
                 },
                 None => {
-                    if c.entries.iter().any(|e| {
-                        (e.key.op, e.key.m, e.key.k, e.key.n, e.key.gpus)
-                            == (p.op, p.m, p.k, p.n, p.gpus)
-                    }) {
+                    if c.entries.iter().any(|e| e.key.problem == *p) {
                         eprintln!(
                             "ficco: warning: ignoring tuning entries for {}: no GPU here to check that they match this device",
                             p.label()

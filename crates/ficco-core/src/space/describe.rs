@@ -44,9 +44,7 @@ impl Schedule {
         }
         if let Some(b) = self.occupancy {
             let blocks = if b == 1 { "block" } else { "blocks" };
-            d += &format!(
-                ", occupancy shaping: ficco's GEMM kernel, at most {b} {blocks} per SM"
-            );
+            d += &format!(", occupancy shaping: ficco's GEMM kernel, at most {b} {blocks} per SM");
         }
         if let Some(n) = self.nccl_ctas {
             d += &format!(", NCCL limited to {n} CTAs (maxCTAs)");
