@@ -2,7 +2,7 @@
 //! its exporters, the JSON below ([`json`]), an nccl-tests style table
 //! ([`table`]), the suite summary ([`summary`]), a Chrome/Perfetto trace
 //! ([`trace`]), an SVG Gantt timeline ([`svg`]) and the control ablation of
-//! `concurrent` reports ([`ablation`]).
+//! `concurrent` reports ([`ablation`](mod@ablation)).
 //!
 //! One scenario's JSON is exactly
 //!

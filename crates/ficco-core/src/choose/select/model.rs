@@ -47,7 +47,7 @@ fn complexity(s: &Schedule) -> (usize, usize, bool, usize) {
 /// The model selector over `among` (every candidate when empty): simulate
 /// the schedules of [`in_model_space`] (all of `among` if none is), then,
 /// of those predicted within [`MODEL_MARGIN`] of the fastest, take the one
-/// of least [`complexity`].
+/// of least `complexity` (fewer steps, ring, unfused, one stream).
 pub fn select_model_among(p: &Problem, hw: &HwProfile, among: &[Schedule]) -> Result<Selection> {
     p.validate()?;
     let all;
