@@ -5,7 +5,6 @@ use crate::output::print;
 use anyhow::{bail, Result};
 use clap::Args;
 use ficco_core::problem::workload::Op;
-use ficco_core::report;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::{enumerate, SpaceOptions};
 use ficco_core::Error;
@@ -54,7 +53,7 @@ pub fn run(args: SchedulesArgs) -> Result<()> {
         "name",
     );
     for s in &all {
-        text += &format!("{:<w$}  {}\n", s.name(), report::describe(s, gpus));
+        text += &format!("{:<w$}  {}\n", s.name(), s.describe(gpus));
     }
     print(&text)
 }

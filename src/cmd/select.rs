@@ -97,7 +97,7 @@ pub fn run(args: SelectArgs) -> Result<()> {
             None => {
                 let s = select::select(p, &hw, selector)?;
                 (
-                    s.schedule,
+                    s.schedule.name(),
                     selector.name().to_string(),
                     s.predicted_ms,
                     s.reason,

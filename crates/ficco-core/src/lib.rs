@@ -34,5 +34,6 @@ pub mod report;
 pub mod run;
 pub mod sim;
 pub mod space;
+pub mod stats;
 
 pub use error::{Error, Result};

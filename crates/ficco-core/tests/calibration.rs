@@ -8,6 +8,7 @@
 use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::sim::cost;
 use ficco_core::sim::profile::HwProfile;
+use ficco_core::stats::median;
 use serde::Deserialize;
 
 const ANCHOR: &str = include_str!("../data/anchor-h200x4.jsonl");
@@ -35,16 +36,6 @@ fn rows() -> Vec<(String, Problem, [f64; 3])> {
             (r.name, p, [r.compute_ms, r.comm_ms, r.seq_ms])
         })
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 #[test]
@@ -78,7 +69,7 @@ fn h200_profile_matches_the_anchor() {
     }
     let mut failures = Vec::new();
     for (j, what) in ["gemm", "comm", "seq"].iter().enumerate() {
-        let med = median(errs[j].clone());
+        let med = median(&errs[j]).expect("60 errors");
         let worst = errs[j].iter().cloned().fold(0.0, f64::max);
         println!(
             "{what:>5}: median |err| {:.1}%, worst {:.1}%",

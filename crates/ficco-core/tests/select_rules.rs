@@ -23,7 +23,7 @@ fn rules_are_sensible_on_eight_gpus() {
     for sc in &suite.scenarios {
         let p = sc.problem;
         let sel = select::select_rules(&p, &hw).unwrap();
-        let s: Schedule = sel.schedule.parse().unwrap();
+        let s = sel.schedule;
         if s.is_seq() {
             // Rule 1: only where 7 (14 for gemm-ar) copy latencies exceed
             // what overlap could save.
@@ -63,7 +63,7 @@ fn tiny_huge_and_awkward_shapes_get_a_fitting_schedule() {
                 let p = Problem::new(op, m, k, n, gpus).unwrap();
                 for sel in Selector::ALL {
                     let s = select::select(&p, &hw, sel).unwrap();
-                    let parsed: Schedule = s.schedule.parse().unwrap();
+                    let parsed = s.schedule;
                     assert!(
                         parsed.is_seq() || parsed.misfit(&p).is_none(),
                         "{} {sel}: {s:?}",
@@ -73,11 +73,11 @@ fn tiny_huge_and_awkward_shapes_get_a_fitting_schedule() {
                 }
                 let r = select::select_rules(&p, &hw).unwrap().schedule;
                 if m == gpus {
-                    assert_eq!(r, "seq", "{}", p.label());
+                    assert_eq!(r, Schedule::SEQ, "{}", p.label());
                 }
                 if m == 1 << 20 {
                     // Enormous GEMMs: always overlapped, never split below a wave.
-                    assert_ne!(r, "seq", "{}", p.label());
+                    assert!(!r.is_seq(), "{}", p.label());
                 }
             }
         }

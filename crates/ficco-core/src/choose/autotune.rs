@@ -26,7 +26,7 @@ pub fn candidates(p: &Problem, hw: &HwProfile, top: usize) -> Result<Vec<Schedul
         .map(|s| Ok((select::predict_ms(p, &s, hw)?, s)))
         .collect::<Result<_>>()?;
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let rules: Schedule = select::select_rules(p, hw)?.schedule.parse()?;
+    let rules = select::select_rules(p, hw)?.schedule;
     let mut chosen = vec![Schedule::SEQ];
     if !rules.is_seq() {
         chosen.push(rules);
@@ -108,9 +108,7 @@ pub fn consult(cache: &TuneCache, p: &Problem, here: Option<(&str, &str)>) -> Ad
             Lookup::Miss => Advice::Miss(vec![]),
         },
         None => {
-            let any = cache.entries.iter().any(|e| {
-                (e.key.op, e.key.m, e.key.k, e.key.n, e.key.gpus) == (p.op, p.m, p.k, p.n, p.gpus)
-            });
+            let any = cache.entries.iter().any(|e| e.key.problem == *p);
             Advice::Miss(if any {
                 vec![format!(
                     "ignoring tuning entries for {}: no GPU here to check that they match this device",

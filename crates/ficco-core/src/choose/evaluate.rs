@@ -130,14 +130,15 @@ pub fn evaluate(
         let picks = [model, rules]
             .into_iter()
             .map(|sel| {
+                let name = sel.schedule.name();
                 let time_ms = rep
-                    .row(&sel.schedule)
+                    .row(&name)
                     .filter(|r| r.is_valid())
                     .and_then(|r| r.time_ms);
                 let slowdown = time_ms.map(|t| t / best_ms);
                 Pick {
                     selector: sel.selector,
-                    schedule: sel.schedule,
+                    schedule: name,
                     time_ms,
                     slowdown,
                     accurate: slowdown.is_some_and(|s| s <= 1.0 + TOLERANCE),

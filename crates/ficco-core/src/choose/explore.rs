@@ -327,7 +327,7 @@ pub fn explore(
             select::DEFAULT_SELECTOR
         };
         if let Ok(sel) = select::select(problem, hw, selector) {
-            report.set_selection(&sel.schedule, sel.selector.name());
+            report.set_selection(&sel.schedule.name(), sel.selector.name());
         }
     }
 

@@ -8,7 +8,7 @@
 //! included; a stale entry (other device or versions) or a file that does not
 //! parse is reported as one warning line and ignored, never trusted.
 
-use crate::problem::workload::{Op, Problem};
+use crate::problem::workload::Problem;
 use crate::space::Schedule;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -20,11 +20,11 @@ pub const CACHE_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TuneKey {
-    pub op: Op,
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-    pub gpus: usize,
+    /// The problem, as its own keys (`op`, `m`, `k`, `n`, `gpus`; `side`
+    /// only for `concurrent`), so entries written before this field keep
+    /// parsing.
+    #[serde(flatten)]
+    pub problem: Problem,
     /// Device description, e.g. "4x NVIDIA H200".
     pub device: String,
     /// Software versions, e.g. "ficco 0.1.0; driver 13000; nccl 22803; cublaslt 130000".
@@ -34,19 +34,14 @@ pub struct TuneKey {
 impl TuneKey {
     pub fn new(p: &Problem, device: &str, software: &str) -> Self {
         TuneKey {
-            op: p.op,
-            m: p.m,
-            k: p.k,
-            n: p.n,
-            gpus: p.gpus,
+            problem: *p,
             device: device.to_string(),
             software: software.to_string(),
         }
     }
 
     fn same_problem(&self, other: &TuneKey) -> bool {
-        (self.op, self.m, self.k, self.n, self.gpus)
-            == (other.op, other.m, other.k, other.n, other.gpus)
+        self.problem == other.problem
     }
 }
 
@@ -173,7 +168,7 @@ impl TuneCache {
         match self.entries.iter().find(|e| e.key.same_problem(key)) {
             Some(e) => Lookup::Stale(format!(
                 "ignoring stale tuning entry for {} {}x{}x{} on {} GPUs: tuned on '{}' with '{}', this is '{}' with '{}'",
-                key.op, key.m, key.k, key.n, key.gpus, e.key.device, e.key.software, key.device, key.software
+                key.problem.op, key.problem.m, key.problem.k, key.problem.n, key.problem.gpus, e.key.device, e.key.software, key.device, key.software
             )),
             None => Lookup::Miss,
         }
@@ -189,6 +184,7 @@ impl TuneCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::workload::Op;
 
     fn key(device: &str) -> TuneKey {
         let p = Problem::new(Op::AgGemm, 2048, 4096, 3072, 2).unwrap();
@@ -241,8 +237,29 @@ mod tests {
         let mut k = key("2x NVIDIA H200");
         k.software = "ficco 0.2.0; nccl 22900".into();
         assert!(matches!(c.lookup(&k), Lookup::Stale(_)));
-        k.m = 4096;
+        k.problem.m = 4096;
         assert_eq!(c.lookup(&k), Lookup::Miss);
+    }
+
+    #[test]
+    fn keys_keep_the_old_format() {
+        // An entry as written before TuneKey held a Problem.
+        let old = r#"{"version": 1, "entries": [{"key": {"op": "ag-gemm", "m": 2048, "k": 4096, "n": 3072, "gpus": 2, "device": "2x NVIDIA H200", "software": "ficco 0.1.0; nccl 22803"}, "schedule": "shard-copy-ring", "time_ms": 0.08, "measured": [["shard-copy-ring", 0.08], ["seq", 0.13]]}]}"#;
+        let c = TuneCache::parse(old).unwrap();
+        assert_eq!(c.entries, vec![entry("2x NVIDIA H200")]);
+        assert_eq!(
+            c.lookup(&key("2x NVIDIA H200")),
+            Lookup::Hit(entry("2x NVIDIA H200"))
+        );
+        // And it is written back with the same keys, in the same order.
+        let text = serde_json::to_string(&c.entries[0].key).unwrap();
+        assert_eq!(
+            text,
+            r#"{"op":"ag-gemm","m":2048,"k":4096,"n":3072,"gpus":2,"device":"2x NVIDIA H200","software":"ficco 0.1.0; nccl 22803"}"#
+        );
+        // Unknown keys are still refused.
+        let extra = old.replace(r#""gpus": 2,"#, r#""gpus": 2, "tp": 4,"#);
+        assert!(TuneCache::parse(&extra).is_err());
     }
 
     #[test]

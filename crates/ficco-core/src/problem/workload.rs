@@ -1,7 +1,9 @@
-//! Workloads: the operators of MISSION.md (the communication-dependent ones
-//! and `concurrent`, independent GEMMs beside a collective) and their
-//! per-rank shapes. This is the "what must be computed" layer; nothing here
-//! knows about schedules or hardware.
+//! Workloads: the operators ficco overlaps and their per-rank shapes. Three
+//! are communication-dependent, a GEMM whose input or output goes through a
+//! collective on P GPUs (`ag-gemm`: all-gather, then GEMM; `gemm-rs`: GEMM,
+//! then reduce-scatter; `gemm-ar`: GEMM, then all-reduce), and one is not:
+//! `concurrent`, independent GEMMs beside a collective. This is the "what
+//! must be computed" layer; nothing here knows about schedules or hardware.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};

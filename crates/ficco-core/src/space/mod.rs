@@ -21,6 +21,13 @@
 //! GEMMs) and `shard-copy-ring|all` (the collective on copy engines: pulls,
 //! pushes and a reduce kernel), each with any of the controls.
 
+mod describe;
+mod enumerate;
+
+pub use enumerate::{
+    enumerate, SpaceOptions, CONTROL_NCCL_CTAS, CONTROL_OCCUPANCY, GREEN_SM_GRANULE,
+};
+
 use crate::error::{Error, Result};
 use crate::problem::workload::{Op, Problem};
 use serde::{Deserialize, Serialize};
@@ -51,6 +58,16 @@ impl Granularity {
             Granularity::Fine(c) => c,
         }
     }
+
+    /// The name's part: `seq`, `shard`, `bulk` or `fineC`.
+    pub fn name(self) -> String {
+        match self {
+            Granularity::Seq => "seq".to_string(),
+            Granularity::Shard => "shard".to_string(),
+            Granularity::Bulk => "bulk".to_string(),
+            Granularity::Fine(c) => format!("fine{c}"),
+        }
+    }
 }
 
 /// Which hardware moves the bytes.
@@ -62,6 +79,16 @@ pub enum Engine {
     Copy,
 }
 
+impl Engine {
+    /// The name's part: `nccl` or `copy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Nccl => "nccl",
+            Engine::Copy => "copy",
+        }
+    }
+}
+
 /// Which peers a step talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Order {
@@ -69,6 +96,16 @@ pub enum Order {
     Ring,
     /// Each step talks to all peers at once, using every NVLink.
     All,
+}
+
+impl Order {
+    /// The name's part: `ring` or `all`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Order::Ring => "ring",
+            Order::All => "all",
+        }
+    }
 }
 
 /// Stream priority of communication streams.
@@ -105,6 +142,22 @@ pub struct Schedule {
     pub comm_priority: Priority,
 }
 
+/// Serde for a schedule as its canonical name (`#[serde(with =
+/// "crate::space::by_name")]`), where JSON shows schedules as names.
+pub mod by_name {
+    use super::Schedule;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Schedule, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(&s.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(de: D) -> Result<Schedule, D::Error> {
+        let name = String::deserialize(de)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Tile edge (M and N) of ficco's shaped GEMM kernel.
 pub const SHAPED_TILE: usize = 128;
 /// K step of ficco's shaped GEMM kernel.
@@ -135,6 +188,62 @@ impl Schedule {
             engine,
             order,
             ..Schedule::SEQ
+        }
+    }
+
+    /// `-2s` with `2`: GEMMs alternate over this many compute streams.
+    pub const fn with_compute_streams(self, compute_streams: usize) -> Schedule {
+        Schedule {
+            compute_streams,
+            ..self
+        }
+    }
+
+    /// `-acc`: the reduction fused into the own block's GEMM.
+    pub const fn with_fused_reduce(self) -> Schedule {
+        Schedule {
+            fused_reduce: true,
+            ..self
+        }
+    }
+
+    /// `-smN`: cuBLASLt SM count target N for every GEMM.
+    pub const fn with_sm_target(self, sms: usize) -> Schedule {
+        Schedule {
+            sm_target: Some(sms),
+            ..self
+        }
+    }
+
+    /// `-gcN`: compute on a green context of N SMs, communication on the rest.
+    pub const fn with_green_sms(self, sms: usize) -> Schedule {
+        Schedule {
+            green_sms: Some(sms),
+            ..self
+        }
+    }
+
+    /// `-occB`: GEMMs on ficco's shaped kernel, at most B blocks per SM.
+    pub const fn with_occupancy(self, blocks_per_sm: usize) -> Schedule {
+        Schedule {
+            occupancy: Some(blocks_per_sm),
+            ..self
+        }
+    }
+
+    /// `-ctaN`: NCCL communicators created with `maxCTAs = N`.
+    pub const fn with_nccl_ctas(self, ctas: usize) -> Schedule {
+        Schedule {
+            nccl_ctas: Some(ctas),
+            ..self
+        }
+    }
+
+    /// `-hi` with [`Priority::High`]: the priority of communication streams.
+    pub const fn with_comm_priority(self, comm_priority: Priority) -> Schedule {
+        Schedule {
+            comm_priority,
+            ..self
         }
     }
 
@@ -177,21 +286,15 @@ impl Schedule {
 
     /// The canonical short name (see the module doc).
     pub fn name(&self) -> String {
-        let gran = match self.granularity {
-            Granularity::Seq => return "seq".to_string(),
-            Granularity::Shard => "shard".to_string(),
-            Granularity::Bulk => "bulk".to_string(),
-            Granularity::Fine(c) => format!("fine{c}"),
-        };
-        let engine = match self.engine {
-            Engine::Nccl => "nccl",
-            Engine::Copy => "copy",
-        };
-        let order = match self.order {
-            Order::Ring => "ring",
-            Order::All => "all",
-        };
-        let mut s = format!("{gran}-{engine}-{order}");
+        if self.is_seq() {
+            return "seq".to_string();
+        }
+        let mut s = format!(
+            "{}-{}-{}",
+            self.granularity.name(),
+            self.engine.name(),
+            self.order.name()
+        );
         if self.compute_streams == 2 {
             s.push_str("-2s");
         }
@@ -372,159 +475,6 @@ impl FromStr for Schedule {
     }
 }
 
-/// Which optional controls the enumeration includes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SpaceOptions {
-    /// Add resource-control variants (see [`enumerate`]). `concurrent`
-    /// always has them: they are its design space.
-    pub controls: bool,
-    /// SMs of the device (for SM targets and green contexts).
-    pub sm_count: usize,
-    /// SMs NCCL kernels occupy (SM targets and green contexts leave these free).
-    pub nccl_sms: usize,
-}
-
-/// NCCL `maxCTAs` of the enumerated `-ctaN` variants: a quarter of NCCL's
-/// usual channel count on NVLink, so the collective leaves SMs to compute.
-pub const CONTROL_NCCL_CTAS: usize = 8;
-
-/// Blocks per SM of the enumerated `-occB` variants.
-pub const CONTROL_OCCUPANCY: [usize; 2] = [1, 2];
-
-/// Green contexts are made of whole groups of this many SMs on Hopper.
-pub const GREEN_SM_GRANULE: usize = 8;
-
-impl SpaceOptions {
-    /// The SM count a GEMM keeps under `-smN`: all but NCCL's.
-    pub fn sm_target(&self) -> Option<usize> {
-        (self.sm_count > self.nccl_sms && self.nccl_sms > 0).then(|| self.sm_count - self.nccl_sms)
-    }
-
-    /// The compute green context's SMs under `-gcN`: all but NCCL's, rounded
-    /// down to the driver's granularity.
-    pub fn green_sms(&self) -> Option<usize> {
-        self.sm_target()
-            .map(|n| n / GREEN_SM_GRANULE * GREEN_SM_GRANULE)
-            .filter(|&n| n > 0)
-    }
-}
-
-/// Every schedule of the design space that applies to `op`, `seq` first.
-/// Size-dependent fit is not checked here: see [`Schedule::misfit`].
-///
-/// With `controls`, each base schedule of a dependent operator also comes
-/// with `-hi`; NCCL ones also with `-smN`, `-smN-hi`, `-gcN` and `-ctaN`.
-/// `concurrent` gets every combination that makes sense: one compute-side
-/// control (none, `-smN`, `-gcN`, `-occ1`, `-occ2`) x NCCL CTAs (default or
-/// `-cta8`) x priority for NCCL; none or `-gcN` for copy engines (their
-/// transfers take no SMs; the reduce kernel already runs at high priority).
-pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
-    if op == Op::Concurrent {
-        return enumerate_concurrent(opts);
-    }
-    let mut out = vec![Schedule::SEQ];
-    let grans = [Granularity::Shard, Granularity::Bulk]
-        .into_iter()
-        .chain(FINE_CHUNKS.iter().map(|&c| Granularity::Fine(c)));
-    for granularity in grans {
-        for engine in [Engine::Nccl, Engine::Copy] {
-            for order in [Order::Ring, Order::All] {
-                for (compute_streams, fused_reduce) in
-                    [(1, false), (2, false), (1, true), (2, true)]
-                {
-                    let base = Schedule {
-                        compute_streams,
-                        fused_reduce,
-                        ..Schedule::base(granularity, engine, order)
-                    };
-                    if !base.applies_to(op) {
-                        continue;
-                    }
-                    out.push(base);
-                    if !opts.controls {
-                        continue;
-                    }
-                    let hi = Schedule {
-                        comm_priority: Priority::High,
-                        ..base
-                    };
-                    out.push(hi);
-                    if engine == Engine::Nccl {
-                        if let Some(sm) = opts.sm_target() {
-                            out.push(Schedule {
-                                sm_target: Some(sm),
-                                ..base
-                            });
-                            out.push(Schedule {
-                                sm_target: Some(sm),
-                                ..hi
-                            });
-                        }
-                        if let Some(gc) = opts.green_sms() {
-                            out.push(Schedule {
-                                green_sms: Some(gc),
-                                ..base
-                            });
-                        }
-                        out.push(Schedule {
-                            nccl_ctas: Some(CONTROL_NCCL_CTAS),
-                            ..base
-                        });
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-fn enumerate_concurrent(opts: SpaceOptions) -> Vec<Schedule> {
-    let mut out = vec![Schedule::SEQ];
-    let nccl = Schedule::base(Granularity::Shard, Engine::Nccl, Order::Ring);
-    let mut compute_side = vec![nccl];
-    if let Some(sm) = opts.sm_target() {
-        compute_side.push(Schedule {
-            sm_target: Some(sm),
-            ..nccl
-        });
-    }
-    let green = opts.green_sms();
-    if let Some(gc) = green {
-        compute_side.push(Schedule {
-            green_sms: Some(gc),
-            ..nccl
-        });
-    }
-    for b in CONTROL_OCCUPANCY {
-        compute_side.push(Schedule {
-            occupancy: Some(b),
-            ..nccl
-        });
-    }
-    for side in compute_side {
-        for nccl_ctas in [None, Some(CONTROL_NCCL_CTAS)] {
-            for comm_priority in [Priority::Normal, Priority::High] {
-                out.push(Schedule {
-                    nccl_ctas,
-                    comm_priority,
-                    ..side
-                });
-            }
-        }
-    }
-    for order in [Order::Ring, Order::All] {
-        let copy = Schedule::base(Granularity::Shard, Engine::Copy, order);
-        out.push(copy);
-        if let Some(gc) = green {
-            out.push(Schedule {
-                green_sms: Some(gc),
-                ..copy
-            });
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,6 +539,38 @@ mod tests {
             assert!(matches!(err, Error::BadSchedule { .. }), "{bad}: {err}");
             assert!(err.to_string().contains(&format!("'{bad}'")), "{err}");
         }
+    }
+
+    #[test]
+    fn builders_match_names() {
+        let s = Schedule::base(Granularity::Fine(4), Engine::Copy, Order::Ring)
+            .with_compute_streams(2)
+            .with_fused_reduce();
+        assert_eq!(s.name(), "fine4-copy-ring-2s-acc");
+        let c = Schedule::base(Granularity::Shard, Engine::Nccl, Order::Ring)
+            .with_sm_target(116)
+            .with_green_sms(112)
+            .with_occupancy(1)
+            .with_nccl_ctas(8)
+            .with_comm_priority(Priority::High);
+        assert_eq!(c.name(), "shard-nccl-ring-sm116-gc112-occ1-cta8-hi");
+        assert_eq!(c.name().parse::<Schedule>().unwrap(), c);
+    }
+
+    #[test]
+    fn by_name_serializes_the_name() {
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Row {
+            #[serde(with = "by_name")]
+            schedule: Schedule,
+        }
+        let row = Row {
+            schedule: "bulk-copy-all-hi".parse().unwrap(),
+        };
+        let text = serde_json::to_string(&row).unwrap();
+        assert_eq!(text, r#"{"schedule":"bulk-copy-all-hi"}"#);
+        assert_eq!(serde_json::from_str::<Row>(&text).unwrap(), row);
+        assert!(serde_json::from_str::<Row>(r#"{"schedule":"warp-drive"}"#).is_err());
     }
 
     #[test]

@@ -1,0 +1,258 @@
+//! The rule selector: seven documented rules over quantities computed from
+//! the cost model and the shape ([`RuleInputs`]); each rule and why it holds
+//! is on [`rules`]. The rules build typed [`Schedule`]s.
+
+use super::{predict_ms, Selection, Selector};
+use crate::error::Result;
+use crate::problem::workload::{Op, Problem};
+use crate::sim::cost;
+use crate::sim::profile::HwProfile;
+use crate::space::{Engine, Granularity, Order, Schedule};
+use serde::{Deserialize, Serialize};
+
+/// Edge of the square output tiles the rules count waves in.
+pub const RULE_TILE: usize = 128;
+
+/// The quantities the rules look at: the cost model's times of the two
+/// halves of the sequential reference, and counts from the shape.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RuleInputs {
+    /// The whole GEMM alone, ms.
+    pub t_comp_ms: f64,
+    /// The reference collective alone, ms.
+    pub t_comm_ms: f64,
+    /// T_comp / T_comm.
+    pub ratio: f64,
+    /// Rows of one rank's shard, M / P.
+    pub shard_rows: usize,
+    /// Rows of a half-shard chunk, M / P / 2.
+    pub chunk_rows: usize,
+    /// 128-wide output tiles across N: ceil(N / 128).
+    pub tile_cols: usize,
+    /// SMs of the device.
+    pub sm_count: usize,
+    /// [`RuleInputs::waves`] of one shard's GEMM (c = 1).
+    pub shard_waves: f64,
+    /// [`RuleInputs::waves`] of a half-shard chunk's GEMM (c = 2): the
+    /// decomposition-loss signature (below one full wave a chunk GEMM leaves
+    /// SMs idle for its whole run).
+    pub chunk_waves: f64,
+    pub gpus: usize,
+    /// Fixed cost of one copy-engine transfer, ms.
+    pub copy_latency_ms: f64,
+    /// Whether the design space offers fused-reduce (`-acc`) schedules
+    /// (true for the current space; false when scoring data measured before
+    /// they existed).
+    pub fused_reduce: bool,
+}
+
+impl RuleInputs {
+    /// Output tiles (128 x 128) per SM of the GEMM of one chunk when a shard
+    /// is cut into `chunks`: ceil(M/P/chunks / 128) * ceil(N / 128) / SMs.
+    /// At 1.0 every SM gets exactly one tile.
+    pub fn waves(&self, chunks: usize) -> f64 {
+        let rows = self.shard_rows / chunks.max(1);
+        (rows.div_ceil(RULE_TILE) * self.tile_cols) as f64 / self.sm_count as f64
+    }
+}
+
+/// Computes [`RuleInputs`] for `p` on `hw`.
+pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
+    let t_comp_ms = cost::problem_gemm_ms(hw, p);
+    let t_comm_ms = cost::problem_comm_ms(hw, p);
+    let mut x = RuleInputs {
+        t_comp_ms,
+        t_comm_ms,
+        ratio: t_comp_ms / t_comm_ms,
+        shard_rows: p.shard_rows(),
+        chunk_rows: p.shard_rows() / 2,
+        tile_cols: p.n.div_ceil(RULE_TILE),
+        sm_count: hw.sm_count.max(1),
+        shard_waves: 0.0,
+        chunk_waves: 0.0,
+        gpus: p.gpus,
+        copy_latency_ms: hw.copy_engine.latency_us * 1e-3,
+        fused_reduce: true,
+    };
+    x.shard_waves = x.waves(1);
+    x.chunk_waves = x.waves(2);
+    x
+}
+
+/// The rule selector. The rules, in order (the first that decides a choice
+/// wins); P is the GPU count, T_comp the whole GEMM alone, T_comm the
+/// reference collective alone, and "waves" the 128x128 output tiles of a
+/// step's GEMM per SM ([`RuleInputs::waves`]).
+///
+/// 1. **Too small to overlap: `seq`.** The most any overlap can save is
+///    min(T_comp, T_comm). A copy-engine schedule pays each transfer's fixed
+///    cost on the critical path: P−1 rounds for ag-gemm and gemm-rs, 2(P−1)
+///    for gemm-ar (push partials, then broadcast the reduced chunks). When
+///    min(T_comp, T_comm) is below rounds × the copy latency, run `seq`.
+/// 2. **Copy engines.** On H200 the GEMMs are persistent kernels that keep
+///    every SM until they end, so SM-based NCCL transfers cannot run beside
+///    them (they serialize with the GEMMs), while DMA copies overlap and take
+///    no SMs.
+/// 3. **Two GPUs with a reduction: fuse it, `fineC-copy-ring[-2s]-acc`.**
+///    On 2 GPUs the peer's partial lands straight in the output and the own
+///    block's GEMM adds into it (C += A·B), so no reduce kernel trails the
+///    last GEMM and nothing is read back from a receive buffer; chunk j of
+///    the own block only waits for the peer's chunk j. This is for gemm-ar
+///    always (its broadcast phase needs chunks anyway, rule 5), and for
+///    gemm-rs while T_comp < 2·T_comm: the own block's GEMM (half the work)
+///    cannot hide the push of the peer's half. Once it can, `shard` already
+///    hides everything but a short reduce, and fusing buys less than chunking
+///    costs. C is the finest of 2, 4, 8 whose chunk GEMM still fills every SM
+///    (waves(C) ≥ 1): finer chunks shrink the exposed last transfer until the
+///    chunk GEMMs leave SMs idle. Not on P > 2: the P−1 peer partials still
+///    need a reduce before the own GEMM can add them, so the reduce stays on
+///    the critical path and the own GEMM now waits for it.
+/// 4. **`bulk` when the local GEMM hides the whole collective.** For ag-gemm
+///    and gemm-rs on P > 2 GPUs with T_comp ≥ P·T_comm, the local (own)
+///    block's GEMM, T_comp/P, covers every transfer by itself, so cutting the
+///    peers' rows into P−1 GEMMs buys no overlap and only adds wave
+///    quantization and per-GEMM costs: coalesce them. (On 2 GPUs there is one
+///    peer block and `bulk` is `shard`; gemm-ar needs chunks, rule 5.)
+/// 5. **`fine2` when communication dominates, and for gemm-ar, while the
+///    half-shard chunk fills every SM.** When T_comp < T_comm the pipeline's
+///    exposed ends (first transfer, last GEMM and reduce) are what halving
+///    the step shortens; gemm-ar also broadcasts each reduced chunk, and with
+///    one step per shard the whole broadcast is exposed after the last GEMM.
+///    Halving pays only while a half-shard chunk GEMM keeps at least one full
+///    wave (waves(2) ≥ 1); below that the SMs it leaves idle cost more than
+///    the overlap gained. Otherwise `shard`.
+/// 6. **Order `all` for a communication-bound ag-gemm, else `ring`.** ag-gemm
+///    pulls peers' shards; when T_comp < T_comm the local GEMM cannot hide a
+///    one-peer-at-a-time ring, and pulling from every peer at once uses all
+///    copy engines and links. gemm-rs and gemm-ar push partials that are
+///    produced one peer at a time; pushing into every peer at once makes the
+///    receivers' links and reduces contend (measured at P=4: up to 31%
+///    slower, rarely faster), so they keep `ring`.
+/// 7. **A second compute stream only for many short GEMMs.** With `fine4`
+///    or `fine8` (rule 3: at least 4 GEMMs per shard), or an ag-gemm whose
+///    per-peer shard GEMM has less than one wave of tiles (waves(1) < 1, it
+///    occupies only part of the SMs), each GEMM's tail (its partial last wave
+///    and the launch gap) leaves SMs idle; alternating two compute streams
+///    lets the next GEMM start on them. Otherwise one stream: two big
+///    persistent GEMMs only slow each other, and in gemm-rs and gemm-ar a
+///    second stream runs the own block beside the peers' partials and delays
+///    their transfers (measured up to 55% slower with `shard`, rarely faster
+///    with `fine2`).
+pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
+    let gpus = p.gpus;
+    let (ag, rs, ar) = (p.op == Op::AgGemm, p.op == Op::GemmRs, p.op == Op::GemmAr);
+    // Rule 1.
+    let copy_rounds = if ar { 2 * (gpus - 1) } else { gpus - 1 };
+    let max_saving = x.t_comp_ms.min(x.t_comm_ms);
+    if max_saving < copy_rounds as f64 * x.copy_latency_ms {
+        return (
+            Schedule::SEQ,
+            format!(
+                "rule 1: min(T_comp, T_comm) = {:.4} ms < {copy_rounds} copy rounds x {:.4} ms fixed cost",
+                max_saving, x.copy_latency_ms
+            ),
+        );
+    }
+    let fits = |c: usize| p.m % (gpus * c) == 0;
+    let comm_bound = x.ratio < 1.0;
+    // Rule 3.
+    let fuse = x.fused_reduce && gpus == 2 && (ar || (rs && x.ratio < 2.0)) && fits(2);
+    if fuse {
+        let chunks = [4, 8]
+            .into_iter()
+            .filter(|&c| fits(c) && x.waves(c) >= 1.0)
+            .max()
+            .unwrap_or(2);
+        let streams = if chunks >= 4 { 2 } else { 1 };
+        let s = Schedule::base(Granularity::Fine(chunks), Engine::Copy, Order::Ring)
+            .with_compute_streams(streams)
+            .with_fused_reduce();
+        let why = format!(
+            "rules 2, 3, 7: 2 GPUs, {}; fused reduce in {chunks} chunks per shard ({:.2} waves each){}",
+            if ar {
+                "gemm-ar".to_string()
+            } else {
+                format!("gemm-rs with T_comp/T_comm = {:.2} < 2", x.ratio)
+            },
+            x.waves(chunks),
+            if chunks >= 4 { "; 2 compute streams" } else { "" }
+        );
+        return (s, why);
+    }
+    // Rules 4 and 5.
+    let (gran, gran_why) = if gpus > 2 && (ag || rs) && x.ratio >= gpus as f64 {
+        (
+            Granularity::Bulk,
+            format!("T_comp/T_comm = {:.2} >= P -> bulk", x.ratio),
+        )
+    } else if (comm_bound || ar) && fits(2) && x.waves(2) >= 1.0 {
+        (
+            Granularity::Fine(2),
+            format!(
+                "{}; half-shard chunk {:.2} waves -> fine2",
+                if comm_bound {
+                    format!("T_comp/T_comm = {:.2} (comm-bound)", x.ratio)
+                } else {
+                    "gemm-ar".to_string()
+                },
+                x.waves(2)
+            ),
+        )
+    } else {
+        (
+            Granularity::Shard,
+            format!(
+                "T_comp/T_comm = {:.2}, half-shard chunk {:.2} waves -> shard",
+                x.ratio,
+                x.waves(2)
+            ),
+        )
+    };
+    // Rule 6.
+    let order = if ag && comm_bound {
+        Order::All
+    } else {
+        Order::Ring
+    };
+    // Rule 7.
+    let two = ag && gran == Granularity::Shard && x.waves(1) < 1.0;
+    let s = Schedule::base(gran, Engine::Copy, order).with_compute_streams(if two { 2 } else { 1 });
+    let why = format!(
+        "rules 2, 4-7: copy engines; {gran_why}; order {}{}",
+        order.name(),
+        if two {
+            format!("; shard GEMM {:.2} waves -> 2 compute streams", x.waves(1))
+        } else {
+            String::new()
+        }
+    );
+    (s, why)
+}
+
+/// The rule selector (see [`rules`]) limited to the design space of `among`
+/// (the whole space when empty): without fused-reduce schedules in it, rule 3
+/// is off.
+pub fn select_rules_among(p: &Problem, hw: &HwProfile, among: &[Schedule]) -> Result<Selection> {
+    p.validate()?;
+    let mut x = rule_inputs(p, hw);
+    if !among.is_empty() {
+        x.fused_reduce = among.iter().any(|s| s.fused_reduce);
+    }
+    let (s, reason) = rules(p, &x);
+    // A shape the chosen schedule cannot split falls back to seq.
+    let (s, reason) = match s.misfit(p) {
+        Some(why) if !s.is_seq() => (Schedule::SEQ, format!("{reason}; but {why}: seq")),
+        _ => (s, reason),
+    };
+    Ok(Selection {
+        schedule: s,
+        selector: Selector::Rules,
+        predicted_ms: predict_ms(p, &s, hw)?,
+        reason,
+    })
+}
+
+/// The rule selector (see [`rules`]).
+pub fn select_rules(p: &Problem, hw: &HwProfile) -> Result<Selection> {
+    select_rules_among(p, hw, &[])
+}
