@@ -22,6 +22,8 @@
 //!           Chrome trace, SVG, ablation
 //! ```
 //!
+//! `stats` (median) and `error` serve every stage.
+//!
 //! The GPU backend (`ficco-cuda`) is the other implementation of
 //! [`run::Backend`]; it executes the same plans and returns the same
 //! [`run::timeline::Timeline`].
