@@ -1582,10 +1582,10 @@ mod tests {
     use crate::exec::precheck;
 
     fn ok(p: &Plan) {
-        let ptrs: Vec<Vec<u64>> = p
+        let ptrs: Vec<Vec<crate::mem::DevicePtr>> = p
             .ranks
             .iter()
-            .map(|rp| vec![1 << 20; rp.buffers.len()])
+            .map(|rp| vec![crate::mem::DevicePtr(1 << 20); rp.buffers.len()])
             .collect();
         precheck(p, &ptrs).unwrap_or_else(|e| panic!("{}: {e}", p.name));
     }

@@ -12,15 +12,15 @@
 //! Kernels are loaded with the library API (`cuLibraryLoadData`), not
 //! `cuModuleLoadData`: a library's kernels can be launched in any context of
 //! the device, including green contexts, which a module loaded into the
-//! primary context cannot.
+//! primary context cannot. Sources are compiled by [`crate::nvrtc`].
 
-use crate::error::{check, drv, CudaError, Result};
+use crate::driver::cuda as cu;
+use crate::error::{drv, CudaError, Result};
+use crate::nvrtc::{self, CompileStats};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
-use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// A device's stream priority range. Numerically lower is greater priority:
 /// on H200 `least` is 0 and `greatest` is −5.
@@ -44,11 +44,7 @@ impl PriorityRange {
     /// Reads the range of `ctx`'s device (binds `ctx` to this thread).
     pub fn of(ctx: &Arc<CudaContext>) -> Result<Self> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let (mut least, mut greatest) = (0, 0);
-        // SAFETY: valid out-pointers; a context is current.
-        check("cuCtxGetStreamPriorityRange", unsafe {
-            sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
-        })?;
+        let (least, greatest) = cu::stream_priority_range()?;
         Ok(PriorityRange { least, greatest })
     }
 
@@ -75,12 +71,7 @@ pub fn priority_stream(ctx: &Arc<CudaContext>, p: StreamPriority) -> Result<Arc<
 /// # Safety
 /// `stream` must be a live stream handle.
 pub unsafe fn stream_priority(stream: sys::CUstream) -> Result<i32> {
-    let mut p = 0;
-    check(
-        "cuStreamGetPriority",
-        sys::cuStreamGetPriority(stream, &mut p),
-    )?;
-    Ok(p)
+    cu::stream_priority(stream)
 }
 
 /// A stream created outside cudarc (e.g. on a green context); destroyed on drop.
@@ -103,9 +94,7 @@ impl RawStream {
     /// Blocks until all work on the stream is done.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: the stream is alive while self is.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.stream)
-        })
+        unsafe { cu::stream_synchronize(self.stream) }
     }
 
     /// The stream's priority.
@@ -117,10 +106,8 @@ impl RawStream {
 
 impl Drop for RawStream {
     fn drop(&mut self) {
-        // SAFETY: created by the driver, destroyed once; errors cannot be reported.
-        unsafe {
-            let _ = sys::cuStreamDestroy_v2(self.stream);
-        }
+        // SAFETY: created by the driver, destroyed once.
+        unsafe { cu::stream_destroy(self.stream) }
     }
 }
 
@@ -129,21 +116,14 @@ struct RawEvent(sys::CUevent);
 
 impl RawEvent {
     fn new() -> Result<Self> {
-        let mut e = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
-        })?;
-        Ok(RawEvent(e))
+        Ok(RawEvent(cu::event_create()?))
     }
 }
 
 impl Drop for RawEvent {
     fn drop(&mut self) {
-        // SAFETY: created above, destroyed once.
-        unsafe {
-            let _ = sys::cuEventDestroy_v2(self.0);
-        }
+        // SAFETY: created by `new`, destroyed once.
+        unsafe { cu::event_destroy(self.0) }
     }
 }
 
@@ -168,18 +148,13 @@ pub unsafe fn time_ms(
     let (e0, e1) = (RawEvent::new()?, RawEvent::new()?);
     let mut out = Vec::with_capacity(iters);
     for _ in 0..iters {
-        // SAFETY: events and stream are alive.
+        // SAFETY: the events are alive; the stream is live (caller).
         unsafe {
-            check("cuEventRecord", sys::cuEventRecord(e0.0, stream))?;
+            cu::event_record(e0.0, stream)?;
             f()?;
-            check("cuEventRecord", sys::cuEventRecord(e1.0, stream))?;
-            check("cuEventSynchronize", sys::cuEventSynchronize(e1.0))?;
-            let mut ms = 0.0f32;
-            check(
-                "cuEventElapsedTime",
-                sys::cuEventElapsedTime_v2(&mut ms, e0.0, e1.0),
-            )?;
-            out.push(ms);
+            cu::event_record(e1.0, stream)?;
+            cu::event_synchronize(e1.0)?;
+            out.push(cu::event_elapsed_ms(e0.0, e1.0)?);
         }
     }
     out.sort_by(f32::total_cmp);
@@ -201,80 +176,6 @@ pub fn device_attribute(ctx: &Arc<CudaContext>, a: sys::CUdevice_attribute) -> R
     ctx.attribute(a).map_err(drv("cuDeviceGetAttribute"))
 }
 
-// ---------------------------------------------------------------------------
-// NVRTC → CUBIN → context-independent library.
-
-fn nvrtc_err(kernel: &'static str, code: nvrtc_sys::nvrtcResult, log: String) -> CudaError {
-    CudaError::Nvrtc { kernel, code, log }
-}
-
-/// Compiles CUDA C++ `src` (no headers) to a CUBIN for `sm_{major}{minor}`.
-pub fn compile_cubin(name: &'static str, src: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
-    let csrc = CString::new(src).map_err(|e| CudaError::Plan(e.to_string()))?;
-    let prog =
-        nvrtc::create_program(&csrc, None).map_err(|e| nvrtc_err(name, e.0, String::new()))?;
-    let arch = format!("--gpu-architecture=sm_{major}{minor}");
-    // SAFETY: `prog` was just created and is destroyed below, once.
-    unsafe {
-        let res = match nvrtc::compile_program(prog, &[arch.as_str(), "-std=c++17"]) {
-            Err(e) => {
-                let log = nvrtc::get_program_log(prog)
-                    .map(|l| {
-                        let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
-                        String::from_utf8_lossy(&bytes).into_owned()
-                    })
-                    .unwrap_or_default();
-                Err(nvrtc_err(name, e.0, log))
-            }
-            Ok(()) => {
-                let mut size = 0usize;
-                let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
-                if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                    Err(nvrtc_err(name, r, "nvrtcGetCUBINSize".into()))
-                } else {
-                    let mut buf = vec![0u8; size];
-                    let r = nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _);
-                    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                        Err(nvrtc_err(name, r, "nvrtcGetCUBIN".into()))
-                    } else {
-                        Ok(buf)
-                    }
-                }
-            }
-        };
-        let _ = nvrtc::destroy_program(prog);
-        res
-    }
-}
-
-type CubinKey = (&'static str, i32, i32);
-type CubinCache = Mutex<HashMap<CubinKey, Arc<Vec<u8>>>>;
-
-/// Compiles once per (source name, architecture) per process.
-pub(crate) fn cached_cubin(
-    name: &'static str,
-    src: &str,
-    major: i32,
-    minor: i32,
-) -> Result<Arc<Vec<u8>>> {
-    static C: OnceLock<CubinCache> = OnceLock::new();
-    let cache = C.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (name, major, minor);
-    if let Some(c) = cache
-        .lock()
-        .map_err(|_| CudaError::Plan("cubin cache poisoned".into()))?
-        .get(&key)
-    {
-        return Ok(c.clone());
-    }
-    let c = Arc::new(compile_cubin(name, src, major, minor)?);
-    cache
-        .lock()
-        .map_err(|_| CudaError::Plan("cubin cache poisoned".into()))?
-        .insert(key, c.clone());
-    Ok(c)
-}
-
 /// A CUBIN loaded with `cuLibraryLoadData`: its kernels can be launched in
 /// every context of the device (primary or green). Unloaded on drop.
 /// See [Library Management](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__LIBRARY.html).
@@ -282,6 +183,8 @@ pub(crate) fn cached_cubin(
 pub struct KernelLibrary {
     lib: sys::CUlibrary,
     ctx: Arc<CudaContext>,
+    /// How the CUBIN was obtained (compile time, cache).
+    pub compile: CompileStats,
 }
 
 // SAFETY: library and kernel handles are context-independent driver objects.
@@ -290,31 +193,31 @@ unsafe impl Send for KernelLibrary {}
 unsafe impl Sync for KernelLibrary {}
 
 impl KernelLibrary {
-    /// Compiles `src` for `ctx`'s architecture (once per process) and loads it.
+    /// Compiles `src` for `ctx`'s architecture (cached, see [`crate::nvrtc`])
+    /// with the default options and loads it.
     pub fn load(ctx: &Arc<CudaContext>, name: &'static str, src: &str) -> Result<Self> {
-        let (major, minor) = ctx
+        let cc = ctx
             .compute_capability()
             .map_err(drv("cuDeviceGetAttribute(compute capability)"))?;
-        let cubin = cached_cubin(name, src, major, minor)?;
+        Self::load_with(ctx, name, src, nvrtc::DEFAULT_OPTIONS, &nvrtc::arch_of(cc))
+    }
+
+    /// As [`KernelLibrary::load`] with explicit NVRTC options and
+    /// architecture (e.g. `sm_90a` for Hopper-only instructions).
+    pub fn load_with(
+        ctx: &Arc<CudaContext>,
+        name: &'static str,
+        src: &str,
+        options: &[&str],
+        arch: &str,
+    ) -> Result<Self> {
+        let cubin = nvrtc::cubin(name, src, options, arch)?;
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let mut lib = std::ptr::null_mut();
-        // SAFETY: the CUBIN image outlives the call (the driver copies it);
-        // no options are passed.
-        check("cuLibraryLoadData", unsafe {
-            sys::cuLibraryLoadData(
-                &mut lib,
-                cubin.as_ptr() as *const c_void,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        })?;
+        let lib = cu::library_load_data(&cubin.image)?;
         Ok(KernelLibrary {
             lib,
             ctx: ctx.clone(),
+            compile: cubin.stats,
         })
     }
 
@@ -327,11 +230,8 @@ impl KernelLibrary {
     /// See [cuLibraryGetKernel](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__LIBRARY.html).
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
         let cname = CString::new(name).map_err(|e| CudaError::Plan(e.to_string()))?;
-        let mut k = std::ptr::null_mut();
-        // SAFETY: the library is loaded; valid out-pointer and C string.
-        check("cuLibraryGetKernel", unsafe {
-            sys::cuLibraryGetKernel(&mut k, self.lib, cname.as_ptr())
-        })?;
+        // SAFETY: the library is loaded while self lives.
+        let k = unsafe { cu::library_get_kernel(self.lib, &cname)? };
         let kernel = Kernel {
             kernel: k,
             device: self.ctx.cu_device(),
@@ -346,10 +246,9 @@ impl KernelLibrary {
 
 impl Drop for KernelLibrary {
     fn drop(&mut self) {
-        // SAFETY: loaded once, unloaded once.
-        unsafe {
-            let _ = sys::cuLibraryUnload(self.lib);
-        }
+        // SAFETY: loaded once, unloaded once; kernels are not used after
+        // (their handles are documented as valid while the library lives).
+        unsafe { cu::library_unload(self.lib) }
     }
 }
 
@@ -369,21 +268,15 @@ impl Kernel {
     /// The kernel's function in the current context.
     /// See [cuKernelGetFunction](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__LIBRARY.html).
     pub fn function_in_current(&self) -> Result<sys::CUfunction> {
-        let mut f = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the kernel handle is alive.
-        check("cuKernelGetFunction", unsafe {
-            sys::cuKernelGetFunction(&mut f, self.kernel)
-        })?;
-        Ok(f)
+        // SAFETY: the kernel handle is alive (its library lives).
+        unsafe { cu::kernel_get_function(self.kernel) }
     }
 
     /// Sets a function attribute for this kernel on its device, all contexts.
     /// See [cuKernelSetAttribute](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__LIBRARY.html).
     pub fn set_attribute(&self, attr: sys::CUfunction_attribute, value: i32) -> Result<()> {
-        // SAFETY: the kernel handle is alive.
-        check("cuKernelSetAttribute", unsafe {
-            sys::cuKernelSetAttribute(attr, value, self.kernel, self.device)
-        })
+        // SAFETY: the kernel handle is alive (its library lives).
+        unsafe { cu::kernel_set_attribute(self.kernel, self.device, attr, value) }
     }
 
     /// Launches on `stream` in the stream's own context (primary or green):
@@ -403,41 +296,17 @@ impl Kernel {
         dyn_smem: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        let mut ctx = std::ptr::null_mut();
-        check("cuStreamGetCtx", sys::cuStreamGetCtx(stream, &mut ctx))?;
-        check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(ctx))?;
-        let res = (|| {
+        cu::with_stream_ctx(stream, || {
             let f = self.function_in_current()?;
             if dyn_smem > 48 * 1024 {
-                check(
-                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-                    sys::cuFuncSetAttribute(
-                        f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        dyn_smem as i32,
-                    ),
+                cu::func_set_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dyn_smem as i32,
                 )?;
             }
-            check(
-                "cuLaunchKernel",
-                sys::cuLaunchKernel(
-                    f,
-                    grid.0,
-                    grid.1,
-                    grid.2,
-                    block.0,
-                    block.1,
-                    block.2,
-                    dyn_smem,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-            )
-        })();
-        let mut popped = std::ptr::null_mut();
-        let pop = check("cuCtxPopCurrent", sys::cuCtxPopCurrent_v2(&mut popped));
-        res.and(pop)
+            cu::launch_kernel(f, grid, block, dyn_smem, stream, params)
+        })
     }
 
     /// Blocks per SM the occupancy calculator gives this kernel at
@@ -452,17 +321,8 @@ impl Kernel {
     ) -> Result<u32> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let f = self.function_in_current()?;
-        let mut n = 0;
-        // SAFETY: valid out-pointer and function.
-        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut n,
-                f,
-                block_threads as i32,
-                dyn_smem,
-            )
-        })?;
-        Ok(n.max(0) as u32)
+        // SAFETY: a live function of the current context.
+        unsafe { cu::occupancy_blocks_per_sm(f, block_threads, dyn_smem) }
     }
 
     /// A function attribute (e.g. static shared memory, registers) in the
@@ -475,12 +335,8 @@ impl Kernel {
     ) -> Result<i32> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let f = self.function_in_current()?;
-        let mut v = 0;
-        // SAFETY: valid out-pointer and function.
-        check("cuFuncGetAttribute", unsafe {
-            sys::cuFuncGetAttribute(&mut v, attr, f)
-        })?;
-        Ok(v)
+        // SAFETY: a live function of the current context.
+        unsafe { cu::func_get_attribute(f, attr) }
     }
 }
 

@@ -30,7 +30,7 @@ pub enum CudaError {
         call: &'static str,
         code: cudarc::cublaslt::sys::cublasStatus_t,
     },
-    #[error("NCCL call {call} failed: {code:?}")]
+    #[error("NCCL call {call} failed: {code:?} ({})", nccl_meaning(*.code))]
     Nccl {
         call: &'static str,
         code: cudarc::nccl::sys::ncclResult_t,
@@ -72,6 +72,26 @@ pub(crate) fn blas(
     call: &'static str,
 ) -> impl Fn(cudarc::cublaslt::result::CublasError) -> CudaError {
     move |e| CudaError::Cublas { call, code: e.0 }
+}
+
+/// What an NCCL result code means, in words.
+pub fn nccl_meaning(code: cudarc::nccl::sys::ncclResult_t) -> &'static str {
+    use cudarc::nccl::sys::ncclResult_t as R;
+    match code {
+        R::ncclSuccess => "success",
+        R::ncclUnhandledCudaError => "a CUDA call inside NCCL failed",
+        R::ncclSystemError => {
+            "a system call failed (shared memory, sockets or /dev/shm; see NCCL_DEBUG=WARN)"
+        }
+        R::ncclInternalError => "internal NCCL error",
+        R::ncclInvalidArgument => "invalid argument (null buffer, bad count, rank or config)",
+        R::ncclInvalidUsage => {
+            "invalid usage (mismatched calls across ranks, or a communicator used wrongly)"
+        }
+        R::ncclRemoteError => "a peer or the network failed",
+        R::ncclInProgress => "the operation is still in progress (non-blocking communicator)",
+        _ => "unknown NCCL result",
+    }
 }
 
 pub(crate) fn nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> CudaError {

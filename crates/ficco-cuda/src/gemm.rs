@@ -13,10 +13,10 @@
 //! slower on wide-N shapes (measured on H200 against PyTorch), and chunked
 //! GEMMs suffer most, since their best tile shape differs from the whole GEMM's.
 
-use crate::error::{blas, CudaError, Result};
-use cudarc::cublaslt::{result as lt, sys};
+use crate::driver::blas::{self as lt, Algo, Handle, Layout, MatmulDesc};
+use crate::error::{CudaError, Result};
+use crate::mem::DevicePtr;
 use std::collections::HashMap;
-use std::ffi::c_void;
 
 /// Workspace each compute stream gets (cuBLASLt recommends 32 MiB on Hopper).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
@@ -37,18 +37,18 @@ pub struct GemmKey {
 }
 
 struct Cached {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    c: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
+    desc: MatmulDesc,
+    a: Layout,
+    b: Layout,
+    c: Layout,
+    algo: Algo,
     /// Further heuristic candidates, until [`Gemms::tune`] has picked one.
-    others: Vec<sys::cublasLtMatmulAlgo_t>,
+    others: Vec<Algo>,
 }
 
 /// One device's cuBLASLt handle and GEMM cache. Used by one host thread at a time.
 pub struct Gemms {
-    handle: sys::cublasLtHandle_t,
+    handle: Handle,
     cache: HashMap<GemmKey, Cached>,
 }
 
@@ -65,7 +65,7 @@ impl std::fmt::Debug for Gemms {
 impl Gemms {
     /// Creates the handle; the device's context must be current.
     pub fn new() -> Result<Self> {
-        let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
+        let handle = lt::create_handle()?;
         Ok(Gemms {
             handle,
             cache: HashMap::new(),
@@ -73,71 +73,43 @@ impl Gemms {
     }
 
     fn build(&self, key: GemmKey) -> Result<Cached> {
-        let f32t = sys::cudaDataType::CUDA_R_32F;
-        let bf = sys::cudaDataType::CUDA_R_16BF;
-        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32t)
-            .map_err(blas("cublasLtMatmulDescCreate"))?;
-        if let Some(sms) = key.sm_target {
-            let v = sms as i32;
-            // SAFETY: desc is live; the attribute is an int32.
-            unsafe {
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                    &v as *const i32 as *const c_void,
-                    std::mem::size_of::<i32>(),
-                )
-                .map_err(blas("cublasLtMatmulDescSetAttribute(SM_COUNT_TARGET)"))?;
-            }
-        }
+        let desc = lt::matmul_desc(key.sm_target.map(|s| s as i32))?;
         // Column-major view: cuBLASLt A = our B^T [N x K], B = our A^T [K x M], D = C^T [N x M].
-        let a = lt::create_matrix_layout(bf, key.n as u64, key.k as u64, key.ldb as i64)
-            .map_err(blas("cublasLtMatrixLayoutCreate(A)"))?;
-        let b = lt::create_matrix_layout(bf, key.k as u64, key.m as u64, key.lda as i64)
-            .map_err(blas("cublasLtMatrixLayoutCreate(B)"))?;
-        let c = lt::create_matrix_layout(bf, key.n as u64, key.m as u64, key.ldc as i64)
-            .map_err(blas("cublasLtMatrixLayoutCreate(C)"))?;
-        let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
-        let ws = WORKSPACE_BYTES as u64;
-        // SAFETY: all descriptors are live; pref is destroyed once below.
+        let a = lt::layout_bf16(
+            key.n as u64,
+            key.k as u64,
+            key.ldb as i64,
+            "cublasLtMatrixLayoutCreate(A)",
+        )?;
+        let b = lt::layout_bf16(
+            key.k as u64,
+            key.m as u64,
+            key.lda as i64,
+            "cublasLtMatrixLayoutCreate(B)",
+        )?;
+        let c = lt::layout_bf16(
+            key.n as u64,
+            key.m as u64,
+            key.ldc as i64,
+            "cublasLtMatrixLayoutCreate(C)",
+        )?;
+        // SAFETY: the handle and the descriptors just made are live.
         let heur = unsafe {
-            lt::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const u64 as *const c_void,
-                std::mem::size_of::<u64>(),
-            )
-            .map_err(blas("cublasLtMatmulPreferenceSetAttribute"))?;
-            let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
-                vec![std::mem::zeroed(); CANDIDATES];
-            let mut count = 0;
-            let status = sys::cublasLtMatmulAlgoGetHeuristic(
+            lt::heuristics(
                 self.handle,
                 desc,
                 a,
                 b,
                 c,
-                c,
-                pref,
-                CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut count,
-            );
-            let _ = lt::destroy_matmul_pref(pref);
-            status
-                .result()
-                .map_err(blas("cublasLtMatmulAlgoGetHeuristic"))?;
-            results.truncate(count.max(0) as usize);
-            results
+                CANDIDATES,
+                WORKSPACE_BYTES as u64,
+            )?
         };
-        let mut algos = heur
-            .iter()
-            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-            .map(|h| h.algo);
+        let mut algos = heur.into_iter();
         let Some(algo) = algos.next() else {
             return Err(CudaError::Cublas {
                 call: "cublasLtMatmulAlgoGetHeuristic (no algorithm for this GEMM)",
-                code: sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                code: lt::NOT_SUPPORTED,
             });
         };
         Ok(Cached {
@@ -161,11 +133,11 @@ impl Gemms {
     pub unsafe fn gemm(
         &mut self,
         key: GemmKey,
-        a: u64,
-        b: u64,
-        c: u64,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
         accumulate: bool,
-        workspace: u64,
+        workspace: DevicePtr,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
         if key.m == 0 || key.n == 0 {
@@ -194,10 +166,10 @@ impl Gemms {
     pub unsafe fn tune(
         &mut self,
         key: GemmKey,
-        a: u64,
-        b: u64,
-        c: u64,
-        workspace: u64,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        workspace: DevicePtr,
         stream: &cudarc::driver::CudaStream,
     ) -> Result<()> {
         use crate::error::drv;
@@ -221,7 +193,7 @@ impl Gemms {
             ctx.new_event(flags).map_err(drv("cuEventCreate"))?,
         );
         let cu = stream.cu_stream();
-        let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
+        let mut best: Option<(f32, Algo)> = None;
         for algo in std::iter::once(g.algo).chain(g.others.iter().copied()) {
             if self.matmul(g, &algo, a, b, c, 0.0, workspace, cu).is_err() {
                 continue;
@@ -248,38 +220,35 @@ impl Gemms {
         Ok(())
     }
 
+    /// Enqueues one matmul of a cached configuration.
+    ///
+    /// # Safety
+    /// As [`Gemms::gemm`].
     #[allow(clippy::too_many_arguments)]
     unsafe fn matmul(
         &self,
         g: &Cached,
-        algo: &sys::cublasLtMatmulAlgo_t,
-        a: u64,
-        b: u64,
-        c: u64,
+        algo: &Algo,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
         beta: f32,
-        workspace: u64,
+        workspace: DevicePtr,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
-        let alpha = 1.0f32;
+        // Row-major C = A·B is column-major C^T = B^T·A^T: cuBLASLt's A is our b.
         lt::matmul(
             self.handle,
             g.desc,
-            &alpha as *const f32 as *const c_void,
-            &beta as *const f32 as *const c_void,
-            b as *const c_void,
-            g.a,
-            a as *const c_void,
-            g.b,
-            c as *const c_void,
-            g.c,
-            c as *mut c_void,
-            g.c,
+            beta,
+            (b, g.a),
+            (a, g.b),
+            (c, g.c),
             algo,
-            workspace as *mut c_void,
+            workspace,
             WORKSPACE_BYTES,
-            stream as sys::cudaStream_t,
+            stream,
         )
-        .map_err(blas("cublasLtMatmul"))
     }
 }
 
@@ -288,12 +257,12 @@ impl Drop for Gemms {
         // SAFETY: each descriptor and the handle are destroyed exactly once.
         unsafe {
             for (_, g) in self.cache.drain() {
-                let _ = lt::destroy_matrix_layout(g.a);
-                let _ = lt::destroy_matrix_layout(g.b);
-                let _ = lt::destroy_matrix_layout(g.c);
-                let _ = lt::destroy_matmul_desc(g.desc);
+                lt::destroy_layout(g.a);
+                lt::destroy_layout(g.b);
+                lt::destroy_layout(g.c);
+                lt::destroy_desc(g.desc);
             }
-            let _ = lt::destroy_handle(self.handle);
+            lt::destroy_handle(self.handle);
         }
     }
 }

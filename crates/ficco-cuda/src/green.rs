@@ -17,7 +17,9 @@
 //! See [Green Contexts](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GREEN__CONTEXTS.html).
 
 use crate::controls::{KernelLibrary, PriorityRange, RawStream, StreamPriority};
-use crate::error::{check, drv, CudaError, Result};
+use crate::driver::cuda as cu;
+use crate::error::{drv, CudaError, Result};
+use crate::mem::DevicePtr;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
@@ -33,19 +35,12 @@ pub struct SmResourceInfo {
 }
 
 fn sm_info(r: &sys::CUdevResource) -> SmResourceInfo {
-    // SAFETY: every resource this module reads is of type SM, so `sm` is the
-    // active member of the union.
-    let sm = unsafe { r.__bindgen_anon_1.sm };
+    let (sm_count, min_partition, alignment) = cu::sm_fields(r);
     SmResourceInfo {
-        sm_count: sm.smCount,
-        min_partition: sm.minSmPartitionSize,
-        alignment: sm.smCoscheduledAlignment,
+        sm_count,
+        min_partition,
+        alignment,
     }
-}
-
-fn zeroed_resource() -> sys::CUdevResource {
-    // SAFETY: a plain C struct for which all-zero is a valid (INVALID-typed) value.
-    unsafe { std::mem::zeroed() }
 }
 
 /// The device's whole SM resource.
@@ -56,16 +51,7 @@ pub fn device_sm_resource(ctx: &Arc<CudaContext>) -> Result<SmResourceInfo> {
 
 fn device_resource(ctx: &Arc<CudaContext>) -> Result<sys::CUdevResource> {
     ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-    let mut r = zeroed_resource();
-    // SAFETY: valid out-pointer; the device handle comes from the context.
-    check("cuDeviceGetDevResource", unsafe {
-        sys::cuDeviceGetDevResource(
-            ctx.cu_device(),
-            &mut r,
-            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-        )
-    })?;
-    Ok(r)
+    cu::device_sm_resource(ctx.cu_device())
 }
 
 /// The SM count a request for `want` SMs is rounded up to.
@@ -83,52 +69,23 @@ impl Drop for GreenCtx {
     fn drop(&mut self) {
         // SAFETY: created by cuGreenCtxCreate, destroyed once, after the
         // streams on it (field order of `GreenPartition`).
-        unsafe {
-            let _ = sys::cuGreenCtxDestroy(self.0);
-        }
+        unsafe { cu::green_ctx_destroy(self.0) }
     }
 }
 
 fn create_green(ctx: &Arc<CudaContext>, res: &mut sys::CUdevResource) -> Result<GreenCtx> {
-    let mut desc = std::ptr::null_mut();
-    // SAFETY: `res` is one valid SM resource from a split.
-    check("cuDevResourceGenerateDesc", unsafe {
-        sys::cuDevResourceGenerateDesc(&mut desc, res, 1)
-    })?;
-    let mut g = std::ptr::null_mut();
-    // SAFETY: desc was just generated; CU_GREEN_CTX_DEFAULT_STREAM is the
-    // flag the driver requires.
-    check("cuGreenCtxCreate", unsafe {
-        sys::cuGreenCtxCreate(
-            &mut g,
-            desc,
-            ctx.cu_device(),
-            sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
-        )
-    })?;
-    Ok(GreenCtx(g))
+    Ok(GreenCtx(cu::green_ctx_create(ctx.cu_device(), res)?))
 }
 
 fn green_stream(g: &GreenCtx, priority: i32) -> Result<RawStream> {
-    let mut s = std::ptr::null_mut();
-    // SAFETY: live green context; non-blocking is the required flag.
-    check("cuGreenCtxStreamCreate", unsafe {
-        sys::cuGreenCtxStreamCreate(
-            &mut s,
-            g.0,
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            priority,
-        )
-    })?;
-    Ok(RawStream { stream: s })
+    // SAFETY: the green context lives while `g` does.
+    let stream = unsafe { cu::green_stream_create(g.0, priority)? };
+    Ok(RawStream { stream })
 }
 
 fn green_sm_count(g: &GreenCtx) -> Result<u32> {
-    let mut r = zeroed_resource();
-    // SAFETY: live green context; valid out-pointer.
-    check("cuGreenCtxGetDevResource", unsafe {
-        sys::cuGreenCtxGetDevResource(g.0, &mut r, sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM)
-    })?;
+    // SAFETY: the green context lives while `g` does.
+    let r = unsafe { cu::green_ctx_sm_resource(g.0)? };
     Ok(sm_info(&r).sm_count)
 }
 
@@ -208,13 +165,7 @@ impl GreenPartition {
                 }
             )));
         }
-        let mut groups = 1u32;
-        let mut result = zeroed_resource();
-        let mut rest = zeroed_resource();
-        // SAFETY: one result slot for one group; valid input and remainder.
-        check("cuDevSmResourceSplitByCount", unsafe {
-            sys::cuDevSmResourceSplitByCount(&mut result, &mut groups, &full, &mut rest, 0, want)
-        })?;
+        let (groups, mut result, mut rest) = cu::sm_split_by_count(&full, want)?;
         if groups != 1 {
             return Err(CudaError::Plan(format!(
                 "driver made {groups} groups of {want} SMs from {}",
@@ -311,17 +262,17 @@ impl SmIdProbe {
         spin_cycles: i64,
     ) -> Result<Vec<u32>> {
         let buf = crate::mem::DeviceBuffer::alloc(ctx, blocks as usize * 4)?;
-        let mut ptr = buf.ptr();
+        let mut ptr: DevicePtr = buf.ptr();
         let mut spin = spin_cycles;
         let mut params = [
-            &mut ptr as *mut u64 as *mut std::ffi::c_void,
+            &mut ptr as *mut DevicePtr as *mut std::ffi::c_void,
             &mut spin as *mut i64 as *mut std::ffi::c_void,
         ];
         // The arguments match `ficco_smid(unsigned*, long long)`; the buffer
         // holds one u32 per block and outlives the synchronize.
         self.kernel
             .launch(stream, (blocks, 1, 1), (128, 1, 1), 0, &mut params)?;
-        check("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
+        cu::stream_synchronize(stream)?;
         let mut bytes = vec![0u8; blocks as usize * 4];
         buf.download(&mut bytes)?;
         Ok(bytes

@@ -1,7 +1,8 @@
 //! What the machine has: GPUs, SMs, memory, copy engines, the peer matrix and
 //! library versions. Serializable, and `Display` prints a small table.
 
-use crate::error::{check, CudaError, Result};
+use crate::driver::{self, cuda as cu};
+use crate::error::Result;
 use crate::loader::Libraries;
 use cudarc::driver::sys;
 use serde::{Deserialize, Serialize};
@@ -52,96 +53,47 @@ pub struct SystemInfo {
     pub error: Option<String>,
 }
 
-fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
-    let mut v = 0;
-    // SAFETY: valid out-pointer and device handle.
-    check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(&mut v, a, dev)
-    })?;
-    Ok(v)
-}
-
 /// Initialises the driver and returns the device count; a missing driver or no
 /// device is a typed error.
 pub(crate) fn device_count() -> Result<usize> {
     crate::loader::require_driver()?;
-    // SAFETY: the driver library is present (checked above).
-    let r = unsafe { sys::cuInit(0) };
-    if r == sys::CUresult::CUDA_ERROR_NO_DEVICE {
-        return Err(CudaError::NoGpu("cuInit: CUDA_ERROR_NO_DEVICE".into()));
-    }
-    check("cuInit", r)?;
-    let mut n = 0;
-    // SAFETY: valid out-pointer after cuInit.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
-    if n <= 0 {
-        return Err(CudaError::NoGpu("cuDeviceGetCount returned 0".into()));
-    }
-    Ok(n as usize)
+    cu::init_and_count()
 }
 
 fn gpu(ordinal: usize) -> Result<GpuInfo> {
     use sys::CUdevice_attribute as A;
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-pointer; ordinal < device count.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut dev, ordinal as i32)
-    })?;
-    let mut name = [0 as std::ffi::c_char; 256];
-    // SAFETY: buffer of the given length.
-    check("cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)
-    })?;
-    let bytes: Vec<u8> = name
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    let mut mem = 0usize;
-    // SAFETY: out-pointer.
-    check("cuDeviceTotalMem", unsafe {
-        sys::cuDeviceTotalMem_v2(&mut mem, dev)
-    })?;
+    let dev = cu::device(ordinal)?;
+    let attr = |a| cu::device_attribute(dev, a);
     let ctx = cudarc::driver::CudaContext::new(ordinal)
         .map_err(crate::error::drv("cuDevicePrimaryCtxRetain"))?;
     ctx.bind_to_thread()
         .map_err(crate::error::drv("cuCtxSetCurrent"))?;
-    let priority_range = cudarc::driver::result::stream::get_priority_range()
-        .map_err(crate::error::drv("cuCtxGetStreamPriorityRange"))?;
+    let priority_range = cu::stream_priority_range()?;
     drop(ctx);
     Ok(GpuInfo {
         ordinal,
-        name: String::from_utf8_lossy(&bytes).into_owned(),
+        name: cu::device_name(dev)?,
         compute_capability: (
-            attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         ),
-        sms: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize,
-        memory_bytes: mem,
-        copy_engines: attr(dev, A::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)? as usize,
-        l2_bytes: attr(dev, A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
-        shared_mem_per_sm: attr(
-            dev,
-            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-        )? as usize,
+        sms: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize,
+        memory_bytes: cu::device_total_mem(dev)?,
+        copy_engines: attr(A::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)? as usize,
+        l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+        shared_mem_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?
+            as usize,
         priority_range,
     })
 }
 
 fn peer(from: usize, to: usize) -> Result<PeerLink> {
     use sys::CUdevice_P2PAttribute as P;
-    let get = |a: P| -> Result<i32> {
-        let mut v = 0;
-        // SAFETY: out-pointer; ordinals are devices (CUdevice == ordinal).
-        check("cuDeviceGetP2PAttribute", unsafe {
-            sys::cuDeviceGetP2PAttribute(&mut v, a, from as i32, to as i32)
-        })?;
-        Ok(v)
-    };
+    let get = |a: P| cu::p2p_attribute(from, to, a);
     Ok(PeerLink {
         from,
         to,
-        access: crate::mem::can_access_peer(from as i32, to as i32)?,
+        access: cu::can_access_peer(from as i32, to as i32)?,
         native_atomics: get(P::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
         perf_rank: get(P::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
     })
@@ -162,28 +114,17 @@ pub fn info() -> SystemInfo {
         error: None,
     };
     if libraries.nccl.found {
-        out.nccl_version = cudarc::nccl::result::get_nccl_version().ok();
+        out.nccl_version = driver::nccl::version().ok();
     }
     if libraries.cublaslt.found {
-        // SAFETY: the library is present; the call takes no arguments.
-        out.cublaslt_version = Some(unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() });
+        out.cublaslt_version = Some(driver::blas::version());
     }
     if libraries.nvrtc.found {
-        let (mut a, mut b) = (0, 0);
-        // SAFETY: out-pointers; library present.
-        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
-        if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
-            out.nvrtc_version = Some((a, b));
-        }
+        out.nvrtc_version = driver::nvrtc::version().ok();
     }
     let res = (|| -> Result<()> {
         let n = device_count()?;
-        let mut v = 0;
-        // SAFETY: out-pointer, driver initialised.
-        check("cuDriverGetVersion", unsafe {
-            sys::cuDriverGetVersion(&mut v)
-        })?;
-        out.driver_version = Some(v);
+        out.driver_version = Some(cu::driver_version()?);
         for i in 0..n {
             out.gpus.push(gpu(i)?);
         }

@@ -1,6 +1,7 @@
-//! The few kernels ficco launches itself, compiled at run time by NVRTC to a
-//! CUBIN for the device's own architecture (sm_90 on Hopper), once per
-//! architecture and loaded once per device.
+//! The few utility kernels ficco launches itself (random fill, reduce,
+//! output check), compiled at run time by [`crate::nvrtc`] to a CUBIN for
+//! the device's own architecture (sm_90 on Hopper), cached, and loaded once
+//! per device.
 //!
 //! - `ficco_fill`: hash-RNG fill, bf16 values ~U(-1, 1) (inputs are never zeros).
 //! - `ficco_reduce`: dst = sum of up to 8 strided bf16 views, f32 accumulation,
@@ -10,12 +11,12 @@
 //!
 //! bf16 is handled as raw 16-bit words so no CUDA header is needed.
 
-use crate::error::{drv, CudaError, Result};
+use crate::error::{drv, Result};
+use crate::mem::DevicePtr;
+use crate::nvrtc;
 use cudarc::driver::{CudaContext, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
-use std::collections::HashMap;
-use std::ffi::CString;
-use std::sync::{Arc, Mutex, OnceLock};
+use cudarc::nvrtc::Ptx;
+use std::sync::Arc;
 
 /// Most source views of one Reduce task.
 pub const MAX_REDUCE_SRCS: usize = 8;
@@ -106,68 +107,12 @@ extern "C" __global__ void ficco_check(const bf16* out, const bf16* ref, unsigne
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReduceSrcs {
-    pub p: [u64; MAX_REDUCE_SRCS],
+    pub p: [DevicePtr; MAX_REDUCE_SRCS],
     pub ld: [u64; MAX_REDUCE_SRCS],
 }
 
 // SAFETY: plain-old-data with the same layout as `struct Srcs` in the kernel.
 unsafe impl DeviceRepr for ReduceSrcs {}
-
-/// CUBINs by architecture, compiled once per process.
-type CubinCache = Mutex<HashMap<(i32, i32), Arc<Vec<u8>>>>;
-
-fn cubin_cache() -> &'static CubinCache {
-    static C: OnceLock<CubinCache> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn nvrtc_err(code: nvrtc_sys::nvrtcResult, log: String) -> CudaError {
-    CudaError::Nvrtc {
-        kernel: "ficco kernels",
-        code,
-        log,
-    }
-}
-
-/// Compiles the kernels to a CUBIN for `sm_{major}{minor}`.
-fn compile(major: i32, minor: i32) -> Result<Vec<u8>> {
-    let src = CString::new(SRC).map_err(|e| CudaError::Plan(e.to_string()))?;
-    let prog = nvrtc::create_program(&src, None).map_err(|e| nvrtc_err(e.0, String::new()))?;
-    let arch = format!("--gpu-architecture=sm_{major}{minor}");
-    // SAFETY: `prog` was just created and is destroyed below, once.
-    let out = unsafe {
-        let r = nvrtc::compile_program(prog, &[arch.as_str(), "-std=c++17"]);
-        let res = match r {
-            Err(e) => {
-                let log = nvrtc::get_program_log(prog)
-                    .map(|l| {
-                        let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
-                        String::from_utf8_lossy(&bytes).into_owned()
-                    })
-                    .unwrap_or_default();
-                Err(nvrtc_err(e.0, log))
-            }
-            Ok(()) => {
-                let mut size = 0usize;
-                let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
-                if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                    Err(nvrtc_err(r, "nvrtcGetCUBINSize".into()))
-                } else {
-                    let mut buf = vec![0u8; size];
-                    let r = nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _);
-                    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                        Err(nvrtc_err(r, "nvrtcGetCUBIN".into()))
-                    } else {
-                        Ok(buf)
-                    }
-                }
-            }
-        };
-        let _ = nvrtc::destroy_program(prog);
-        res
-    };
-    out
-}
 
 /// The kernels, loaded on one device.
 #[derive(Debug, Clone)]
@@ -184,21 +129,14 @@ impl Kernels {
         let cc = ctx
             .compute_capability()
             .map_err(drv("cuDeviceGetAttribute(compute capability)"))?;
-        let cubin = {
-            let mut cache = cubin_cache()
-                .lock()
-                .map_err(|_| CudaError::Plan("kernel cache poisoned".into()))?;
-            match cache.get(&cc) {
-                Some(c) => c.clone(),
-                None => {
-                    let c = Arc::new(compile(cc.0, cc.1)?);
-                    cache.insert(cc, c.clone());
-                    c
-                }
-            }
-        };
+        let cubin = nvrtc::cubin(
+            "ficco kernels",
+            SRC,
+            nvrtc::DEFAULT_OPTIONS,
+            &nvrtc::arch_of(cc),
+        )?;
         let module = ctx
-            .load_module(Ptx::from_binary((*cubin).clone()))
+            .load_module(Ptx::from_binary((*cubin.image).clone()))
             .map_err(drv("cuModuleLoadData"))?;
         let f = |name: &'static str| {
             module
@@ -229,12 +167,12 @@ impl Kernels {
         let mut srcs = ReduceSrcs::default();
         srcs.p[0] = p;
         srcs.ld[0] = 8;
-        // SAFETY: 256 bytes hold 64 bf16 (fill, reduce 1 x 8 into p + 64) and
-        // the 24-byte accumulator at p + 128.
+        // SAFETY: 256 bytes hold 64 bf16 (fill, reduce 1 x 8 into byte 64) and
+        // the 24-byte accumulator at byte 128.
         unsafe {
             self.fill(&stream, p, 64, 1)?;
-            self.reduce(&stream, &srcs, 1, p + 64, 8, 1, 8)?;
-            self.check(&stream, p, p, 8, p + 128, p + 144)?;
+            self.reduce(&stream, &srcs, 1, p.offset(64), 8, 1, 8)?;
+            self.check(&stream, p, p, 8, p.offset(128), p.offset(144))?;
         }
         stream.synchronize().map_err(drv("cuStreamSynchronize"))
     }
@@ -256,7 +194,7 @@ impl Kernels {
     pub unsafe fn fill(
         &self,
         stream: &cudarc::driver::CudaStream,
-        ptr: u64,
+        ptr: DevicePtr,
         n: u64,
         seed: u32,
     ) -> Result<()> {
@@ -284,7 +222,7 @@ impl Kernels {
         stream: &cudarc::driver::CudaStream,
         srcs: &ReduceSrcs,
         nsrc: usize,
-        dst: u64,
+        dst: DevicePtr,
         ldd: u64,
         rows: u64,
         cols: u64,
@@ -292,7 +230,7 @@ impl Kernels {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        let aligned = |p: u64, ld: u64| p % 16 == 0 && ld % 8 == 0;
+        let aligned = |p: DevicePtr, ld: u64| p.is_aligned(16) && ld % 8 == 0;
         let vec =
             cols % 8 == 0 && aligned(dst, ldd) && (0..nsrc).all(|j| aligned(srcs.p[j], srcs.ld[j]));
         let work = if vec { rows * cols / 8 } else { rows * cols };
@@ -320,11 +258,11 @@ impl Kernels {
     pub unsafe fn check(
         &self,
         stream: &cudarc::driver::CudaStream,
-        out: u64,
-        reference: u64,
+        out: DevicePtr,
+        reference: DevicePtr,
         n: u64,
-        acc: u64,
-        nans: u64,
+        acc: DevicePtr,
+        nans: DevicePtr,
     ) -> Result<()> {
         if n == 0 {
             return Ok(());
@@ -347,12 +285,16 @@ mod tests {
     /// Compiles the kernels for Hopper when NVRTC is loadable (no GPU needed).
     #[test]
     fn kernels_compile_for_sm90_when_nvrtc_present() {
-        // SAFETY: only dlopen attempts.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("skipped: NVRTC not found");
+        if !crate::driver::nvrtc_present() {
+            eprintln!("SKIPPED: kernels_compile_for_sm90_when_nvrtc_present: NVRTC not found");
             return;
         }
-        match super::compile(9, 0) {
+        match crate::nvrtc::compile(
+            "ficco kernels",
+            super::SRC,
+            crate::nvrtc::DEFAULT_OPTIONS,
+            "sm_90",
+        ) {
             Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "not a CUBIN"),
             Err(e) => panic!("{e}"),
         }

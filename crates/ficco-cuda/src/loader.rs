@@ -64,15 +64,13 @@ const NCCL_SONAME: &str = "libnccl.so.2";
 impl Libraries {
     /// Probes all four libraries (loads and unloads each candidate; no call into them).
     pub fn probe() -> Self {
-        // SAFETY: `is_culib_present` only tries `dlopen` on fixed library names.
-        let (cuda, lt, nccl, nvrtc) = unsafe {
-            (
-                cudarc::driver::sys::is_culib_present(),
-                cudarc::cublaslt::sys::is_culib_present(),
-                cudarc::nccl::sys::is_culib_present(),
-                cudarc::nvrtc::sys::is_culib_present(),
-            )
-        };
+        use crate::driver;
+        let (cuda, lt, nccl, nvrtc) = (
+            driver::cuda_present(),
+            driver::cublaslt_present(),
+            driver::nccl_present(),
+            driver::nvrtc_present(),
+        );
         let mut nccl_status = status("NCCL", nccl, &["nccl"]);
         if !nccl && soname_loadable(NCCL_SONAME) {
             nccl_status.note = Some(format!(
@@ -126,8 +124,7 @@ fn missing(l: &LibStatus) -> CudaError {
 pub fn require_driver() -> Result<()> {
     let s = status(
         "libcuda",
-        // SAFETY: only dlopen attempts.
-        unsafe { cudarc::driver::sys::is_culib_present() },
+        crate::driver::cuda_present(),
         &["cuda", "nvcuda"],
     );
     if s.found {
@@ -166,8 +163,7 @@ fn loaded_path(fragment: &str) -> Option<String> {
 /// Call it first thing in `main`, before threads start.
 pub fn nccl_soname_shim() -> Result<()> {
     const GUARD: &str = "FICCO_NCCL_SHIM";
-    // SAFETY: only dlopen attempts.
-    if unsafe { cudarc::nccl::sys::is_culib_present() } || std::env::var_os(GUARD).is_some() {
+    if crate::driver::nccl_present() || std::env::var_os(GUARD).is_some() {
         return Ok(());
     }
     // SAFETY: see soname_loadable.

@@ -23,6 +23,7 @@
 
 use crate::controls::{device_attribute, Kernel, KernelLibrary};
 use crate::error::{CudaError, Result};
+use crate::mem::DevicePtr;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use std::ffi::c_void;
@@ -227,17 +228,14 @@ impl Shaper {
         ctx.bind_to_thread()
             .map_err(crate::error::drv("cuCtxSetCurrent"))?;
         let f = kernel.function_in_current()?;
-        // SAFETY: live function handle.
-        crate::error::check(
-            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    max_dyn_smem as i32,
-                )
-            },
-        )?;
+        // SAFETY: a live function of the current context.
+        unsafe {
+            crate::driver::cuda::func_set_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                max_dyn_smem as i32,
+            )?;
+        }
         let natural = kernel.occupancy(ctx, threads, 0)?;
         if natural == 0 {
             return Err(CudaError::Plan(format!(
@@ -334,8 +332,8 @@ pub struct ShapedGemm {
     _lib: KernelLibrary,
 }
 
-fn aligned16(p: u64) -> bool {
-    p % 16 == 0
+fn aligned16(p: DevicePtr) -> bool {
+    p.is_aligned(16)
 }
 
 impl ShapedGemm {
@@ -366,11 +364,11 @@ impl ShapedGemm {
     /// Checks a GEMM's shape and operands; the reason is a [`CudaError::Plan`].
     #[allow(clippy::too_many_arguments)]
     pub fn check_shape(
-        a: u64,
+        a: DevicePtr,
         lda: usize,
-        b: u64,
+        b: DevicePtr,
         ldb: usize,
-        c: u64,
+        c: DevicePtr,
         ldc: usize,
         m: usize,
         n: usize,
@@ -412,9 +410,9 @@ impl ShapedGemm {
     pub unsafe fn launch(
         &self,
         stream: sys::CUstream,
-        a: u64,
-        b: u64,
-        c: u64,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
         m: usize,
         n: usize,
         k: usize,
@@ -431,11 +429,11 @@ impl ShapedGemm {
     pub unsafe fn launch_ld(
         &self,
         stream: sys::CUstream,
-        a: u64,
+        a: DevicePtr,
         lda: usize,
-        b: u64,
+        b: DevicePtr,
         ldb: usize,
-        c: u64,
+        c: DevicePtr,
         ldc: usize,
         m: usize,
         n: usize,
@@ -451,9 +449,9 @@ impl ShapedGemm {
         let (mut mi, mut ni, mut ki) = (m as i32, n as i32, k as i32);
         let (mut la, mut lb, mut lc) = (lda as i64, ldb as i64, ldc as i64);
         let mut params: [*mut c_void; 9] = [
-            &mut pa as *mut u64 as *mut c_void,
-            &mut pb as *mut u64 as *mut c_void,
-            &mut pc as *mut u64 as *mut c_void,
+            &mut pa as *mut DevicePtr as *mut c_void,
+            &mut pb as *mut DevicePtr as *mut c_void,
+            &mut pc as *mut DevicePtr as *mut c_void,
             &mut mi as *mut i32 as *mut c_void,
             &mut ni as *mut i32 as *mut c_void,
             &mut ki as *mut i32 as *mut c_void,
@@ -482,11 +480,11 @@ impl ShapedGemm {
     pub unsafe fn bias_gelu(
         &self,
         stream: sys::CUstream,
-        y: u64,
+        y: DevicePtr,
         ld: usize,
         rows: usize,
         cols: usize,
-        bias: Option<u64>,
+        bias: Option<DevicePtr>,
         blocks_per_sm: Option<u32>,
     ) -> Result<()> {
         if ld < cols {
@@ -503,11 +501,11 @@ impl ShapedGemm {
         let blocks = work
             .div_ceil(EPILOGUE_THREADS as u64)
             .clamp(1, self.sms as u64 * per_sm) as u32;
-        let (mut py, mut pbias) = (y, bias.unwrap_or(0));
+        let (mut py, mut pbias) = (y, bias.unwrap_or(DevicePtr::NULL));
         let (mut r, mut c, mut l) = (rows as u64, cols as u64, ld as u64);
         let mut params: [*mut c_void; 5] = [
-            &mut py as *mut u64 as *mut c_void,
-            &mut pbias as *mut u64 as *mut c_void,
+            &mut py as *mut DevicePtr as *mut c_void,
+            &mut pbias as *mut DevicePtr as *mut c_void,
             &mut r as *mut u64 as *mut c_void,
             &mut c as *mut u64 as *mut c_void,
             &mut l as *mut u64 as *mut c_void,
@@ -528,16 +526,17 @@ mod tests {
 
     #[test]
     fn shapes_are_checked() {
-        let ok = ShapedGemm::check_shape(0, 64, 0, 72, 0, 72, 100, 72, 64);
+        let z = DevicePtr::NULL;
+        let ok = ShapedGemm::check_shape(z, 64, z, 72, z, 72, 100, 72, 64);
         assert!(ok.is_ok(), "{ok:?}");
         for (m, n, k, lda, ldb, ldc, p) in [
-            (16, 12, 64, 64, 12, 12, 0u64), // N not a multiple of 8
-            (16, 16, 60, 60, 16, 16, 0),    // K not a multiple of 8
-            (16, 16, 64, 32, 16, 16, 0),    // lda < K
-            (16, 16, 64, 64, 16, 16, 8),    // misaligned pointer
+            (16, 12, 64, 64, 12, 12, 0), // N not a multiple of 8
+            (16, 16, 60, 60, 16, 16, 0), // K not a multiple of 8
+            (16, 16, 64, 32, 16, 16, 0), // lda < K
+            (16, 16, 64, 64, 16, 16, 8), // misaligned pointer
         ] {
             assert!(matches!(
-                ShapedGemm::check_shape(p, lda, 0, ldb, 0, ldc, m, n, k),
+                ShapedGemm::check_shape(DevicePtr(p), lda, z, ldb, z, ldc, m, n, k),
                 Err(CudaError::Plan(_))
             ));
         }
@@ -546,12 +545,11 @@ mod tests {
     /// Compiles the kernels for Hopper when NVRTC is loadable (no GPU needed).
     #[test]
     fn kernels_compile_for_sm90_when_nvrtc_present() {
-        // SAFETY: only dlopen attempts.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("skipped: NVRTC not found");
+        if !crate::driver::nvrtc_present() {
+            eprintln!("SKIPPED: kernels_compile_for_sm90_when_nvrtc_present: NVRTC not found");
             return;
         }
-        match crate::controls::compile_cubin("ficco_shaped", SRC, 9, 0) {
+        match crate::nvrtc::compile("ficco_shaped", SRC, crate::nvrtc::DEFAULT_OPTIONS, "sm_90") {
             Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "not a CUBIN"),
             Err(e) => panic!("{e}"),
         }

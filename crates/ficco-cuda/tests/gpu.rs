@@ -1,10 +1,12 @@
 //! GPU integration tests. Each test needs 2 GPUs with CUDA, cuBLASLt, NCCL and
-//! NVRTC; where there are none it prints why and passes, so CI without a GPU
-//! stays green. Run on the device with `--test-threads=1 --nocapture`.
+//! NVRTC; where there are none it prints `SKIPPED: <test>: <reason>` and
+//! passes, so CI without a GPU stays green, unless `FICCO_REQUIRE_GPU=1`
+//! (set on the device), where a missing GPU fails (see `common`). Run on the
+//! device with `--test-threads=1 --nocapture`.
 #![allow(clippy::needless_range_loop)]
 
 mod common;
-use common::{b2f, f2b, rand, rel_err};
+use common::{b2f, f2b, gate, no_gpu, rand, rel_err, GpuAvailability};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{
     Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task, TaskId,
@@ -18,32 +20,49 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const GPUS: usize = 2;
 
-/// One backend for the whole test binary (NCCL init takes ~0.5 s).
-fn gpu() -> Option<MutexGuard<'static, Option<GpuBackend>>> {
-    static B: OnceLock<Mutex<Option<GpuBackend>>> = OnceLock::new();
+/// Why the shared backend is not there.
+enum Missing {
+    /// No usable GPU at all.
+    NoGpu(String),
+    /// Fewer GPUs than [`GPUS`].
+    TooFew(usize),
+}
+
+/// One backend for the whole test binary (NCCL init takes ~0.5 s), or None
+/// after printing why `test` is skipped (failing instead under
+/// `FICCO_REQUIRE_GPU=1` when there is no usable GPU).
+fn gpu(test: &str) -> Option<MutexGuard<'static, Result<GpuBackend, Missing>>> {
+    static B: OnceLock<Mutex<Result<GpuBackend, Missing>>> = OnceLock::new();
     let m = B.get_or_init(|| {
         Mutex::new(match GpuBackend::open(GPUS) {
             Ok(b) => {
                 eprintln!("{}", b.info());
-                Some(b)
+                Ok(b)
             }
-            Err(
-                e @ (CudaError::LibraryMissing { .. }
-                | CudaError::NoGpu(_)
-                | CudaError::NotEnoughGpus { .. }),
-            ) => {
-                eprintln!("skipping GPU tests: {e}");
-                None
+            Err(CudaError::NotEnoughGpus { found, .. }) if found > 0 => Err(Missing::TooFew(found)),
+            Err(e @ (CudaError::LibraryMissing { .. } | CudaError::NoGpu(_))) => {
+                Err(Missing::NoGpu(e.to_string()))
             }
+            Err(CudaError::NotEnoughGpus { .. }) => Err(Missing::NoGpu("no GPU found".into())),
             Err(e) => panic!("GpuBackend::open failed on a GPU machine: {e}"),
         })
     });
     let g = m.lock().unwrap_or_else(|p| p.into_inner());
-    if g.is_none() {
-        eprintln!("skipped: no GPUs");
-        return None;
+    let found = match &*g {
+        Ok(_) => return Some(g),
+        Err(Missing::TooFew(n)) => GpuAvailability::Found(*n),
+        Err(Missing::NoGpu(e)) => GpuAvailability::Unusable(e.clone()),
+    };
+    gate(test, GPUS, found);
+    None
+}
+
+/// The backend, after a successful [`gpu`].
+fn backend<'a>(g: &'a mut MutexGuard<'static, Result<GpuBackend, Missing>>) -> &'a mut GpuBackend {
+    match &mut **g {
+        Ok(b) => b,
+        Err(_) => unreachable!("gpu() returned the guard only for an open backend"),
     }
-    Some(g)
 }
 
 fn buf(name: &str, role: BufferRole, rows: usize, cols: usize) -> Buffer {
@@ -121,8 +140,10 @@ fn host_gemm(
 
 #[test]
 fn gemm_matches_host_reference_including_strided_views() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("gemm_matches_host_reference_including_strided_views") else {
+        return;
+    };
+    let be = backend(&mut g);
     let (m, k, n) = (96, 72, 80);
     // A is a view of the middle columns of a wider buffer: lda = 100, col offset 8.
     let (acols, aoff) = (100, 8);
@@ -175,8 +196,10 @@ fn gemm_matches_host_reference_including_strided_views() {
 
 #[test]
 fn copy_pull_push_and_cross_rank_dependency() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("copy_pull_push_and_cross_rank_dependency") else {
+        return;
+    };
+    let be = backend(&mut g);
     let (rows, cols) = (64, 128);
     // Rank 0: x (input) ; y <- pull rank 1's x ; z[:, 32..96] <- rank 1 pushes its x[:, 0..64].
     // Rank 1 first runs a GEMM into w; rank 0 then pulls w (cross-rank dep).
@@ -334,8 +357,10 @@ fn nccl_plan(
 
 #[test]
 fn nccl_all_gather() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("nccl_all_gather") else {
+        return;
+    };
+    let be = backend(&mut g);
     let (rows, cols) = (16, 64);
     let op = NcclOp::AllGather {
         send: View::whole(0, rows, cols),
@@ -353,8 +378,10 @@ fn nccl_all_gather() {
 
 #[test]
 fn nccl_reduce_scatter_and_all_reduce() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("nccl_reduce_scatter_and_all_reduce") else {
+        return;
+    };
+    let be = backend(&mut g);
     let (rows, cols) = (16, 64);
     let op = NcclOp::ReduceScatter {
         send: View::whole(0, rows * GPUS, cols),
@@ -397,8 +424,10 @@ fn nccl_reduce_scatter_and_all_reduce() {
 
 #[test]
 fn nccl_grouped_send_recv() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("nccl_grouped_send_recv") else {
+        return;
+    };
+    let be = backend(&mut g);
     let (rows, cols) = (8, 256);
     let mut ranks = vec![];
     let mut init = vec![];
@@ -435,8 +464,10 @@ fn nccl_grouped_send_recv() {
 
 #[test]
 fn reduce_kernel_vector_and_scalar_paths() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("reduce_kernel_vector_and_scalar_paths") else {
+        return;
+    };
+    let be = backend(&mut g);
     for &(rows, cols, col_off) in &[(32usize, 64usize, 0usize), (17, 13, 3)] {
         let bc = cols + col_off + 5;
         let mut ranks = vec![];
@@ -498,8 +529,10 @@ fn reduce_kernel_vector_and_scalar_paths() {
 /// Every enumerated schedule of small problems, checked against the sequential reference.
 #[test]
 fn every_enumerated_schedule_is_correct() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("every_enumerated_schedule_is_correct") else {
+        return;
+    };
+    let be = backend(&mut g);
     be.config.warmup = 1;
     be.config.iters = 2;
     let opts = SpaceOptions {
@@ -551,8 +584,10 @@ fn every_enumerated_schedule_is_correct() {
 /// A plan that skips work must be reported wrong, not timed as if right.
 #[test]
 fn a_wrong_plan_is_reported_incorrect() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("a_wrong_plan_is_reported_incorrect") else {
+        return;
+    };
+    let be = backend(&mut g);
     be.config.warmup = 1;
     be.config.iters = 1;
     let problem = Problem::new(Op::AgGemm, 512, 256, 384, GPUS).expect("problem");
@@ -569,10 +604,22 @@ fn a_wrong_plan_is_reported_incorrect() {
 
 /// Timing probe on a realistic size: GEMM alone, the collective alone, seq and
 /// a few overlapped schedules (ag-gemm m=8192 k=8192 n=5120, P=2 anchor).
+/// Every overlapped schedule is checked against the sequential reference on
+/// fresh random inputs with poisoned outputs (`measure` with `check`), and
+/// every time must be a positive, finite number.
 #[test]
 fn timing_probe() {
-    let Some(mut g) = gpu() else { return };
-    let be = g.as_mut().expect("checked");
+    let Some(mut g) = gpu("timing_probe") else {
+        return;
+    };
+    let be = backend(&mut g);
+    let tolerance = be.config.tolerance;
+    let sane = |what: &str, ms: f64| {
+        assert!(
+            ms.is_finite() && ms > 0.0,
+            "{what}: time {ms} ms is not a positive number"
+        );
+    };
     for (op, m, k, n) in [
         (Op::AgGemm, 8192, 8192, 5120),
         (Op::GemmRs, 8192, 4096, 8192),
@@ -592,6 +639,9 @@ fn timing_probe() {
             gm.time_ms,
             cm.time_ms
         );
+        sane("gemm-only", gm.time_ms);
+        sane("comm-only", cm.time_ms);
+        let mut measured = 0;
         for name in [
             "seq",
             "shard-copy-all",
@@ -600,20 +650,95 @@ fn timing_probe() {
             "shard-nccl-ring",
             "fine2-nccl-all-hi",
         ] {
-            let Ok(s) = name.parse::<Schedule>() else {
-                continue;
+            let s: Schedule = name
+                .parse()
+                .unwrap_or_else(|e| panic!("schedule {name} no longer parses: {e:?}"));
+            let p = match lower(&problem, &s) {
+                Ok(p) => p,
+                Err(e) if name != "seq" => {
+                    eprintln!("PROBE {name} does not lower for {}: {e:?}", problem.label());
+                    continue;
+                }
+                Err(e) => panic!("seq does not lower: {e:?}"),
             };
-            let Ok(p) = lower(&problem, &s) else { continue };
             eprintln!("PROBE measuring {name}");
             let r = be.measure(&p, true, false).expect("measure");
+            let err = r
+                .max_rel_err
+                .expect("a checked measurement reports its error");
             eprintln!(
-                "PROBE {} {:<20} {:.3} ms correct={} err={:.1e}",
+                "PROBE {} {:<20} {:.3} ms correct={} err={:.1e} launch={:?} us",
                 problem.label(),
                 name,
                 r.time_ms,
                 r.correct,
-                r.max_rel_err.unwrap_or(f64::NAN)
+                err,
+                r.launch_us
             );
+            assert!(
+                r.correct,
+                "{} {name}: wrong output (rel err {err:.2e})",
+                problem.label()
+            );
+            assert!(
+                err.is_finite() && err <= tolerance,
+                "{} {name}: rel err {err:.2e} over {tolerance:.0e}",
+                problem.label()
+            );
+            sane(name, r.time_ms);
+            if let Some(us) = r.launch_us {
+                assert!(us.is_finite() && us >= 0.0, "{name}: launch time {us} us");
+            }
+            measured += 1;
         }
+        assert!(
+            measured >= 2,
+            "{}: only {measured} schedules measured",
+            problem.label()
+        );
+    }
+}
+
+/// Opening the backend gives what the machine allows: without libraries a
+/// typed "library missing" error, without a device a typed "no GPU" error,
+/// with GPUs success for as many as there are and a typed "not enough GPUs"
+/// for more. Under `FICCO_REQUIRE_GPU=1` the first two fail the test.
+#[test]
+fn open_matches_the_environment() {
+    let test = "open_matches_the_environment";
+    let libs = ficco_cuda::Libraries::probe();
+    if let Err(missing) = libs.require_all() {
+        match GpuBackend::open(1) {
+            Err(CudaError::LibraryMissing { .. }) => {}
+            Err(e) => panic!("libraries missing ({missing}) but open said: {e}"),
+            Ok(_) => panic!("libraries missing ({missing}) but open succeeded"),
+        }
+        no_gpu(test, &missing.to_string());
+        return;
+    }
+    let found = ficco_cuda::info().gpus.len();
+    if found == 0 {
+        match GpuBackend::open(1) {
+            Err(CudaError::NoGpu(_) | CudaError::Driver { .. }) => {}
+            Err(e) => panic!("no GPU listed but open said: {e}"),
+            Ok(_) => panic!("no GPU listed but open succeeded"),
+        }
+        no_gpu(test, "the driver lists no GPU");
+        return;
+    }
+    let b = GpuBackend::open(1).unwrap_or_else(|e| panic!("{found} GPUs but open(1) failed: {e}"));
+    assert_eq!(b.gpus(), 1);
+    assert_eq!(b.info().gpus.len(), found);
+    drop(b);
+    match GpuBackend::open(found + 1) {
+        Err(CudaError::NotEnoughGpus { wanted, found: f }) => {
+            assert_eq!((wanted, f), (found + 1, found))
+        }
+        Err(e) => panic!("open({}) on {found} GPUs: {e}", found + 1),
+        Ok(_) => panic!("open({}) succeeded on {found} GPUs", found + 1),
+    }
+    match GpuBackend::open(0) {
+        Err(CudaError::NotEnoughGpus { .. }) => {}
+        other => panic!("open(0): {:?}", other.map(|b| b.gpus())),
     }
 }

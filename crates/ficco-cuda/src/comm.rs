@@ -1,7 +1,11 @@
-//! NCCL resource limits: communicators created with `ncclCommInitRankConfig`
-//! and an `ncclConfig_t` that caps the CTAs (thread blocks, hence SMs) NCCL's
-//! kernels may take, and sets the CTA policy. This is the "NCCL `maxCTAs` and
-//! CTA policy" resource control of the design space.
+//! NCCL communicators: the one wrapper ([`NcclComm`], one rank's
+//! communicator; [`CommSet`], the communicators of a set of GPUs) and the
+//! process-wide [`CommCache`]. Every communicator is created with
+//! `ncclCommInitRankConfig` and an `ncclConfig_t` from [`NcclLimits`], which
+//! can cap the CTAs (thread blocks, hence SMs) NCCL's kernels may take and
+//! set the CTA policy: the "NCCL `maxCTAs` and CTA policy" resource control of
+//! the design space. The executor's default communicators are the set with
+//! default limits. The raw calls are in [`crate::driver::nccl`].
 //!
 //! The config is built like `NCCL_CONFIG_INITIALIZER`: `size`, `magic`
 //! (`0xcafebeef`) and `version` set, every other field "undefined"
@@ -18,13 +22,16 @@
 //! (an all-reduce limited to one CTA is much slower).
 //!
 //! Communicators cost ~0.5 s for 4 ranks, so [`CommCache`] creates one
-//! [`CommSet`] per (GPUs, limits) and hands out the same `Arc` afterwards.
+//! [`CommSet`] per (GPUs, limits) and hands out the same `Arc` afterwards;
+//! [`CommSet::warm`] establishes NCCL's connections once per set.
 //!
 //! See [ncclConfig_t](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html#ncclconfig-t),
 //! [ncclCommInitRankConfig](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/comms.html#ncclcomminitrankconfig)
 //! and [CTA policy flags](https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/flags.html).
 
-use crate::error::{drv, nccl, CudaError, Result};
+use crate::driver::nccl::{self as nc, RawComm};
+use crate::error::{drv, CudaError, Result};
+use crate::mem::DeviceBuffer;
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nsys;
 use std::collections::HashMap;
@@ -102,7 +109,7 @@ impl NcclLimits {
 
     /// The `ncclConfig_t` these limits describe, initialised like
     /// `NCCL_CONFIG_INITIALIZER` (see the module doc for size and version).
-    pub fn to_raw(&self) -> nsys::ncclConfig_t {
+    pub fn to_raw(self) -> nsys::ncclConfig_t {
         let opt = |v: Option<u32>| v.map_or(UNDEF_INT, |x| x as i32);
         nsys::ncclConfig_t {
             size: std::mem::offset_of!(nsys::ncclConfig_t, graphUsageMode),
@@ -131,47 +138,45 @@ impl NcclLimits {
 
 /// One rank's communicator, destroyed on drop.
 #[derive(Debug)]
-pub struct ConfiguredComm {
-    comm: nsys::ncclComm_t,
+pub struct NcclComm {
+    comm: RawComm,
 }
 
 // SAFETY: each communicator is used by one host thread at a time (callers
 // hold it through `CommSet`, and NCCL calls on it are issued by one thread).
-unsafe impl Send for ConfiguredComm {}
+unsafe impl Send for NcclComm {}
 // SAFETY: shared read-only; NCCL calls need the caller's serialisation per comm.
-unsafe impl Sync for ConfiguredComm {}
+unsafe impl Sync for NcclComm {}
 
-impl ConfiguredComm {
+impl NcclComm {
     /// The raw handle, for NCCL calls (valid while `self` lives).
-    pub fn raw(&self) -> nsys::ncclComm_t {
+    pub fn raw(&self) -> RawComm {
         self.comm
     }
 
     /// Ranks in the communicator (`ncclCommCount`).
     pub fn count(&self) -> Result<i32> {
         // SAFETY: live communicator.
-        unsafe { cudarc::nccl::result::comm_count(self.comm) }.map_err(nccl("ncclCommCount"))
+        unsafe { nc::comm_count(self.comm) }
     }
 
     /// The CUDA device of this rank (`ncclCommCuDevice`).
     pub fn device(&self) -> Result<i32> {
         // SAFETY: live communicator.
-        unsafe { cudarc::nccl::result::comm_cu_device(self.comm) }.map_err(nccl("ncclCommCuDevice"))
+        unsafe { nc::comm_cu_device(self.comm) }
     }
 
     /// This communicator's rank (`ncclCommUserRank`).
     pub fn rank(&self) -> Result<i32> {
         // SAFETY: live communicator.
-        unsafe { cudarc::nccl::result::comm_user_rank(self.comm) }.map_err(nccl("ncclCommUserRank"))
+        unsafe { nc::comm_user_rank(self.comm) }
     }
 }
 
-impl Drop for ConfiguredComm {
+impl Drop for NcclComm {
     fn drop(&mut self) {
         // SAFETY: created by ncclCommInitRankConfig, destroyed once.
-        unsafe {
-            let _ = cudarc::nccl::result::comm_destroy(self.comm);
-        }
+        unsafe { nc::comm_destroy(self.comm) }
     }
 }
 
@@ -183,8 +188,11 @@ pub struct CommSet {
     pub limits: NcclLimits,
     /// `ncclGetVersion` of the loaded library, e.g. 22803.
     pub nccl_version: i32,
-    comms: Vec<ConfiguredComm>,
-    /// Whether the executor has established its connections (see `exec::warm_comms`).
+    // Communicators before contexts: fields drop in declaration order.
+    comms: Vec<NcclComm>,
+    /// The GPUs' primary contexts, kept alive as long as the communicators.
+    ctxs: Vec<Arc<CudaContext>>,
+    /// Whether [`CommSet::warm`] has run.
     warmed: std::sync::atomic::AtomicBool,
 }
 
@@ -216,38 +224,30 @@ impl CommSet {
             .iter()
             .map(|&g| CudaContext::new(g).map_err(drv("cuDevicePrimaryCtxRetain")))
             .collect::<Result<Vec<_>>>()?;
-        let version = cudarc::nccl::result::get_nccl_version().map_err(nccl("ncclGetVersion"))?;
-        let id = cudarc::nccl::result::get_uniqueid().map_err(nccl("ncclGetUniqueId"))?;
+        let version = nc::version()?;
+        let id = nc::unique_id()?;
         let n = gpus.len() as i32;
-        let mut raw = vec![std::ptr::null_mut(); gpus.len()];
+        let mut raw: Vec<RawComm> = vec![std::ptr::null_mut(); gpus.len()];
         let mut configs: Vec<nsys::ncclConfig_t> = gpus.iter().map(|_| limits.to_raw()).collect();
-        cudarc::nccl::result::group_start().map_err(nccl("ncclGroupStart"))?;
-        let mut first_err = None;
-        for (r, ctx) in ctxs.iter().enumerate() {
-            if let Err(e) = ctx.bind_to_thread() {
-                first_err = Some(drv("cuCtxSetCurrent")(e));
-                break;
+        let res = nc::grouped(|| {
+            for (r, ctx) in ctxs.iter().enumerate() {
+                ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                // SAFETY: out-pointer and config are live until ncclGroupEnd
+                // returns (both vectors outlive `grouped`); the id is shared
+                // by all ranks; the rank's context is current.
+                unsafe {
+                    nc::comm_init_rank_config(&mut raw[r], n, id, r as i32, &mut configs[r])?
+                };
             }
-            // SAFETY: out-pointer and config are live until ncclGroupEnd
-            // returns (both vectors outlive it); the id is shared by all ranks.
-            let res = unsafe {
-                nsys::ncclCommInitRankConfig(&mut raw[r], n, id, r as i32, &mut configs[r])
-            };
-            if let Err(e) = res.result() {
-                first_err = Some(nccl("ncclCommInitRankConfig")(e));
-                break;
-            }
-        }
-        let end = cudarc::nccl::result::group_end().map_err(nccl("ncclGroupEnd"));
-        let comms: Vec<ConfiguredComm> = raw
+            Ok(())
+        });
+        // Whatever was created is owned (and destroyed on error) from here.
+        let comms: Vec<NcclComm> = raw
             .into_iter()
             .filter(|c| !c.is_null())
-            .map(|comm| ConfiguredComm { comm })
+            .map(|comm| NcclComm { comm })
             .collect();
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        end?;
+        res?;
         if comms.len() != gpus.len() {
             return Err(CudaError::Plan(format!(
                 "NCCL created {} of {} communicators",
@@ -260,13 +260,24 @@ impl CommSet {
             limits,
             nccl_version: version,
             comms,
+            ctxs,
             warmed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// The communicators, rank order.
-    pub fn comms(&self) -> &[ConfiguredComm] {
+    pub fn comms(&self) -> &[NcclComm] {
         &self.comms
+    }
+
+    /// Establishes NCCL's connections once per set (they are made lazily at
+    /// the first call of each kind, which blocks the host until peers join,
+    /// and can deadlock inside a running plan); later calls return at once.
+    pub fn warm(&self) -> Result<()> {
+        if self.first_use() {
+            warm_comms(&self.ctxs, &self.comms)?;
+        }
+        Ok(())
     }
 
     /// True the first time only: the caller then warms the set up.
@@ -290,6 +301,55 @@ impl CommSet {
         }
         Ok(out)
     }
+}
+
+/// All-reduce of a small and a large message, all-gather, reduce-scatter and
+/// a send/recv with every peer, issued from this thread in one group per
+/// step, each collective at an LL-, LL128- and Simple-sized message, so every
+/// kernel and connection NCCL picks later already exists.
+fn warm_comms(ctxs: &[Arc<CudaContext>], comms: &[NcclComm]) -> Result<()> {
+    let n = ctxs.len();
+    let elems = 4 << 20; // 8 MiB of bf16 per buffer
+    let mut bufs = vec![];
+    let mut streams = vec![];
+    for ctx in ctxs {
+        bufs.push((
+            DeviceBuffer::alloc(ctx, elems * 2 * n)?,
+            DeviceBuffer::alloc(ctx, elems * 2 * n)?,
+        ));
+        streams.push(ctx.new_stream().map_err(drv("cuStreamCreate"))?);
+    }
+    let sizes = [1024usize, 64 << 10, elems];
+    for step in 0..4 * sizes.len() {
+        let (kind, count) = (step % 4, sizes[step / 4]);
+        nc::grouped(|| {
+            for r in 0..n {
+                let (a, b) = (bufs[r].0.ptr(), bufs[r].1.ptr());
+                let s = streams[r].cu_stream();
+                let c = comms[r].raw();
+                // SAFETY: buffers hold n * elems bf16 each; one stream per
+                // communicator; this thread issues every rank's call.
+                unsafe {
+                    match kind {
+                        0 => nc::all_reduce(a, b, count, c, s)?,
+                        1 => nc::all_gather(a, b, count, c, s)?,
+                        2 => nc::reduce_scatter(a, b, count, c, s)?,
+                        _ => {
+                            for p in (0..n).filter(|&p| p != r) {
+                                nc::send(a, count, p, c, s)?;
+                                nc::recv(b, count, p, c, s)?;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
+    for s in &streams {
+        s.synchronize().map_err(drv("cuStreamSynchronize"))?;
+    }
+    Ok(())
 }
 
 type CacheMap = HashMap<(Vec<usize>, NcclLimits), Arc<CommSet>>;

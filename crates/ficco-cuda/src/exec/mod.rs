@@ -1,0 +1,25 @@
+//! The executor: one process drives every GPU, one host thread per GPU.
+//!
+//! Per rank: a context (cudarc event tracking off), streams created with the
+//! plan's priorities, an event per task, a control stream that starts and ends
+//! each iteration. Dependencies go through [`crate::sync::CrossRankSync`];
+//! between iterations every rank's streams wait for every rank's end of the
+//! previous iteration, so pushes into a peer's buffers cannot overrun.
+//!
+//! | module | role |
+//! |---|---|
+//! | [`rank`] | [`Rank`]: one GPU's resources kept between plans (streams, buffer pool, GEMM handles, green splits) |
+//! | [`check`] | host-side checks before anything is issued, view addresses, output comparison |
+//! | [`issue`] | enqueues one task, one function per task kind |
+//! | [`run`] | [`run_plan`]: communicators, rank threads, the iteration loop, timing |
+
+pub(crate) mod check;
+pub(crate) mod issue;
+pub(crate) mod rank;
+pub(crate) mod run;
+
+#[cfg_attr(not(test), allow(unused_imports))]
+pub(crate) use check::precheck;
+pub use check::{compare, copy_d2d, poison};
+pub use rank::Rank;
+pub use run::{open_comms, run_plan, RunSpec};

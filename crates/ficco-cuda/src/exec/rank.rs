@@ -1,0 +1,267 @@
+//! [`Rank`]: one GPU and everything the executor keeps on it between plans:
+//! the context, the control stream, plan streams by priority (and on
+//! green-context splits), GEMM handles and workspaces, a buffer pool, and the
+//! kernels. Allocation and kernel loading happen here, before rank threads
+//! start issuing (either can wait for the device to go idle).
+
+use super::check::view_addr;
+use crate::controls::RawStream;
+use crate::driver::cuda as cu;
+use crate::error::{drv, Result};
+use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
+use crate::green::{GreenPartition, PartitionRequest};
+use crate::kernels::Kernels;
+use crate::mem::{DeviceBuffer, DevicePtr};
+use crate::shaped::ShapedGemm;
+use cudarc::driver::{CudaContext, CudaStream};
+use ficco_core::plan::{RankPlan, Resources, StreamRole, TaskKind};
+use ficco_core::problem::workload::ELEM_BYTES;
+use ficco_core::space::Priority;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Streams on a green-context split of one rank, kept between plans.
+struct GreenSet {
+    /// Borrowing wrappers of `raw` by (communication side, priority); dropped first.
+    wrapped: HashMap<(bool, i32), Vec<Arc<CudaStream>>>,
+    raw: Vec<RawStream>,
+    partition: GreenPartition,
+}
+
+/// One GPU and everything the executor keeps on it between plans.
+pub struct Rank {
+    pub rank: usize,
+    pub ctx: Arc<CudaContext>,
+    pub kernels: Kernels,
+    pub(super) gemms: Gemms,
+    /// (least, greatest) stream priority.
+    pub priority_range: (i32, i32),
+    control: Arc<CudaStream>,
+    /// Streams by priority value, reused between plans.
+    streams: HashMap<i32, Vec<Arc<CudaStream>>>,
+    /// GEMM workspace per plan stream index.
+    pub(super) workspaces: Vec<DeviceBuffer>,
+    /// Allocations reused between plans.
+    pool: Vec<DeviceBuffer>,
+    /// 2 f64 + 1 u64 for the check kernel.
+    pub(super) check_acc: DeviceBuffer,
+    /// GEMM configurations already run once (their kernels are loaded).
+    warmed: HashSet<GemmKey>,
+    /// ficco's shaped GEMM, loaded when a plan first asks for occupancy shaping.
+    pub(super) shaped: Option<ShapedGemm>,
+    /// Green-context splits by compute SM count.
+    green: HashMap<usize, GreenSet>,
+}
+
+impl Rank {
+    /// Sets up GPU `rank` on `ctx`: event tracking off, the control stream,
+    /// kernels, cuBLASLt. NCCL communicators are not the rank's: see
+    /// [`super::open_comms`].
+    pub fn new(rank: usize, ctx: Arc<CudaContext>) -> Result<Self> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: we never hand cudarc-tracked slices to kernels; all ordering is ours.
+        unsafe { ctx.disable_event_tracking() };
+        let priority_range = cu::stream_priority_range()?;
+        let control = ctx
+            .new_stream_with_priority(priority_range.0)
+            .map_err(drv("cuStreamCreateWithPriority"))?;
+        Ok(Rank {
+            rank,
+            kernels: Kernels::load(&ctx)?,
+            gemms: Gemms::new()?,
+            priority_range,
+            control,
+            streams: HashMap::new(),
+            workspaces: vec![],
+            pool: vec![],
+            check_acc: DeviceBuffer::alloc(&ctx, 32)?,
+            warmed: Default::default(),
+            shaped: None,
+            green: HashMap::new(),
+            ctx,
+        })
+    }
+
+    pub fn control(&self) -> &Arc<CudaStream> {
+        &self.control
+    }
+
+    /// Allocates a buffer (plain cuMemAlloc), outside the pool.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::alloc(&self.ctx, bytes)
+    }
+
+    /// Binds every buffer of `rp` to a pool allocation of exactly its size,
+    /// allocating where none is free. Returns the base pointer of each buffer.
+    pub fn bind(&mut self, rp: &RankPlan) -> Result<Vec<DevicePtr>> {
+        let mut used = vec![false; self.pool.len()];
+        let mut ptrs = Vec::with_capacity(rp.buffers.len());
+        for b in &rp.buffers {
+            let bytes = b.bytes();
+            let found = (0..self.pool.len()).find(|&i| !used[i] && self.pool[i].bytes() == bytes);
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    let buf = match DeviceBuffer::alloc(&self.ctx, bytes) {
+                        Ok(b) => b,
+                        Err(_) => {
+                            // Out of memory: drop pool entries this plan does not use, retry.
+                            let mut keep = vec![];
+                            let mut keep_used = vec![];
+                            for (j, d) in std::mem::take(&mut self.pool).into_iter().enumerate() {
+                                if used[j] {
+                                    keep.push(d);
+                                    keep_used.push(true);
+                                }
+                            }
+                            self.pool = keep;
+                            used = keep_used;
+                            // Pointers handed out so far stay valid: kept entries are not freed.
+                            DeviceBuffer::alloc(&self.ctx, bytes)?
+                        }
+                    };
+                    self.pool.push(buf);
+                    used.push(false);
+                    self.pool.len() - 1
+                }
+            };
+            used[i] = true;
+            ptrs.push(self.pool[i].ptr());
+        }
+        Ok(ptrs)
+    }
+
+    /// The plan's streams, created (or reused) with the device's priorities:
+    /// High = greatest, Normal = least. Under a green split, compute streams
+    /// are on the compute green context and communication streams on the rest.
+    pub(super) fn plan_streams(
+        &mut self,
+        rp: &RankPlan,
+        res: &Resources,
+    ) -> Result<Vec<Arc<CudaStream>>> {
+        let mut taken: HashMap<(bool, i32), usize> = HashMap::new();
+        let mut out = vec![];
+        if let Some(sms) = res.green_sms {
+            if !self.green.contains_key(&sms) {
+                let partition =
+                    GreenPartition::new(&self.ctx, PartitionRequest::split(sms as u32))?;
+                self.green.insert(
+                    sms,
+                    GreenSet {
+                        wrapped: HashMap::new(),
+                        raw: vec![],
+                        partition,
+                    },
+                );
+            }
+        }
+        for s in &rp.streams {
+            let prio = match s.priority {
+                Priority::High => self.priority_range.1,
+                Priority::Normal => self.priority_range.0,
+            };
+            let comm = s.role == StreamRole::Comm;
+            let stream = match res.green_sms.and_then(|n| self.green.get_mut(&n)) {
+                Some(g) => {
+                    let key = (comm, prio);
+                    let k = taken.entry(key).or_insert(0);
+                    let list = g.wrapped.entry(key).or_default();
+                    if list.len() <= *k {
+                        let raw = g.partition.new_stream(comm, prio)?;
+                        // SAFETY: `raw` is kept in the same GreenSet and dropped
+                        // after the wrapper; ordering is ours (event tracking off).
+                        list.push(unsafe { self.ctx.wrap_borrowed_stream(raw.cu_stream()) });
+                        g.raw.push(raw);
+                    }
+                    *k += 1;
+                    list[*k - 1].clone()
+                }
+                None => {
+                    let k = taken.entry((false, prio)).or_insert(0);
+                    let list = self.streams.entry(prio).or_default();
+                    if list.len() <= *k {
+                        list.push(
+                            self.ctx
+                                .new_stream_with_priority(prio)
+                                .map_err(drv("cuStreamCreateWithPriority"))?,
+                        );
+                    }
+                    *k += 1;
+                    list[*k - 1].clone()
+                }
+            };
+            out.push(stream);
+        }
+        while self.workspaces.len() < rp.streams.len() {
+            self.workspaces
+                .push(DeviceBuffer::alloc(&self.ctx, WORKSPACE_BYTES)?);
+        }
+        Ok(out)
+    }
+
+    /// Loads ficco's shaped GEMM when `rp` has a shaped GEMM task.
+    pub(super) fn prepare_shaped(&mut self, rp: &RankPlan) -> Result<()> {
+        let wants = rp.tasks.iter().any(|t| {
+            matches!(
+                t.kind,
+                TaskKind::Gemm {
+                    occupancy: Some(_),
+                    ..
+                }
+            )
+        });
+        if wants && self.shaped.is_none() {
+            self.shaped = Some(ShapedGemm::load(&self.ctx)?);
+        }
+        Ok(())
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+
+    /// Runs every GEMM configuration of `rp` not run before once, alone, into a
+    /// temporary output. CUDA loads kernels lazily, and loading one can wait for
+    /// the device to go idle: inside a running plan that can deadlock against an
+    /// NCCL kernel waiting for a peer. Call before the rank threads start.
+    pub(super) fn prewarm_gemms(&mut self, rp: &RankPlan, ptrs: &[DevicePtr]) -> Result<()> {
+        for t in &rp.tasks {
+            let TaskKind::Gemm {
+                a, b, c, sm_target, ..
+            } = &t.kind
+            else {
+                continue;
+            };
+            let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
+            let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
+            let (_, ldc) = view_addr(&rp.buffers, ptrs, c, "gemm c")?;
+            let key = GemmKey {
+                m: a.rows,
+                n: b.cols,
+                k: a.cols,
+                lda: lda / ELEM_BYTES,
+                ldb: ldb / ELEM_BYTES,
+                ldc: ldc / ELEM_BYTES,
+                sm_target: *sm_target,
+            };
+            if self.warmed.contains(&key) || a.cols != b.rows {
+                continue;
+            }
+            let tmp = DeviceBuffer::alloc(&self.ctx, key.m * key.ldc * ELEM_BYTES)?;
+            let ws = self
+                .workspaces
+                .first()
+                .map(|w| w.ptr())
+                .unwrap_or(DevicePtr::NULL);
+            // SAFETY: a and b are bounds-checked live views; tmp holds m rows at ldc.
+            unsafe {
+                self.gemms.tune(key, pa, pb, tmp.ptr(), ws, &self.control)?;
+            }
+            self.control
+                .synchronize()
+                .map_err(drv("cuStreamSynchronize"))?;
+            self.warmed.insert(key);
+        }
+        Ok(())
+    }
+}
