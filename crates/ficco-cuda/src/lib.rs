@@ -13,7 +13,7 @@
 //! |---|---|
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`info`] | GPUs, SMs, memory, copy engines, peer matrix, versions |
-//! | [`characterize`] | `ficco characterize`: decomposition, contention and communication measurements, profile fitting |
+//! | [`characterize`] | `ficco characterize`'s measuring loop (plans, data types and fit: `ficco_core::sim::calibrate`) |
 //! | [`backend`] | [`GpuBackend`]: open, prepare, measure (implements `Measurer`) |
 //! | [`exec`] | the executor: streams, events, iterations, task issue |
 //! | [`sync`] | the cross-rank synchronisation seam |
