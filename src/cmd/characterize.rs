@@ -4,10 +4,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use ficco_core::sim::calibrate::{fit_profile, profile_toml, steps, tables, CharOptions};
 use ficco_core::sim::profile::HwProfile;
-use ficco_cuda::characterize::{
-    characterize, fit_profile, profile_toml, steps, tables, CharOptions,
-};
+use ficco_cuda::characterize::characterize;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -16,8 +16,9 @@
 //!
 //! | module | role |
 //! |---|---|
-//! | [`backend`] | [`GpuBackend`]: open, prepare, measure (implements `Measurer`) |
-//! | [`characterize`] | `ficco characterize`: the measuring loop |
+//! | [`backend`] | [`GpuBackend`]: open, prepare, measure (implements `ficco_core::run::Backend`) |
+//! | [`open`] | the backend factory: auto, sim or gpu, with the typed reason when no GPU is usable |
+//! | [`characterize`] | `ficco characterize`: the measuring loop (plans, data types and the fit: `ficco_core::sim::calibrate`) |
 //! | [`info`](mod@info) | GPUs, SMs, memory, copy engines, peer matrix, versions |
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`error`] | [`CudaError`] |

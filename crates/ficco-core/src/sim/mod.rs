@@ -63,6 +63,7 @@
 
 mod backend;
 pub use backend::Simulator;
+pub mod calibrate;
 pub mod cost;
 pub mod profile;
 

@@ -19,7 +19,6 @@ pub(crate) mod rank;
 pub(crate) mod run;
 
 #[cfg_attr(not(test), allow(unused_imports))]
-pub(crate) use check::precheck;
 pub use check::{compare, copy_d2d, poison};
 pub use rank::Rank;
 pub use run::{open_comms, run_plan, RunSpec};

@@ -23,6 +23,7 @@
 mod concurrent;
 mod dependent;
 mod parts;
+pub mod probe;
 
 use crate::error::{Error, Result};
 use crate::plan::{BufferRole, Plan, RankPlan, Resources, StreamRole, Task, TaskKind, View};
