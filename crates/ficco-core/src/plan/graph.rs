@@ -1,8 +1,13 @@
 //! The dependency graph of a plan, derived once: every task is a node
 //! (numbered rank by rank, in issue order), and its predecessors are its
-//! stream predecessor (tasks on one stream run in order) and its explicit
-//! dependencies, which may cross ranks. The validator, the simulator and the
-//! GPU executor all read ordering from here.
+//! stream predecessor (tasks on one stream run in order), its explicit
+//! dependencies, which may cross ranks, and for a [`TaskKind::Wait`] the
+//! [`TaskKind::Signal`] of its flag ([`crate::plan::signal::flag_edges`]).
+//! The validator, the simulator and the GPU executor all read ordering from
+//! here.
+//!
+//! [`TaskKind::Wait`]: crate::plan::TaskKind::Wait
+//! [`TaskKind::Signal`]: crate::plan::TaskKind::Signal
 
 use crate::error::{Error, Result};
 use crate::plan::{Plan, TaskId};
@@ -17,11 +22,14 @@ pub struct Graph {
     stream_pred: Vec<Option<usize>>,
     /// Per node: explicit dependencies, as nodes (sorted, deduplicated).
     deps: Vec<Vec<usize>>,
+    /// Per node: for a Wait, the Signal of its flag.
+    flag_pred: Vec<Option<usize>>,
 }
 
 impl Graph {
     /// Builds the graph; a dependency on a task that does not exist is an
-    /// invalid plan.
+    /// invalid plan, and so are flags that [`crate::plan::signal::flag_edges`]
+    /// rejects (a wait never signalled, a flag signalled twice, ...).
     pub fn new(plan: &Plan) -> Result<Self> {
         let mut offsets = Vec::with_capacity(plan.ranks.len());
         let mut total = 0;
@@ -55,11 +63,16 @@ impl Graph {
                 deps[me] = ds;
             }
         }
+        let mut flag_pred = vec![None; total];
+        for (sig, wait) in crate::plan::signal::flag_edges(plan)? {
+            flag_pred[offsets[wait.rank] + wait.index] = Some(offsets[sig.rank] + sig.index);
+        }
         Ok(Graph {
             offsets,
             total,
             stream_pred,
             deps,
+            flag_pred,
         })
     }
 
@@ -97,11 +110,18 @@ impl Graph {
         &self.deps[node]
     }
 
-    /// Every predecessor: the stream predecessor and the explicit
-    /// dependencies (sorted, no duplicates).
+    /// For a Wait, the Signal of its flag (a happens-before edge that the
+    /// device keeps, not the host: issue order ignores it).
+    pub fn flag_pred(&self, node: usize) -> Option<usize> {
+        self.flag_pred[node]
+    }
+
+    /// Every predecessor: the stream predecessor, the explicit dependencies
+    /// and the flag's Signal (sorted, no duplicates).
     pub fn preds(&self, node: usize) -> Vec<usize> {
         let mut ps: Vec<usize> = self.stream_pred[node].into_iter().collect();
         ps.extend_from_slice(&self.deps[node]);
+        ps.extend(self.flag_pred[node]);
         ps.sort_unstable();
         ps.dedup();
         ps

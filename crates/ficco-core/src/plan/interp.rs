@@ -3,7 +3,8 @@
 //! It runs a plan on small matrices of integer-valued f64, so every sum is
 //! exact whatever its order: a schedule is right exactly when its output
 //! equals the sequential reference bit for bit. Tasks run one at a time in a
-//! happens-before order; an NCCL rendezvous runs as one step for all ranks.
+//! happens-before order (which includes Signal → Wait through flags; both are
+//! no-ops on memory); an NCCL rendezvous runs as one step for all ranks.
 //! Memory nothing has written is NaN, so a read of it shows in the output.
 
 use crate::error::{Error, Result};
@@ -259,6 +260,9 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
                 }
                 mem.write(rank, dst, &acc);
             }
+            // Ordering only: the happens-before order already put every
+            // Wait after its Signal.
+            TaskKind::Signal { .. } | TaskKind::Wait { .. } => {}
             TaskKind::Nccl { group, .. } => {
                 if !done_groups.insert(*group) {
                     continue;

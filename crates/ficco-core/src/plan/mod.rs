@@ -7,12 +7,20 @@
 //! every rank are one rendezvous (one collective call, or one grouped
 //! send/recv step).
 //!
+//! A dependency on another rank is either implicit (a `deps` entry naming the
+//! other rank's task: the executor orders it however it can) or explicit in
+//! device flags: a [`TaskKind::Signal`] on the producer's stream sets a flag
+//! word on the consumer's rank, and a [`TaskKind::Wait`] on the consumer's
+//! stream holds that stream until the flag is set. [`signal::with_signals`]
+//! rewrites every cross-rank dependency into such a pair; see [`signal`].
+//!
 //! The simulator, the CPU interpreter and the GPU executor all consume this
 //! type, which is what makes predicted and measured timelines line up.
 
 pub mod graph;
 pub mod interp;
 pub mod lower;
+pub mod signal;
 pub mod validate;
 
 use crate::problem::workload::{Collective, Problem, ELEM_BYTES};
@@ -186,6 +194,15 @@ pub enum TaskKind {
     Nccl { group: usize, op: NcclOp },
     /// dst = sum of srcs (f32 accumulate), all views of this rank with dst's shape.
     Reduce { srcs: Vec<View>, dst: View },
+    /// Sets signal word `flag` of rank `to_rank` once every earlier task of
+    /// this stream is done (a device-side flag write by this stream). Within
+    /// one run of a plan each (rank, flag) is signalled exactly once; the
+    /// executor turns that into an epoch per iteration. Touches no buffer.
+    Signal { to_rank: usize, flag: usize },
+    /// Holds this stream until signal word `flag` of this rank has been
+    /// signalled (a device-side wait; the host does not block). Touches no
+    /// buffer.
+    Wait { flag: usize },
 }
 
 impl TaskKind {
@@ -195,6 +212,8 @@ impl TaskKind {
             TaskKind::Copy { .. } => "copy",
             TaskKind::Nccl { op, .. } => op.short(),
             TaskKind::Reduce { .. } => "reduce",
+            TaskKind::Signal { .. } => "signal",
+            TaskKind::Wait { .. } => "wait",
         }
     }
 }
@@ -272,6 +291,26 @@ pub struct Plan {
 impl Plan {
     pub fn task(&self, id: TaskId) -> Option<&Task> {
         self.ranks.get(id.rank)?.tasks.get(id.index)
+    }
+
+    /// Signal words each rank needs (index = rank): one more than the highest
+    /// flag that a Wait of the rank, or a Signal to it, names; 0 without
+    /// signals. Flags live on the waiter's rank.
+    pub fn signal_words(&self) -> Vec<usize> {
+        let mut words = vec![0; self.ranks.len()];
+        for (r, rp) in self.ranks.iter().enumerate() {
+            for t in &rp.tasks {
+                let (rank, flag) = match t.kind {
+                    TaskKind::Signal { to_rank, flag } => (to_rank, flag),
+                    TaskKind::Wait { flag } => (r, flag),
+                    _ => continue,
+                };
+                if let Some(w) = words.get_mut(rank) {
+                    *w = (*w).max(flag + 1);
+                }
+            }
+        }
+        words
     }
 
     /// Number of tasks over all ranks.

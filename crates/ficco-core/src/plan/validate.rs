@@ -7,10 +7,15 @@
 //!
 //! This is the one validator: the executors run only plans it accepted and
 //! do not re-check them.
-//! * No cycle in happens-before (stream order, dependencies, and NCCL
-//!   rendezvous, where every member waits for every member's predecessors),
-//!   and none in issue order (each rank's host thread issues its tasks in plan
-//!   order and may wait for another rank to issue a dependency first).
+//! * No cycle in happens-before (stream order, dependencies, Signal → Wait
+//!   through flags, and NCCL rendezvous, where every member waits for every
+//!   member's predecessors), and none in issue order (each rank's host thread
+//!   issues its tasks in plan order and may wait for another rank to issue a
+//!   dependency first; a Wait is device-side and adds no host edge).
+//! * Flags ([`crate::plan::signal::flag_edges`]): every Wait's flag is
+//!   signalled exactly once, to a rank that exists, and every signalled flag
+//!   is waited on; otherwise "wait on flag F of rank r is never signalled" and
+//!   the like, naming rank, task and flag.
 //! * Every read of non-input memory is covered by writes ordered before it.
 //! * No two unordered tasks touch overlapping memory where either writes.
 
@@ -154,6 +159,8 @@ fn check_structure(plan: &Plan) -> Result<()> {
                         }
                     }
                 }
+                // Flags are checked with the graph (`signal::flag_edges`).
+                TaskKind::Signal { .. } | TaskKind::Wait { .. } => {}
                 TaskKind::Nccl { op, .. } => {
                     let views: Vec<&View> = match op {
                         NcclOp::AllGather { send, recv }
@@ -308,7 +315,9 @@ fn check_nccl_matching(plan: &Plan) -> Result<()> {
 
 fn check_issue_order(plan: &Plan, g: &Graph) -> Result<()> {
     // Each rank's host thread issues in plan order: the previous task of the
-    // rank (any stream) comes first, then the explicit dependencies.
+    // rank (any stream) comes first, then the explicit dependencies. A Wait's
+    // flag edge is not here: the host issues a Wait without waiting for its
+    // Signal, so a plan with signals has no cross-rank host edge.
     let preds: Vec<Vec<usize>> = (0..g.len())
         .map(|v| {
             let mut ps: Vec<usize> = g.deps(v).to_vec();
@@ -430,6 +439,7 @@ pub(crate) fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)>
             v.push((rank, *dst, true));
             v
         }
+        TaskKind::Signal { .. } | TaskKind::Wait { .. } => vec![],
         TaskKind::Nccl { op, .. } => match op {
             NcclOp::AllGather { send, recv }
             | NcclOp::ReduceScatter { send, recv }

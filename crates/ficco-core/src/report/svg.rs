@@ -15,6 +15,8 @@ pub fn kind_color(kind: &str) -> &'static str {
         "all-reduce" => "#e15759",
         "send-recv" => "#76b7b2",
         "reduce" => "#9c755f",
+        "signal" => "#ff9da7",
+        "wait" => "#edc948",
         _ => "#bab0ac",
     }
 }

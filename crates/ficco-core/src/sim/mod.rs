@@ -41,6 +41,12 @@
 //!   of its GPUs, an NCCL transfer's rate cap is divided by
 //!   `nccl_slowdown_gemm` and a copy's by `copy_slowdown_gemm`.
 //!
+//! - **Signals** (plans from [`crate::plan::signal::with_signals`]). A
+//!   Signal holds its stream for one NVLink latency (`nvlink.latency_us`, the
+//!   flag write reaching the peer) and takes no SM, copy engine or bandwidth;
+//!   a Wait takes no time and ends when its flag's Signal has (the Signal is
+//!   one of its predecessors). Plans without signals simulate as before.
+//!
 //! - **Resource controls** (the plan's [`crate::plan::Resources`] and GEMM
 //!   fields). `-ctaN`: an NCCL kernel holds N SMs instead of `nccl_sms`, and
 //!   its bandwidth cap scales by min(1, N / `nccl_sms`) (fewer channels move
@@ -127,6 +133,10 @@ enum Work {
         nominal_ms: f64,
         sms: usize,
     },
+    /// Signal (the flag write's latency) or Wait (0): a timer, no resource.
+    Flag {
+        ms: f64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -180,6 +190,8 @@ enum TimerKind {
     GemmLaunched(usize),
     /// Latency phase of a flow is over: it starts moving bytes.
     FlowStarts(usize),
+    /// A Signal or Wait is done.
+    FlagDone(usize),
 }
 
 struct Group {
@@ -343,6 +355,10 @@ impl<'a> Sim<'a> {
                         nominal_ms: cost::reduce_ms(hw, srcs.len(), dst.bytes()),
                         sms: 0,
                     },
+                    TaskKind::Signal { .. } => Work::Flag {
+                        ms: hw.nvlink.latency_us / 1000.0,
+                    },
+                    TaskKind::Wait { .. } => Work::Flag { ms: 0.0 },
                 };
                 nodes.push(Node {
                     rank,
@@ -483,6 +499,7 @@ impl<'a> Sim<'a> {
                             rate: 0.0,
                         });
                     }
+                    TimerKind::FlagDone(i) => self.complete(i),
                 }
             }
             for k in finished {
@@ -516,6 +533,11 @@ impl<'a> Sim<'a> {
                 self.nodes[i].state = State::Waiting;
                 self.sm_wait[r].push(i);
                 self.dirty[r] = true;
+            }
+            Work::Flag { ms } => {
+                self.nodes[i].state = State::Running;
+                self.nodes[i].start = self.now;
+                self.timers.push((self.now + ms, TimerKind::FlagDone(i)));
             }
         }
     }
@@ -625,6 +647,7 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Work::Copy { .. } => unreachable!("copies wait for copy engines"),
+                Work::Flag { .. } => unreachable!("signals and waits take no SMs"),
             };
             if leaves {
                 self.sm_wait[r].remove(k);
