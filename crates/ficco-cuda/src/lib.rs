@@ -33,6 +33,7 @@ pub mod error;
 pub mod exec;
 pub mod gemm;
 pub mod green;
+pub mod hgemm;
 pub mod info;
 pub mod kernels;
 pub mod loader;
