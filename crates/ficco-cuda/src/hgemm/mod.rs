@@ -58,6 +58,8 @@
 //! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
 //! the source, the options, the architecture and the NVRTC version.
 
+pub mod bench;
+
 use crate::error::{check, drv, CudaError, Result};
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
