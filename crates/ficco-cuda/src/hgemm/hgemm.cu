@@ -104,6 +104,12 @@ static __device__ __forceinline__ void wgmma_fence() {
 static __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
+// Keeps the compiler from moving accumulator reads or writes across wgmma
+// fences and waits (the asm operands alone do not express the async hazard).
+static __device__ __forceinline__ void fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 template <int N>
 static __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
@@ -230,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const u32 m0 = mb * BM, n0 = nb * BN;
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+      fence_acc(d);
       u32 prev = 0;
       for (u32 kb = 0; kb < nk; ++kb) {
         mbar_wait(full + 8 * stage, phase);
@@ -255,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         }
       }
       wgmma_wait<0>();
+      fence_acc(d);
       if (lt == 0) mbar_arrive(empty + 8 * prev);
 
       // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
