@@ -289,17 +289,21 @@ fn same_as_plain(name: &str, m: usize, n: usize, k: usize, hooks: impl Fn(&Dev) 
     let (ctx, g) = (&guard.0, &guard.1);
     let p = Problem::new(m, n, k, (0, 0, 8), 11);
     let d = device(ctx, &p);
-    run(ctx, g, &d.args);
+    let mut h = hooks(&d);
+    // The same K split on both sides (the automatic choice depends on the grid).
+    let split_k = Some(h.split_k.unwrap_or(1));
+    h.split_k = split_k;
+    let plain_args = GemmArgs {
+        hooks: Hooks {
+            split_k,
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    run(ctx, g, &plain_args);
     let plain = download(&d.c, m * p.ldc);
     d.c.upload(&to_bytes(&vec![NAN; m * p.ldc])).expect("poison");
-    run(
-        ctx,
-        g,
-        &GemmArgs {
-            hooks: hooks(&d),
-            ..d.args
-        },
-    );
+    run(ctx, g, &GemmArgs { hooks: h, ..d.args });
     let hooked = download(&d.c, m * p.ldc);
     let diff = plain.iter().zip(&hooked).filter(|(a, b)| a != b).count();
     eprintln!("hgemm hook {name} {m}x{n}x{k}: {diff} elements differ from the plain launch");
@@ -506,6 +510,122 @@ fn hook6_destination_table() {
         assert!(err < 1e-2, "rel err {err}");
         assert_eq!(misplaced, 0);
     }
+}
+
+#[test]
+fn split_k_matches_host_reference() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    for &(m, n, k, splits) in &[
+        (64, 2560, 8192, None),
+        (200, 520, 1000, Some(2)),
+        (300, 264, 1096, Some(5)),
+        (128, 256, 1024, Some(16)),
+        (1000, 1032, 520, Some(3)),
+    ] {
+        let p = Problem::new(m, n, k, (8, 0, 8), 41);
+        let d = device(ctx, &p);
+        let args = GemmArgs {
+            hooks: Hooks {
+                split_k: splits,
+                ..Hooks::default()
+            },
+            ..d.args
+        };
+        let shape = g.shape(&args).expect("shape");
+        run(ctx, g, &args);
+        let first = download(&d.c, m * p.ldc);
+        d.c.upload(&to_bytes(&vec![NAN; m * p.ldc])).expect("poison");
+        run(
+            ctx,
+            g,
+            &GemmArgs {
+                hooks: Hooks {
+                    split_k: Some(shape.splits),
+                    sm_budget: Some(5),
+                    ..Hooks::default()
+                },
+                ..args
+            },
+        );
+        let second = download(&d.c, m * p.ldc);
+        let diff = first.iter().zip(&second).filter(|(a, b)| a != b).count();
+        let err = rel_err(&view(&first, m, n, p.ldc), &p.reference());
+        eprintln!(
+            "hgemm split-K {m}x{n}x{k} splits {}: rel err {err:.2e}, {diff} elements differ with 5 CTAs",
+            shape.splits
+        );
+        assert!(err < 1e-2, "rel err {err}");
+        assert!(padding_untouched(&first, m, n, p.ldc));
+        assert_eq!(diff, 0, "split-K sum depends on the schedule");
+    }
+}
+
+#[test]
+fn split_k_with_hooks() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (520usize, 264usize, 2048usize);
+    let rows = 200usize;
+    let blocks = m.div_ceil(rows);
+    let p = Problem::new(m, n, k, (0, 0, 0), 51);
+    let d = device(ctx, &p);
+    let c0 = rand(m * n, 52);
+    d.c.upload(&to_bytes(&c0)).expect("upload");
+    let ldd = n + 8;
+    let x = rand(m * ldd, 53);
+    let dst = upload(ctx, &x);
+    let table: Vec<u64> = (0..blocks)
+        .map(|b| if b == 1 { dst.ptr() + (b * rows * ldd * 2) as u64 } else { 0 })
+        .collect();
+    let tbl = upload_u64(ctx, &table);
+    let flags = upload_u32(ctx, &vec![3u32; blocks]);
+    let counters = upload_u32(ctx, &vec![0u32; blocks]);
+    let args = GemmArgs {
+        accumulate: true,
+        hooks: Hooks {
+            split_k: Some(4),
+            m_start_block: 2,
+            wait: Some(WaitHook {
+                flags: DevPtr::new(flags.ptr()),
+                rows_per_flag: rows as u32,
+                epoch: 3,
+            }),
+            signal: Some(SignalHook {
+                counters: DevPtr::new(counters.ptr()),
+                rows_per_counter: rows as u32,
+            }),
+            dest: Some(DestHook {
+                table: DevPtr::new(tbl.ptr()),
+                ld: ldd,
+                rows_per_block: rows as u32,
+                add: true,
+            }),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    run(ctx, g, &args);
+    let c = download(&d.c, m * n);
+    let dd = download(&dst, m * ldd);
+    let reference = p.reference();
+    let (mut got, mut want) = (vec![], vec![]);
+    for i in 0..m {
+        for j in 0..n {
+            if i / rows == 1 {
+                got.push(b2f(dd[i * ldd + j]));
+                want.push(reference[i * n + j] + b2f(x[i * ldd + j]));
+            } else {
+                got.push(b2f(c[i * n + j]));
+                want.push(reference[i * n + j] + b2f(c0[i * n + j]));
+            }
+        }
+    }
+    let err = rel_err(&got, &want);
+    let counts = download_u32(&counters, blocks);
+    eprintln!("hgemm split-K 4 + hooks 3-6 + accumulate: rel err {err:.2e}, counters {counts:?}");
+    assert!(err < 1e-2, "rel err {err}");
+    assert!(counts.iter().all(|&v| v == 1), "{counts:?}");
 }
 
 #[test]

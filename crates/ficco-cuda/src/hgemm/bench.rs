@@ -63,6 +63,8 @@ pub struct ShapeRow {
     pub k: usize,
     pub kind: &'static str,
     pub uses: usize,
+    /// K splits ficco's kernel used.
+    pub splits: u32,
     pub ficco_ms: f64,
     pub tuned_ms: f64,
     pub default_ms: f64,
@@ -176,6 +178,18 @@ impl std::fmt::Debug for Bench {
     }
 }
 
+/// Timing rounds per measurement (engines interleaved).
+pub const ROUNDS: usize = 5;
+
+/// One thing to time.
+enum Engine {
+    Ficco(GemmArgs),
+    /// cuBLASLt, autotuned: key, a, b, c.
+    Tuned(GemmKey, u64, u64, u64),
+    /// cuBLASLt, first heuristic algorithm.
+    Default(GemmKey, u64, u64, u64),
+}
+
 /// Operands of one shape.
 struct Operands {
     a: DeviceBuffer,
@@ -276,13 +290,50 @@ impl Bench {
         Ok((d / r.max(1e-30)).sqrt())
     }
 
-    fn time(&mut self, mut f: impl FnMut(&mut Self) -> Result<()>) -> Result<f64> {
+    /// Enqueues one run of an engine.
+    ///
+    /// # Safety
+    /// The engine's operands must be alive and sized for it.
+    unsafe fn enqueue(&mut self, e: &Engine) -> Result<()> {
+        let cu = self.cu();
+        match e {
+            Engine::Ficco(args) => self.gemm.launch(cu, args),
+            Engine::Tuned(key, a, b, c) => {
+                let ws = self.workspace.ptr();
+                self.tuned.gemm(*key, *a, *b, *c, false, ws, cu)
+            }
+            Engine::Default(key, a, b, c) => {
+                let ws = self.workspace.ptr();
+                self.default.gemm(*key, *a, *b, *c, false, ws, cu)
+            }
+        }
+    }
+
+    /// Median times (ms) of the engines, measured in [`ROUNDS`] interleaved
+    /// rounds (each round: every engine, warm-up then its share of the
+    /// iterations), so that clock drift hits every engine alike.
+    ///
+    /// # Safety
+    /// As [`Bench::enqueue`].
+    unsafe fn time_interleaved(&mut self, engines: &[Engine]) -> Result<Vec<f64>> {
         let ctx = self.ctx.clone();
         let cu = self.cu();
-        let (w, it) = (self.cfg.warmup, self.cfg.iters);
-        // SAFETY: the stream belongs to ctx.
-        let t = unsafe { time_ms(&ctx, cu, w, it, || f(self)) }?;
-        Ok(median(&t) as f64)
+        let per = self.cfg.iters.div_ceil(ROUNDS).max(3);
+        let warm = self.cfg.warmup.div_ceil(ROUNDS).max(1);
+        let mut all: Vec<Vec<f32>> = vec![vec![]; engines.len()];
+        for _ in 0..ROUNDS {
+            for (i, e) in engines.iter().enumerate() {
+                let t = time_ms(&ctx, cu, warm, per, || self.enqueue(e))?;
+                all[i].extend(t);
+            }
+        }
+        Ok(all
+            .into_iter()
+            .map(|mut t| {
+                t.sort_by(f32::total_cmp);
+                median(&t) as f64
+            })
+            .collect())
     }
 
     /// Measures one shape with all three engines.
@@ -308,6 +359,7 @@ impl Bench {
         );
         let ws = self.workspace.ptr();
         let (pa, pb, pc, pr) = (o.a.ptr(), o.b.ptr(), o.c.ptr(), o.r.ptr());
+        let splits = self.gemm.shape(&args)?.splits;
         // Correctness on poisoned outputs first.
         // SAFETY: operands sized for the shape, on this device and stream.
         unsafe {
@@ -321,16 +373,15 @@ impl Bench {
         // SAFETY: as above.
         unsafe { self.default.gemm(key, pa, pb, pc, false, ws, self.cu())? };
         let default_rel_err = self.rel_err(pc, pr, m * n)?;
-        // SAFETY (closures): as above.
-        let ficco_ms = self.time(|b| unsafe { b.gemm.launch(b.cu(), &args) })?;
-        let tuned_ms = self.time(|b| unsafe {
-            let cu = b.cu();
-            b.tuned.gemm(key, pa, pb, pc, false, ws, cu)
-        })?;
-        let default_ms = self.time(|b| unsafe {
-            let cu = b.cu();
-            b.default.gemm(key, pa, pb, pc, false, ws, cu)
-        })?;
+        // SAFETY: as above.
+        let t = unsafe {
+            self.time_interleaved(&[
+                Engine::Ficco(args),
+                Engine::Tuned(key, pa, pb, pc),
+                Engine::Default(key, pa, pb, pc),
+            ])?
+        };
+        let (ficco_ms, tuned_ms, default_ms) = (t[0], t[1], t[2]);
         self.sync()?;
         Ok(ShapeRow {
             m,
@@ -338,6 +389,7 @@ impl Bench {
             k,
             kind: s.kind,
             uses: s.uses.len(),
+            splits,
             ficco_ms,
             tuned_ms,
             default_ms,
@@ -474,24 +526,31 @@ impl Bench {
                 ..Hooks::default()
             },
         ));
-        let mut rows_out = vec![];
-        let mut plain_ms = 0.0;
-        for (name, hooks) in settings {
-            let args = GemmArgs { hooks, ..plain };
+        let mut errs = vec![];
+        let mut engines = vec![];
+        for (_, hooks) in &settings {
+            let args = GemmArgs {
+                hooks: *hooks,
+                ..plain
+            };
             self.poison(&o.c, m * n)?;
             // SAFETY: operands and hook arrays sized for the shape.
             unsafe { self.gemm.launch(self.cu(), &args)? };
-            let rel_err = self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?;
-            // SAFETY: as above.
-            let ms = self.time(|b| unsafe { b.gemm.launch(b.cu(), &args) })?;
-            if name == "plain" {
-                plain_ms = ms;
-            }
-            rows_out.push(HookRow {
+            errs.push(self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?);
+            engines.push(Engine::Ficco(args));
+        }
+        // SAFETY: as above; the buffers live until the end of this function.
+        let times = unsafe { self.time_interleaved(&engines)? };
+        self.sync()?;
+        let plain_ms = times[0];
+        Ok(settings
+            .into_iter()
+            .zip(times.into_iter().zip(errs))
+            .map(|((setting, _), (ms, rel_err))| HookRow {
                 m,
                 n,
                 k,
-                setting: name,
+                setting,
                 ms,
                 tflops: tflops(m, n, k, ms),
                 cost: if plain_ms > 0.0 {
@@ -500,10 +559,8 @@ impl Bench {
                     0.0
                 },
                 rel_err,
-            });
-        }
-        self.sync()?;
-        Ok(rows_out)
+            })
+            .collect())
     }
 }
 
@@ -561,6 +618,7 @@ mod tests {
             k: 8,
             kind,
             uses: 1,
+            splits: 1,
             ficco_ms: r,
             tuned_ms: 1.0,
             default_ms: 1.0,

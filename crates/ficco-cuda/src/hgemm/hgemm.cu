@@ -32,6 +32,8 @@ struct Params {
   u64 sig_tickets;   // u32 per signal block, zero between launches
   u64 dest_table;    // u64 pointer per dest block (0 entry = C), 0 = no dest hook
   u64 dest_ld;       // elements
+  u64 ws;            // split-K partials: f32, 64 KiB per (tile, half, split)
+  u64 ws_tickets;    // u32 per (tile, half), zero between launches
   u32 m, n, k;
   u32 tiles_m, tiles_n;
   u32 stages;
@@ -42,6 +44,8 @@ struct Params {
   u32 sig_rows;
   u32 dest_rows;
   u32 dest_add;
+  u32 splits;        // K splits per tile (1: none)
+  u32 pad;
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -173,6 +177,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const u32 tid = thread_x();
   const u32 wg = tid / 128;
   const u32 tiles = p.tiles_m * p.tiles_n;
+  const u32 units = tiles * p.splits;
+  const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
   const u32 nk = (p.k + BK - 1) / BK;
 
   if (tid == 0) {
@@ -189,7 +195,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       u32 stage = 0, phase = 0;
-      for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
+        const u32 t = u / p.splits, sp = u - t * p.splits;
+        const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
         u32 mb, nb;
         tile_coords(p, t, mb, nb);
         const u32 m0 = mb * BM, n0 = nb * BN;
@@ -205,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           // through the async proxy.
           asm volatile("fence.proxy.async.global;" ::: "memory");
         }
-        for (u32 kb = 0; kb < nk; ++kb) {
+        for (u32 kb = kb0; kb < kb1; ++kb) {
           mbar_wait(empty + 8 * stage, phase ^ 1);
           const u32 fb = full + 8 * stage;
           mbar_expect_tx(fb, STAGE_BYTES);
@@ -230,7 +238,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const u32 warp = lt / 32, lane = lt & 31;
     u32 stage = 0, phase = 0;
     float d[128];
-    for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
+      const u32 t = u / p.splits, sp = u - t * p.splits;
+      const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
       u32 mb, nb;
       tile_coords(p, t, mb, nb);
       const u32 m0 = mb * BM, n0 = nb * BN;
@@ -238,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       for (int i = 0; i < 128; ++i) d[i] = 0.0f;
       fence_acc(d);
       u32 prev = 0;
-      for (u32 kb = 0; kb < nk; ++kb) {
+      for (u32 kb = kb0; kb < kb1; ++kb) {
         mbar_wait(full + 8 * stage, phase);
         const u32 sa = base + stage * STAGE_BYTES + cw * (64 * BK * 2);
         const u32 sb = base + stage * STAGE_BYTES + STAGE_A;
@@ -251,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           wgmma_256(d, desc(sa + ks * 32, 16, 1024), desc(sb + ks * 2048, 64 * BK * 2, 1024));
         }
         wgmma_commit();
-        if (kb > 0) {
+        if (kb > kb0) {
           wgmma_wait<1>();
           if (lt == 0) mbar_arrive(empty + 8 * prev);
         }
@@ -264,6 +274,55 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       wgmma_wait<0>();
       fence_acc(d);
       if (lt == 0) mbar_arrive(empty + 8 * prev);
+
+      if (p.splits > 1) {
+        // Split-K: publish this split's partial, count it; the last split of
+        // this (tile, half) sums all partials in split order (deterministic)
+        // and runs the epilogue.
+        if (m0 + cw * 64 >= p.m) continue;  // no rows in this half
+        const u64 slot = (u64)t * 2 + cw;
+        const u64 wsb = p.ws + slot * p.splits * 65536ull;
+        const u64 mine = wsb + (u64)sp * 65536ull + 16ull * lt;
+#pragma unroll
+        for (int q = 0; q < 32; ++q) {
+          asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mine + 2048ull * q),
+                       "f"(d[4 * q]), "f"(d[4 * q + 1]), "f"(d[4 * q + 2]), "f"(d[4 * q + 3])
+                       : "memory");
+        }
+        named_sync(1 + cw, 128);
+        if (lt == 0) {
+          const u64 tk = p.ws_tickets + 4ull * slot;
+          u32 old;
+          asm volatile("fence.acq_rel.gpu;" ::: "memory");
+          asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+          const u32 last = old + 1 == p.splits;
+          if (last) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(flag_slot + 4 * cw), "r"(last) : "memory");
+        }
+        named_sync(1 + cw, 128);
+        u32 last;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(last) : "r"(flag_slot + 4 * cw) : "memory");
+        if (!last) continue;
+        // Every split (this one too) is read back from the workspace, in
+        // split order, so the sum does not depend on which split came last.
+#pragma unroll
+        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        for (u32 j = 0; j < p.splits; ++j) {
+          const u64 src = wsb + (u64)j * 65536ull + 16ull * lt;
+#pragma unroll
+          for (int q = 0; q < 32; ++q) {
+            float v0, v1, v2, v3;
+            asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(v0), "=f"(v1), "=f"(v2), "=f"(v3)
+                         : "l"(src + 2048ull * q)
+                         : "memory");
+            d[4 * q] += v0;
+            d[4 * q + 1] += v1;
+            d[4 * q + 2] += v2;
+            d[4 * q + 3] += v3;
+          }
+        }
+      }
 
       // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
       const u32 r0 = m0 + cw * 64 + warp * 16 + lane / 4;

@@ -55,6 +55,16 @@
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
 //!
+//! # Split-K
+//! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
+//! rows), each tile's K range is split ([`Hooks::split_k`], by default
+//! [`auto_splits`]): every split publishes its f32 partial to a workspace and
+//! counts itself on a per-(tile, half) ticket; the last one reads all the
+//! partials back in split order (so the sum does not depend on timing) and
+//! runs the epilogue and the hooks. Like the signal hook's tickets, the
+//! workspace belongs to the [`HopperGemm`]: its split launches must be
+//! stream-ordered.
+//!
 //! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
 //! the source, the options, the architecture and the NVRTC version.
 
@@ -93,6 +103,13 @@ pub const MIN_STAGES: u32 = 2;
 pub const GROUP_M: u32 = 16;
 /// Signal blocks the internal ticket array holds.
 pub const MAX_SIGNAL_BLOCKS: usize = 1 << 16;
+/// Split-K workspace: f32 partials, 64 KiB per (tile, half tile, split).
+pub const SPLIT_WORKSPACE_BYTES: usize = 64 << 20;
+/// Most K splits per tile.
+pub const MAX_SPLITS: u32 = 16;
+const SPLIT_SLOT_BYTES: usize = 64 * 1024;
+/// (tile, half) ticket slots for split-K.
+const MAX_SPLIT_TICKETS: usize = SPLIT_WORKSPACE_BYTES / SPLIT_SLOT_BYTES;
 const THREADS: u32 = 384;
 
 /// A device address of `T`s (no ownership, no lifetime: the caller keeps the
@@ -191,6 +208,9 @@ pub struct Hooks {
     pub occupancy: Occupancy,
     /// Hook 3: the first M-block (of [`BLOCK_M`] rows) of the M order, which wraps.
     pub m_start_block: u32,
+    /// K splits per tile (not a hook: a schedule knob). `None` picks by a
+    /// wave model ([`auto_splits`]); `Some(1)` never splits.
+    pub split_k: Option<u32>,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -271,6 +291,8 @@ struct KernelParams {
     sig_tickets: u64,
     dest_table: u64,
     dest_ld: u64,
+    ws: u64,
+    ws_tickets: u64,
     m: u32,
     n: u32,
     k: u32,
@@ -285,6 +307,8 @@ struct KernelParams {
     sig_rows: u32,
     dest_rows: u32,
     dest_add: u32,
+    splits: u32,
+    pad: u32,
 }
 
 /// A CUtensorMap, passed by value as a `__grid_constant__`.
@@ -299,6 +323,8 @@ pub struct LaunchShape {
     pub tiles_n: u32,
     pub grid: u32,
     pub dyn_smem: u32,
+    /// K splits per tile.
+    pub splits: u32,
 }
 
 /// The loaded kernel on one device.
@@ -310,6 +336,7 @@ pub struct HopperGemm {
     sms: u32,
     max_smem: u32,
     tickets: crate::mem::DeviceBuffer,
+    workspace: crate::mem::DeviceBuffer,
     compile: CompileInfo,
 }
 
@@ -366,7 +393,9 @@ impl HopperGemm {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?
         .max(0) as u32;
-        let tickets = crate::mem::DeviceBuffer::alloc(ctx, MAX_SIGNAL_BLOCKS * 4)?;
+        let tickets =
+            crate::mem::DeviceBuffer::alloc(ctx, (MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS) * 4)?;
+        let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
             kernel: std::ptr::null_mut(),
@@ -374,6 +403,7 @@ impl HopperGemm {
             sms,
             max_smem,
             tickets,
+            workspace,
             compile,
         };
         let name = CString::new(KERNEL_NAME).map_err(|e| CudaError::Plan(e.to_string()))?;
@@ -394,7 +424,7 @@ impl HopperGemm {
             )?;
             check(
                 "cuMemsetD32",
-                sys::cuMemsetD32_v2(g.tickets.ptr(), 0, MAX_SIGNAL_BLOCKS),
+                sys::cuMemsetD32_v2(g.tickets.ptr(), 0, MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS),
             )?;
             // Load into the primary context now (lazy loading mid-plan can deadlock).
             let mut f = std::ptr::null_mut();
@@ -461,6 +491,9 @@ impl HopperGemm {
             tile_start: h.m_start_block % shape.tiles_m,
             group_m: GROUP_M,
             accumulate: args.accumulate as u32,
+            splits: shape.splits,
+            ws: self.workspace.ptr(),
+            ws_tickets: self.tickets.ptr() + (MAX_SIGNAL_BLOCKS * 4) as u64,
             ..KernelParams::default()
         };
         if let Some(w) = h.wait {
@@ -518,9 +551,35 @@ impl HopperGemm {
 }
 
 /// Dynamic shared memory of a configuration: 1 KiB alignment slack, the
-/// stages, their barriers, and the extra reservation.
+/// stages, their barriers, two split-K flags, and the extra reservation.
 pub fn smem_bytes(stages: u32, extra: u32) -> u32 {
-    1024 + stages * STAGE_BYTES + 16 * stages + extra
+    1024 + stages * STAGE_BYTES + 16 * stages + 16 + extra
+}
+
+/// K splits per tile by a wave model: CTAs take work units (tile, split)
+/// round-robin, so time ≈ ⌈units / grid⌉ × (k-blocks per split + overhead),
+/// where a split adds a fix-up (publish and read back f32 partials) worth
+/// about 2 + (splits − 1) / 2 k-blocks. A split must win by 3% to be taken,
+/// and the partials must fit the workspace.
+pub fn auto_splits(tiles: u64, k_blocks: u64, grid: u64) -> u32 {
+    let grid = grid.max(1);
+    let max_units = (SPLIT_WORKSPACE_BYTES / (2 * SPLIT_SLOT_BYTES)) as u64;
+    let cost = |s: u64| {
+        let waves = (tiles * s).div_ceil(grid) as f64;
+        let fix = if s > 1 { 2.0 + 0.5 * (s - 1) as f64 } else { 0.0 };
+        waves * (k_blocks.div_ceil(s) as f64 + fix + 1.0)
+    };
+    let mut best = (cost(1), 1u64);
+    for s in 2..=(MAX_SPLITS as u64).min(k_blocks) {
+        if tiles * s > max_units {
+            break;
+        }
+        let c = cost(s);
+        if c < best.0 * 0.97 {
+            best = (c, s);
+        }
+    }
+    best.1 as u32
 }
 
 fn bad(msg: String) -> CudaError {
@@ -563,7 +622,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             "stages must be {MIN_STAGES}..={MAX_STAGES}, got {st}"
         )));
     }
-    let dyn_smem = (1024u64 + st as u64 * STAGE_BYTES as u64 + 16 * st as u64)
+    let dyn_smem = (1024u64 + st as u64 * STAGE_BYTES as u64 + 16 * st as u64 + 16)
         + h.occupancy.extra_smem as u64;
     if dyn_smem > max_smem as u64 {
         return Err(bad(format!(
@@ -607,12 +666,33 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         Some(s) => s,
         None => sms,
     };
-    let grid = (tiles as u32).min(budget).max(1);
+    let k_blocks = a.k.div_ceil(BLOCK_K) as u64;
+    let splits = match h.split_k {
+        None => auto_splits(tiles, k_blocks, budget as u64),
+        Some(s) if s == 0 || s > MAX_SPLITS || s as u64 > k_blocks => {
+            return Err(bad(format!(
+                "split_k must be 1..={MAX_SPLITS} and at most the {k_blocks} k-blocks, got {s}"
+            )))
+        }
+        Some(s) => s,
+    };
+    let max_units = (SPLIT_WORKSPACE_BYTES / (2 * SPLIT_SLOT_BYTES)) as u64;
+    if splits > 1 && tiles * splits as u64 > max_units {
+        return Err(bad(format!(
+            "{tiles} tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
+        )));
+    }
+    let units = tiles * splits as u64;
+    if units > u32::MAX as u64 {
+        return Err(bad("too many work units".into()));
+    }
+    let grid = (units as u32).min(budget).max(1);
     Ok(LaunchShape {
         tiles_m,
         tiles_n,
         grid,
         dyn_smem: dyn_smem as u32,
+        splits,
     })
 }
 
@@ -819,8 +899,8 @@ mod tests {
 
     #[test]
     fn params_layout_matches_kernel() {
-        // 7 u64 then 14 u32 (see struct Params in hgemm.cu).
-        assert_eq!(std::mem::size_of::<KernelParams>(), 7 * 8 + 14 * 4);
+        // 9 u64 then 16 u32 (see struct Params in hgemm.cu).
+        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 16 * 4);
         assert_eq!(std::mem::align_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
         assert_eq!(STAGE_BYTES, 48 * 1024);
@@ -861,6 +941,18 @@ mod tests {
         let mut a = args(64, 64, 64);
         a.hooks.sm_budget = Some(0);
         assert!(validate(&a, max, 132).is_err());
+    }
+
+    #[test]
+    fn auto_splits_fill_the_machine() {
+        // 64 x 2560 x 8192: 10 tiles, 128 k-blocks: split hard.
+        assert!(auto_splits(10, 128, 132) >= 8);
+        // 8192^3: 2048 tiles: never.
+        assert_eq!(auto_splits(2048, 128, 132), 1);
+        // 2048 x 3072 x 4096: 192 tiles on 132 SMs: 1.45 waves -> 2 splits.
+        assert_eq!(auto_splits(192, 64, 132), 2);
+        // short K: not worth it.
+        assert_eq!(auto_splits(136, 2, 132), 1);
     }
 
     #[test]
