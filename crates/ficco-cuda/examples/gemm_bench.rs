@@ -7,7 +7,7 @@
 //!            [--max-shapes N] [--no-hooks]
 //! ```
 
-use ficco_cuda::hgemm::bench::{summarize, suite_shapes, Bench, BenchConfig, BenchShape};
+use ficco_cuda::hgemm::bench::{suite_shapes, summarize, Bench, BenchConfig, BenchShape};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -81,16 +81,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         cfg.warmup
     );
     println!(
-        "#{:>7} {:>6} {:>6} {:>6} {:>2} | {:>8} {:>7} | {:>8} {:>7} | {:>8} {:>7} | {:>6} {:>6} | {:>8} {:>8}",
-        "M", "N", "K", "kind", "S", "ficco ms", "TFLOP/s", "tuned ms", "TFLOP/s", "dflt ms", "TFLOP/s",
+        "#{:>7} {:>6} {:>6} {:>6} {:>7} | {:>8} {:>7} | {:>8} {:>7} | {:>8} {:>7} | {:>6} {:>6} | {:>8} {:>8}",
+        "M", "N", "K", "kind", "tile/S", "ficco ms", "TFLOP/s", "tuned ms", "TFLOP/s", "dflt ms", "TFLOP/s",
         "r_tun", "r_dflt", "err", "err_dflt"
     );
     let mut rows = vec![];
     for s in &shapes {
         let r = bench.shape(s)?;
         println!(
-            " {:>7} {:>6} {:>6} {:>6} {:>2} | {:>8.4} {:>7.1} | {:>8.4} {:>7.1} | {:>8.4} {:>7.1} | {:>6.3} {:>6.3} | {:>8.1e} {:>8.1e}",
-            r.m, r.n, r.k, r.kind, r.splits, r.ficco_ms, r.ficco_tflops, r.tuned_ms, r.tuned_tflops,
+            " {:>7} {:>6} {:>6} {:>6} {:>7} | {:>8.4} {:>7.1} | {:>8.4} {:>7.1} | {:>8.4} {:>7.1} | {:>6.3} {:>6.3} | {:>8.1e} {:>8.1e}",
+            r.m, r.n, r.k, r.kind, format!("{}/{}", r.tile_n.cols(), r.splits), r.ficco_ms, r.ficco_tflops, r.tuned_ms, r.tuned_tflops,
             r.default_ms, r.default_tflops, r.ratio_tuned, r.ratio_default, r.rel_err,
             r.default_rel_err
         );

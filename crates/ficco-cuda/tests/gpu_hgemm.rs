@@ -8,7 +8,7 @@ use common::{b2f, rand, rel_err};
 use cudarc::driver::{sys, CudaContext};
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use ficco_cuda::hgemm::{
-    Bf16, DestHook, DevPtr, GemmArgs, HopperGemm, Hooks, Occupancy, SignalHook, WaitHook,
+    Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
     BLOCK_M,
 };
 use ficco_cuda::mem::DeviceBuffer;
@@ -19,8 +19,10 @@ const NAN: u16 = 0x7fc0;
 /// The loaded kernel on GPU 0, shared by the tests (one at a time), or None
 /// (printed) where there is no usable Hopper GPU; with FICCO_REQUIRE_GPU=1
 /// that is a failure.
-fn gpu() -> Option<MutexGuard<'static, (Arc<CudaContext>, HopperGemm)>> {
-    static G: OnceLock<Result<Mutex<(Arc<CudaContext>, HopperGemm)>, String>> = OnceLock::new();
+type Gpu = (Arc<CudaContext>, HopperGemm);
+
+fn gpu() -> Option<MutexGuard<'static, Gpu>> {
+    static G: OnceLock<Result<Mutex<Gpu>, String>> = OnceLock::new();
     let g = G.get_or_init(|| {
         ficco_cuda::loader::require().map_err(|e| e.to_string())?;
         let n = CudaContext::device_count().map_err(|e| format!("{e:?}"))?;
@@ -199,14 +201,28 @@ fn plain_gemm_matches_host_reference() {
     ];
     for (i, &(m, n, k, pad)) in cases.iter().enumerate() {
         let p = Problem::new(m, n, k, pad, 100 + i as u64);
-        let d = device(ctx, &p);
-        run(ctx, g, &d.args);
-        let c = download(&d.c, m * p.ldc);
-        let err = rel_err(&view(&c, m, n, p.ldc), &p.reference());
-        let pad_ok = padding_untouched(&c, m, n, p.ldc);
-        eprintln!("hgemm {m}x{n}x{k} lds ({}, {}, {}): rel err {err:.2e}, padding untouched {pad_ok}", p.lda, p.ldb, p.ldc);
-        assert!(err < 1e-2, "{m}x{n}x{k}: rel err {err}");
-        assert!(pad_ok, "{m}x{n}x{k}: wrote outside the view");
+        let reference = p.reference();
+        for tile in [TileN::N256, TileN::N128] {
+            let d = device(ctx, &p);
+            let args = GemmArgs {
+                hooks: Hooks {
+                    tile_n: Some(tile),
+                    split_k: Some(1),
+                    ..Hooks::default()
+                },
+                ..d.args
+            };
+            run(ctx, g, &args);
+            let c = download(&d.c, m * p.ldc);
+            let err = rel_err(&view(&c, m, n, p.ldc), &reference);
+            let pad_ok = padding_untouched(&c, m, n, p.ldc);
+            eprintln!(
+                "hgemm {tile:?} {m}x{n}x{k} lds ({}, {}, {}): rel err {err:.2e}, padding untouched {pad_ok}",
+                p.lda, p.ldb, p.ldc
+            );
+            assert!(err < 1e-2, "{m}x{n}x{k}: rel err {err}");
+            assert!(pad_ok, "{m}x{n}x{k}: wrote outside the view");
+        }
     }
 }
 
@@ -290,19 +306,24 @@ fn same_as_plain(name: &str, m: usize, n: usize, k: usize, hooks: impl Fn(&Dev) 
     let p = Problem::new(m, n, k, (0, 0, 8), 11);
     let d = device(ctx, &p);
     let mut h = hooks(&d);
-    // The same K split on both sides (the automatic choice depends on the grid).
+    // The same K split and tile on both sides (the automatic choice depends
+    // on the grid).
     let split_k = Some(h.split_k.unwrap_or(1));
+    let tile_n = Some(h.tile_n.unwrap_or(TileN::N256));
     h.split_k = split_k;
+    h.tile_n = tile_n;
     let plain_args = GemmArgs {
         hooks: Hooks {
             split_k,
+            tile_n,
             ..Hooks::default()
         },
         ..d.args
     };
     run(ctx, g, &plain_args);
     let plain = download(&d.c, m * p.ldc);
-    d.c.upload(&to_bytes(&vec![NAN; m * p.ldc])).expect("poison");
+    d.c.upload(&to_bytes(&vec![NAN; m * p.ldc]))
+        .expect("poison");
     run(ctx, g, &GemmArgs { hooks: h, ..d.args });
     let hooked = download(&d.c, m * p.ldc);
     let diff = plain.iter().zip(&hooked).filter(|(a, b)| a != b).count();
@@ -344,10 +365,12 @@ fn hook2_occupancy() {
 #[test]
 fn hook3_tile_order() {
     for start in [1, 3, 7] {
-        same_as_plain(&format!("m_start_block={start}"), 1000, 520, 128, |_| Hooks {
-            m_start_block: start,
-            sm_budget: Some(2),
-            ..Hooks::default()
+        same_as_plain(&format!("m_start_block={start}"), 1000, 520, 128, |_| {
+            Hooks {
+                m_start_block: start,
+                sm_budget: Some(2),
+                ..Hooks::default()
+            }
         });
     }
 }
@@ -419,7 +442,12 @@ fn hook4_wait_blocks_until_flags_arrive() {
 fn hook5_signal_counts_each_block_once() {
     let Some(guard) = gpu() else { return };
     let (ctx, g) = (&guard.0, &guard.1);
-    for &(m, n, rows) in &[(1000, 520, 100), (1024, 1024, 256), (700, 264, 64), (300, 8, 1000)] {
+    for &(m, n, rows) in &[
+        (1000, 520, 100),
+        (1024, 1024, 256),
+        (700, 264, 64),
+        (300, 8, 1000),
+    ] {
         let p = Problem::new(m, n, 64, (0, 0, 0), 5);
         let d = device(ctx, &p);
         let blocks = m.div_ceil(rows);
@@ -516,18 +544,20 @@ fn hook6_destination_table() {
 fn split_k_matches_host_reference() {
     let Some(guard) = gpu() else { return };
     let (ctx, g) = (&guard.0, &guard.1);
-    for &(m, n, k, splits) in &[
-        (64, 2560, 8192, None),
-        (200, 520, 1000, Some(2)),
-        (300, 264, 1096, Some(5)),
-        (128, 256, 1024, Some(16)),
-        (1000, 1032, 520, Some(3)),
+    for &(m, n, k, splits, tile) in &[
+        (64, 2560, 8192, None, None),
+        (200, 520, 1000, Some(2), Some(TileN::N256)),
+        (300, 264, 1096, Some(5), Some(TileN::N128)),
+        (128, 256, 1024, Some(16), Some(TileN::N256)),
+        (128, 264, 1024, Some(16), Some(TileN::N128)),
+        (1000, 1032, 520, Some(3), None),
     ] {
         let p = Problem::new(m, n, k, (8, 0, 8), 41);
         let d = device(ctx, &p);
         let args = GemmArgs {
             hooks: Hooks {
                 split_k: splits,
+                tile_n: tile,
                 ..Hooks::default()
             },
             ..d.args
@@ -535,13 +565,15 @@ fn split_k_matches_host_reference() {
         let shape = g.shape(&args).expect("shape");
         run(ctx, g, &args);
         let first = download(&d.c, m * p.ldc);
-        d.c.upload(&to_bytes(&vec![NAN; m * p.ldc])).expect("poison");
+        d.c.upload(&to_bytes(&vec![NAN; m * p.ldc]))
+            .expect("poison");
         run(
             ctx,
             g,
             &GemmArgs {
                 hooks: Hooks {
                     split_k: Some(shape.splits),
+                    tile_n: Some(shape.tile_n),
                     sm_budget: Some(5),
                     ..Hooks::default()
                 },
@@ -552,8 +584,8 @@ fn split_k_matches_host_reference() {
         let diff = first.iter().zip(&second).filter(|(a, b)| a != b).count();
         let err = rel_err(&view(&first, m, n, p.ldc), &p.reference());
         eprintln!(
-            "hgemm split-K {m}x{n}x{k} splits {}: rel err {err:.2e}, {diff} elements differ with 5 CTAs",
-            shape.splits
+            "hgemm split-K {m}x{n}x{k} {:?} splits {}: rel err {err:.2e}, {diff} elements differ with 5 CTAs",
+            shape.tile_n, shape.splits
         );
         assert!(err < 1e-2, "rel err {err}");
         assert!(padding_untouched(&first, m, n, p.ldc));
@@ -563,6 +595,12 @@ fn split_k_matches_host_reference() {
 
 #[test]
 fn split_k_with_hooks() {
+    for tile in [TileN::N256, TileN::N128] {
+        split_k_with_hooks_on(tile);
+    }
+}
+
+fn split_k_with_hooks_on(tile: TileN) {
     let Some(guard) = gpu() else { return };
     let (ctx, g) = (&guard.0, &guard.1);
     let (m, n, k) = (520usize, 264usize, 2048usize);
@@ -576,7 +614,13 @@ fn split_k_with_hooks() {
     let x = rand(m * ldd, 53);
     let dst = upload(ctx, &x);
     let table: Vec<u64> = (0..blocks)
-        .map(|b| if b == 1 { dst.ptr() + (b * rows * ldd * 2) as u64 } else { 0 })
+        .map(|b| {
+            if b == 1 {
+                dst.ptr() + (b * rows * ldd * 2) as u64
+            } else {
+                0
+            }
+        })
         .collect();
     let tbl = upload_u64(ctx, &table);
     let flags = upload_u32(ctx, &vec![3u32; blocks]);
@@ -585,6 +629,7 @@ fn split_k_with_hooks() {
         accumulate: true,
         hooks: Hooks {
             split_k: Some(4),
+            tile_n: Some(tile),
             m_start_block: 2,
             wait: Some(WaitHook {
                 flags: DevPtr::new(flags.ptr()),
@@ -623,7 +668,9 @@ fn split_k_with_hooks() {
     }
     let err = rel_err(&got, &want);
     let counts = download_u32(&counters, blocks);
-    eprintln!("hgemm split-K 4 + hooks 3-6 + accumulate: rel err {err:.2e}, counters {counts:?}");
+    eprintln!(
+        "hgemm {tile:?} split-K 4 + hooks 3-6 + accumulate: rel err {err:.2e}, counters {counts:?}"
+    );
     assert!(err < 1e-2, "rel err {err}");
     assert!(counts.iter().all(|&v| v == 1), "{counts:?}");
 }

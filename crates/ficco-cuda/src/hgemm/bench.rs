@@ -12,8 +12,8 @@
 //! and R/8 rows, same K and N. [`hook_costs`] measures each hook.
 
 use super::{
-    Bf16, DestHook, DevPtr, GemmArgs, HopperGemm, Hooks, Occupancy, SignalHook, WaitHook,
-    BLOCK_M, MAX_STAGES,
+    Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
+    BLOCK_M,
 };
 use crate::controls::{median, time_ms};
 use crate::error::{check, drv, CudaError, Result};
@@ -65,6 +65,8 @@ pub struct ShapeRow {
     pub uses: usize,
     /// K splits ficco's kernel used.
     pub splits: u32,
+    /// Tile width ficco's kernel used.
+    pub tile_n: TileN,
     pub ficco_ms: f64,
     pub tuned_ms: f64,
     pub default_ms: f64,
@@ -141,7 +143,13 @@ pub fn suite_shapes(text: &str, origin: &str) -> Result<Vec<BenchShape>> {
         }
         add(p.m, p.n, p.k, "whole", sc.name.clone());
         let r = p.shard_rows();
-        for (sched, c) in [("shard", 1), ("bulk", 1), ("fine2", 2), ("fine4", 4), ("fine8", 8)] {
+        for (sched, c) in [
+            ("shard", 1),
+            ("bulk", 1),
+            ("fine2", 2),
+            ("fine4", 4),
+            ("fine8", 8),
+        ] {
             if r % c == 0 {
                 add(r / c, p.n, p.k, "chunk", format!("{} {sched}", sc.name));
             }
@@ -359,7 +367,8 @@ impl Bench {
         );
         let ws = self.workspace.ptr();
         let (pa, pb, pc, pr) = (o.a.ptr(), o.b.ptr(), o.c.ptr(), o.r.ptr());
-        let splits = self.gemm.shape(&args)?.splits;
+        let sched = self.gemm.shape(&args)?;
+        let (splits, tile_n) = (sched.splits, sched.tile_n);
         // Correctness on poisoned outputs first.
         // SAFETY: operands sized for the shape, on this device and stream.
         unsafe {
@@ -390,6 +399,7 @@ impl Bench {
             kind: s.kind,
             uses: s.uses.len(),
             splits,
+            tile_n,
             ficco_ms,
             tuned_ms,
             default_ms,
@@ -466,7 +476,9 @@ impl Bench {
                 },
             ));
         }
-        for st in (super::MIN_STAGES..MAX_STAGES).rev() {
+        let base = self.gemm.shape(&plain)?;
+        let tile = base.tile_n;
+        for st in (super::MIN_STAGES..tile.max_stages()).rev() {
             settings.push((
                 format!("stages={st}"),
                 Hooks {
@@ -478,12 +490,16 @@ impl Bench {
                 },
             ));
         }
-        let extra = self.gemm.max_extra_smem(MAX_STAGES) / 1024 * 1024;
+        let extra = self.gemm.max_extra_smem(tile, tile.max_stages()) / 1024 * 1024;
         settings.push((
-            format!("stages={MAX_STAGES}+extra_smem={}KiB", extra / 1024),
+            format!(
+                "stages={}+extra_smem={}KiB",
+                tile.max_stages(),
+                extra / 1024
+            ),
             Hooks {
                 occupancy: Occupancy {
-                    stages: MAX_STAGES,
+                    stages: tile.max_stages(),
                     extra_smem: extra,
                 },
                 ..Hooks::default()
@@ -619,6 +635,7 @@ mod tests {
             kind,
             uses: 1,
             splits: 1,
+            tile_n: TileN::N256,
             ficco_ms: r,
             tuned_ms: 1.0,
             default_ms: 1.0,

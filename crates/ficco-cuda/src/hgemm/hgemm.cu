@@ -4,19 +4,17 @@
 //
 // C[M,N] (row-major, ldc) = A[M,K] (row-major, lda) * B[K,N] (row-major, ldb)
 // (+ C when accumulating), f32 accumulation, bf16 out.
-// Tile 128 x 256 x 64; warpgroup 0 produces (TMA), warpgroups 1 and 2 each
-// compute 64 rows of the tile with wgmma m64n256k16.
+// Tile 128 x BN x 64 (BN = 256 or 128: two entry points); warpgroup 0
+// produces (TMA), warpgroups 1 and 2 each compute 64 rows of the tile with
+// wgmma m64nBNk16.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
 #define BM 128
-#define BN 256
 #define BK 64
 #define STAGE_A (BM * BK * 2)
-#define STAGE_B (BK * BN * 2)
-#define STAGE_BYTES (STAGE_A + STAGE_B)
 
 // A CUtensorMap: 128 opaque bytes, 128-byte aligned (CUDA 13).
 struct __align__(128) TMap {
@@ -110,16 +108,17 @@ static __device__ __forceinline__ void wgmma_commit() {
 }
 // Keeps the compiler from moving accumulator reads or writes across wgmma
 // fences and waits (the asm operands alone do not express the async hazard).
+template <int N>
 static __device__ __forceinline__ void fence_acc(float* d) {
 #pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 template <int N>
 static __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
-// One m64n256k16 wgmma: A K-major, B MN-major (trans-b = 1), both from
+// m64nNk16 wgmma: A K-major, B MN-major (trans-b = 1), both from
 // shared-memory descriptors; d += A * B in f32.
 static __device__ __forceinline__ void wgmma_256(float* d, u64 da, u64 db) {
   asm volatile(
@@ -129,6 +128,16 @@ static __device__ __forceinline__ void wgmma_256(float* d, u64 da, u64 db) {
       "%128, %129, 1, 1, 1, 0, 1;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db));
+}
+static __device__ __forceinline__ void wgmma_128(float* d, u64 da, u64 db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, 1, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db));
 }
 
@@ -167,10 +176,15 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
   if (mb >= p.tiles_m) mb -= p.tiles_m;
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-    ficco_hgemm(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
-                const __grid_constant__ Params p) {
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
+extern __shared__ __align__(1024) unsigned char smem_raw[];
+
+template <int BN>
+static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
+                                                  const Params& p) {
+  constexpr u32 STAGE_B = BK * BN * 2;
+  constexpr u32 STAGE_BYTES = STAGE_A + STAGE_B;
+  constexpr int NACC = BN / 2;           // accumulators per thread
+  constexpr u64 SLOT = 64ull * BN * 4;   // split-K partial of one half tile
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 full = base + p.stages * STAGE_BYTES;  // stages x u64
   const u32 empty = full + 8 * p.stages;           // stages x u64
@@ -237,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const u32 lt = tid & 127;    // thread in warpgroup
     const u32 warp = lt / 32, lane = lt & 31;
     u32 stage = 0, phase = 0;
-    float d[128];
+    float d[NACC];
     for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
       const u32 t = u / p.splits, sp = u - t * p.splits;
       const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
@@ -245,8 +259,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       tile_coords(p, t, mb, nb);
       const u32 m0 = mb * BM, n0 = nb * BN;
 #pragma unroll
-      for (int i = 0; i < 128; ++i) d[i] = 0.0f;
-      fence_acc(d);
+      for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
+      fence_acc<NACC>(d);
       u32 prev = 0;
       for (u32 kb = kb0; kb < kb1; ++kb) {
         mbar_wait(full + 8 * stage, phase);
@@ -258,7 +272,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
           // A: K-major, 8-row groups 1024 B apart, k16 step = 32 B inside the swizzle atom.
           // B: MN-major, 64-column atoms 8 KiB apart (LBO), 8-k groups 1024 B apart (SBO),
           //    k16 step = 16 rows of 128 B.
-          wgmma_256(d, desc(sa + ks * 32, 16, 1024), desc(sb + ks * 2048, 64 * BK * 2, 1024));
+          const u64 da = desc(sa + ks * 32, 16, 1024);
+          const u64 db = desc(sb + ks * 2048, 64 * BK * 2, 1024);
+          if constexpr (BN == 256) {
+            wgmma_256(d, da, db);
+          } else {
+            wgmma_128(d, da, db);
+          }
         }
         wgmma_commit();
         if (kb > kb0) {
@@ -272,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         }
       }
       wgmma_wait<0>();
-      fence_acc(d);
+      fence_acc<NACC>(d);
       if (lt == 0) mbar_arrive(empty + 8 * prev);
 
       if (p.splits > 1) {
@@ -281,10 +301,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         // and runs the epilogue.
         if (m0 + cw * 64 >= p.m) continue;  // no rows in this half
         const u64 slot = (u64)t * 2 + cw;
-        const u64 wsb = p.ws + slot * p.splits * 65536ull;
-        const u64 mine = wsb + (u64)sp * 65536ull + 16ull * lt;
+        const u64 wsb = p.ws + slot * p.splits * SLOT;
+        const u64 mine = wsb + (u64)sp * SLOT + 16ull * lt;
 #pragma unroll
-        for (int q = 0; q < 32; ++q) {
+        for (int q = 0; q < NACC / 4; ++q) {
           asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mine + 2048ull * q),
                        "f"(d[4 * q]), "f"(d[4 * q + 1]), "f"(d[4 * q + 2]), "f"(d[4 * q + 3])
                        : "memory");
@@ -306,11 +326,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         // Every split (this one too) is read back from the workspace, in
         // split order, so the sum does not depend on which split came last.
 #pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
         for (u32 j = 0; j < p.splits; ++j) {
-          const u64 src = wsb + (u64)j * 65536ull + 16ull * lt;
+          const u64 src = wsb + (u64)j * SLOT + 16ull * lt;
 #pragma unroll
-          for (int q = 0; q < 32; ++q) {
+          for (int q = 0; q < NACC / 4; ++q) {
             float v0, v1, v2, v3;
             asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
                          : "=f"(v0), "=f"(v1), "=f"(v2), "=f"(v3)
@@ -347,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         }
       }
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
+      for (int j = 0; j < BN / 8; ++j) {
         const u32 col = cbase + 8 * j;
         if (col < p.n) {
 #pragma unroll
@@ -396,4 +416,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n256(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                     const __grid_constant__ Params p) {
+  hgemm_body<256>(amap, bmap, p);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n128(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                     const __grid_constant__ Params p) {
+  hgemm_body<128>(amap, bmap, p);
 }

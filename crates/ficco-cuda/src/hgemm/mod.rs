@@ -83,19 +83,22 @@ use std::time::Instant;
 /// The kernel source, compiled by NVRTC at [`HopperGemm::load`].
 pub const SOURCE: &str = include_str!("hgemm.cu");
 const KERNEL_NAME: &str = "ficco_hgemm";
+const ENTRY_N256: &str = "ficco_hgemm_n256";
+const ENTRY_N128: &str = "ficco_hgemm_n128";
 /// NVRTC options (the architecture is added: `sm_90a`).
 const OPTIONS: [&str; 1] = ["-std=c++17"];
 const ARCH: &str = "--gpu-architecture=sm_90a";
 
 /// Rows of one output tile (one M-block).
 pub const BLOCK_M: usize = 128;
-/// Columns of one output tile.
+/// Columns of one output tile of the wide variant ([`TileN::N256`]).
 pub const BLOCK_N: usize = 256;
 /// K depth of one pipeline stage.
 pub const BLOCK_K: usize = 64;
-/// Shared memory of one stage: A 128×64 + B 64×256, bf16.
+/// Shared memory of one stage of the wide tile: A 128×64 + B 64×256, bf16.
 pub const STAGE_BYTES: u32 = ((BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * 2) as u32;
-/// Most pipeline stages (4 × 48 KiB fit the 227 KiB an H100/H200 block may use).
+/// Most pipeline stages of the wide tile (4 × 48 KiB fit the 227 KiB an
+/// H100/H200 block may use); the narrow tile takes up to 6 × 32 KiB.
 pub const MAX_STAGES: u32 = 4;
 /// Fewest pipeline stages.
 pub const MIN_STAGES: u32 = 2;
@@ -107,9 +110,8 @@ pub const MAX_SIGNAL_BLOCKS: usize = 1 << 16;
 pub const SPLIT_WORKSPACE_BYTES: usize = 64 << 20;
 /// Most K splits per tile.
 pub const MAX_SPLITS: u32 = 16;
-const SPLIT_SLOT_BYTES: usize = 64 * 1024;
-/// (tile, half) ticket slots for split-K.
-const MAX_SPLIT_TICKETS: usize = SPLIT_WORKSPACE_BYTES / SPLIT_SLOT_BYTES;
+/// (tile, half) ticket slots for split-K (the narrow tile's 32 KiB partials).
+const MAX_SPLIT_TICKETS: usize = SPLIT_WORKSPACE_BYTES / (64 * 128 * 4);
 const THREADS: u32 = 384;
 
 /// A device address of `T`s (no ownership, no lifetime: the caller keeps the
@@ -150,22 +152,53 @@ impl<T> DevPtr<T> {
 #[repr(transparent)]
 pub struct Bf16(pub u16);
 
+/// The output tile's width: one kernel entry point each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum TileN {
+    /// 128 × 256 tiles, wgmma m64n256k16 (the fastest per tile).
+    N256,
+    /// 128 × 128 tiles, wgmma m64n128k16: twice the tiles, for shapes that
+    /// would otherwise fill the grid badly.
+    N128,
+}
+
+impl TileN {
+    /// Output columns per tile.
+    pub const fn cols(self) -> usize {
+        match self {
+            TileN::N256 => 256,
+            TileN::N128 => 128,
+        }
+    }
+    /// Shared memory of one pipeline stage.
+    pub const fn stage_bytes(self) -> u32 {
+        ((BLOCK_M * BLOCK_K + BLOCK_K * self.cols()) * 2) as u32
+    }
+    /// Most stages (the default).
+    pub const fn max_stages(self) -> u32 {
+        match self {
+            TileN::N256 => MAX_STAGES,
+            TileN::N128 => 6,
+        }
+    }
+    /// Split-K partial of one half tile (64 rows, f32).
+    const fn slot_bytes(self) -> usize {
+        64 * self.cols() * 4
+    }
+    /// Most (tile, split) units the split-K workspace holds.
+    const fn max_units(self) -> u64 {
+        (SPLIT_WORKSPACE_BYTES / (2 * self.slot_bytes())) as u64
+    }
+}
+
 /// Hook 2: pipeline depth and extra dynamic shared memory per CTA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Occupancy {
-    /// Pipeline stages, [`MIN_STAGES`]..=[`MAX_STAGES`] (48 KiB each).
+    /// Pipeline stages, [`MIN_STAGES`]..=[`TileN::max_stages`]; 0 (the
+    /// default) takes the most.
     pub stages: u32,
     /// Dynamic shared memory reserved beyond what the stages need (bytes).
     pub extra_smem: u32,
-}
-
-impl Default for Occupancy {
-    fn default() -> Self {
-        Occupancy {
-            stages: MAX_STAGES,
-            extra_smem: 0,
-        }
-    }
 }
 
 /// Hook 4: wait for `flags[b] >= epoch` before loading A rows of flag block b.
@@ -208,9 +241,11 @@ pub struct Hooks {
     pub occupancy: Occupancy,
     /// Hook 3: the first M-block (of [`BLOCK_M`] rows) of the M order, which wraps.
     pub m_start_block: u32,
-    /// K splits per tile (not a hook: a schedule knob). `None` picks by a
-    /// wave model ([`auto_splits`]); `Some(1)` never splits.
+    /// K splits per tile (not a hook: a schedule knob). `None` picks with
+    /// the tile by a wave model ([`auto_schedule`]); `Some(1)` never splits.
     pub split_k: Option<u32>,
+    /// Tile width; `None` picks by the wave model.
+    pub tile_n: Option<TileN>,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -325,13 +360,15 @@ pub struct LaunchShape {
     pub dyn_smem: u32,
     /// K splits per tile.
     pub splits: u32,
+    pub tile_n: TileN,
+    pub stages: u32,
 }
 
 /// The loaded kernel on one device.
 #[derive(Debug)]
 pub struct HopperGemm {
     lib: sys::CUlibrary,
-    kernel: sys::CUkernel,
+    kernels: [sys::CUkernel; 2],
     ctx: Arc<CudaContext>,
     sms: u32,
     max_smem: u32,
@@ -398,7 +435,7 @@ impl HopperGemm {
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
-            kernel: std::ptr::null_mut(),
+            kernels: [std::ptr::null_mut(); 2],
             ctx: ctx.clone(),
             sms,
             max_smem,
@@ -406,33 +443,35 @@ impl HopperGemm {
             workspace,
             compile,
         };
-        let name = CString::new(KERNEL_NAME).map_err(|e| CudaError::Plan(e.to_string()))?;
-        // SAFETY: the library is loaded; valid out-pointers, C string and sizes.
-        unsafe {
-            check(
-                "cuLibraryGetKernel",
-                sys::cuLibraryGetKernel(&mut g.kernel, g.lib, name.as_ptr()),
-            )?;
-            check(
-                "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-                sys::cuKernelSetAttribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    max_smem as i32,
-                    g.kernel,
-                    ctx.cu_device(),
-                ),
-            )?;
-            check(
-                "cuMemsetD32",
-                sys::cuMemsetD32_v2(g.tickets.ptr(), 0, MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS),
-            )?;
-            // Load into the primary context now (lazy loading mid-plan can deadlock).
-            let mut f = std::ptr::null_mut();
-            check(
-                "cuKernelGetFunction",
-                sys::cuKernelGetFunction(&mut f, g.kernel),
-            )?;
+        for (i, entry) in [ENTRY_N256, ENTRY_N128].into_iter().enumerate() {
+            let name = CString::new(entry).map_err(|e| CudaError::Plan(e.to_string()))?;
+            // SAFETY: the library is loaded; valid out-pointers, C string and sizes.
+            unsafe {
+                check(
+                    "cuLibraryGetKernel",
+                    sys::cuLibraryGetKernel(&mut g.kernels[i], g.lib, name.as_ptr()),
+                )?;
+                check(
+                    "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                    sys::cuKernelSetAttribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        max_smem as i32,
+                        g.kernels[i],
+                        ctx.cu_device(),
+                    ),
+                )?;
+                // Load into the primary context now (lazy loading mid-plan can deadlock).
+                let mut f = std::ptr::null_mut();
+                check(
+                    "cuKernelGetFunction",
+                    sys::cuKernelGetFunction(&mut f, g.kernels[i]),
+                )?;
+            }
         }
+        // SAFETY: the ticket buffer holds this many u32.
+        check("cuMemsetD32", unsafe {
+            sys::cuMemsetD32_v2(g.tickets.ptr(), 0, MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS)
+        })?;
         Ok(g)
     }
 
@@ -451,9 +490,9 @@ impl HopperGemm {
         &self.ctx
     }
 
-    /// Largest `extra_smem` that fits beside `stages` stages.
-    pub fn max_extra_smem(&self, stages: u32) -> u32 {
-        self.max_smem.saturating_sub(smem_bytes(stages, 0))
+    /// Largest `extra_smem` that fits beside `stages` stages of `tile`.
+    pub fn max_extra_smem(&self, tile: TileN, stages: u32) -> u32 {
+        self.max_smem.saturating_sub(smem_bytes(tile, stages, 0))
     }
 
     /// Checks `args` and returns the launch geometry (no device work).
@@ -478,6 +517,10 @@ impl HopperGemm {
         let shape = validate(args, self.max_smem, self.sms)?;
         let amap = tensor_map(args.a, args.k, args.m, args.lda, 64, BLOCK_M as u32)?;
         let bmap = tensor_map(args.b, args.n, args.k, args.ldb, 64, BLOCK_K as u32)?;
+        let kernel = match shape.tile_n {
+            TileN::N256 => self.kernels[0],
+            TileN::N128 => self.kernels[1],
+        };
         let h = &args.hooks;
         let mut p = KernelParams {
             c: args.c.addr(),
@@ -487,7 +530,7 @@ impl HopperGemm {
             k: args.k as u32,
             tiles_m: shape.tiles_m,
             tiles_n: shape.tiles_n,
-            stages: h.occupancy.stages,
+            stages: shape.stages,
             tile_start: h.m_start_block % shape.tiles_m,
             group_m: GROUP_M,
             accumulate: args.accumulate as u32,
@@ -525,7 +568,7 @@ impl HopperGemm {
             let mut f = std::ptr::null_mut();
             check(
                 "cuKernelGetFunction",
-                sys::cuKernelGetFunction(&mut f, self.kernel),
+                sys::cuKernelGetFunction(&mut f, kernel),
             )?;
             check(
                 "cuLaunchKernel(ficco_hgemm)",
@@ -552,34 +595,52 @@ impl HopperGemm {
 
 /// Dynamic shared memory of a configuration: 1 KiB alignment slack, the
 /// stages, their barriers, two split-K flags, and the extra reservation.
-pub fn smem_bytes(stages: u32, extra: u32) -> u32 {
-    1024 + stages * STAGE_BYTES + 16 * stages + 16 + extra
+pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
+    1024 + stages * tile.stage_bytes() + 16 * stages + 16 + extra
 }
 
-/// K splits per tile by a wave model: CTAs take work units (tile, split)
-/// round-robin, so time ≈ ⌈units / grid⌉ × (k-blocks per split + overhead),
-/// where a split adds a fix-up (publish and read back f32 partials) worth
-/// about 2 + (splits − 1) / 2 k-blocks. A split must win by 3% to be taken,
-/// and the partials must fit the workspace.
-pub fn auto_splits(tiles: u64, k_blocks: u64, grid: u64) -> u32 {
-    let grid = grid.max(1);
-    let max_units = (SPLIT_WORKSPACE_BYTES / (2 * SPLIT_SLOT_BYTES)) as u64;
-    let cost = |s: u64| {
-        let waves = (tiles * s).div_ceil(grid) as f64;
-        let fix = if s > 1 { 2.0 + 0.5 * (s - 1) as f64 } else { 0.0 };
-        waves * (k_blocks.div_ceil(s) as f64 + fix + 1.0)
+/// Estimated time (µs, on an H200) of `tiles` output tiles of `tile` with
+/// `k_blocks` k-blocks each, split `splits` ways, on `grid` persistent CTAs.
+/// CTAs take (tile, split) units round-robin, so time ≈ waves × (k-blocks
+/// per split × k-block time + 3 µs per unit); a split adds per wave the f32
+/// partial traffic through L2 (≈ 8 + 1.2 × splits µs for the wide tile,
+/// fitted to measurements; half for the narrow tile).
+pub fn estimate_us(tile: TileN, tiles: u64, k_blocks: u64, splits: u64, grid: u64) -> f64 {
+    let (kb_us, scale) = match tile {
+        TileN::N256 => (0.8, 1.0),
+        TileN::N128 => (0.45, 0.5),
     };
-    let mut best = (cost(1), 1u64);
-    for s in 2..=(MAX_SPLITS as u64).min(k_blocks) {
-        if tiles * s > max_units {
-            break;
-        }
-        let c = cost(s);
-        if c < best.0 * 0.97 {
-            best = (c, s);
+    let waves = (tiles * splits).div_ceil(grid.max(1)) as f64;
+    let mut t = waves * (k_blocks.div_ceil(splits) as f64 * kb_us + 3.0);
+    if splits > 1 {
+        t += waves * scale * (8.0 + 1.2 * splits as f64);
+    }
+    t
+}
+
+/// The tile width and K splits [`estimate_us`] finds fastest for an M × N × K
+/// GEMM on `grid` CTAs (the wide unsplit tile unless another wins by 3%).
+pub fn auto_schedule(m: usize, n: usize, k: usize, grid: u32) -> (TileN, u32) {
+    let k_blocks = k.div_ceil(BLOCK_K).max(1) as u64;
+    let tiles = |t: TileN| (m.div_ceil(BLOCK_M) * n.div_ceil(t.cols())) as u64;
+    let mut best = (
+        estimate_us(TileN::N256, tiles(TileN::N256), k_blocks, 1, grid as u64),
+        TileN::N256,
+        1u64,
+    );
+    for tile in [TileN::N256, TileN::N128] {
+        let t = tiles(tile);
+        for s in 1..=(MAX_SPLITS as u64).min(k_blocks) {
+            if s > 1 && t * s > tile.max_units() {
+                break;
+            }
+            let c = estimate_us(tile, t, k_blocks, s, grid as u64);
+            if c < best.0 * 0.97 {
+                best = (c, tile, s);
+            }
         }
     }
-    best.1 as u32
+    (best.1, best.2 as u32)
 }
 
 fn bad(msg: String) -> CudaError {
@@ -612,17 +673,29 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     }
     if a.a.addr() % 16 != 0 || a.b.addr() % 16 != 0 || a.c.addr() % 4 != 0 {
         return Err(bad(
-            "A and B must be 16-byte aligned, C 4-byte aligned".into(),
+            "A and B must be 16-byte aligned, C 4-byte aligned".into()
         ));
     }
     let h = &a.hooks;
-    let st = h.occupancy.stages;
-    if !(MIN_STAGES..=MAX_STAGES).contains(&st) {
+    let budget = match h.sm_budget {
+        Some(0) => return Err(bad("sm_budget must be at least 1".into())),
+        Some(s) => s,
+        None => sms,
+    };
+    let (auto_tile, auto_split) = auto_schedule(a.m, a.n, a.k, budget);
+    let tile = h.tile_n.unwrap_or(auto_tile);
+    let st = if h.occupancy.stages == 0 {
+        tile.max_stages()
+    } else {
+        h.occupancy.stages
+    };
+    if !(MIN_STAGES..=tile.max_stages()).contains(&st) {
         return Err(bad(format!(
-            "stages must be {MIN_STAGES}..={MAX_STAGES}, got {st}"
+            "stages must be {MIN_STAGES}..={} for {tile:?}, got {st}",
+            tile.max_stages()
         )));
     }
-    let dyn_smem = (1024u64 + st as u64 * STAGE_BYTES as u64 + 16 * st as u64 + 16)
+    let dyn_smem = (1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16)
         + h.occupancy.extra_smem as u64;
     if dyn_smem > max_smem as u64 {
         return Err(bad(format!(
@@ -632,7 +705,9 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     }
     if let Some(w) = h.wait {
         if w.rows_per_flag == 0 || w.flags.addr() % 4 != 0 {
-            return Err(bad("wait hook: rows_per_flag > 0, flags 4-byte aligned".into()));
+            return Err(bad(
+                "wait hook: rows_per_flag > 0, flags 4-byte aligned".into()
+            ));
         }
     }
     if let Some(s) = h.signal {
@@ -656,19 +731,29 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         }
     }
     let tiles_m = a.m.div_ceil(BLOCK_M) as u32;
-    let tiles_n = a.n.div_ceil(BLOCK_N) as u32;
+    let tiles_n = a.n.div_ceil(tile.cols()) as u32;
     let tiles = tiles_m as u64 * tiles_n as u64;
     if tiles > u32::MAX as u64 {
         return Err(bad("too many tiles".into()));
     }
-    let budget = match h.sm_budget {
-        Some(0) => return Err(bad("sm_budget must be at least 1".into())),
-        Some(s) => s,
-        None => sms,
-    };
     let k_blocks = a.k.div_ceil(BLOCK_K) as u64;
     let splits = match h.split_k {
-        None => auto_splits(tiles, k_blocks, budget as u64),
+        None if tile == auto_tile => auto_split,
+        None => {
+            let t = tiles;
+            (1..=(MAX_SPLITS as u64).min(k_blocks))
+                .filter(|&s| s == 1 || t * s <= tile.max_units())
+                .min_by(|&x, &y| {
+                    estimate_us(tile, t, k_blocks, x, budget as u64).total_cmp(&estimate_us(
+                        tile,
+                        t,
+                        k_blocks,
+                        y,
+                        budget as u64,
+                    ))
+                })
+                .unwrap_or(1) as u32
+        }
         Some(s) if s == 0 || s > MAX_SPLITS || s as u64 > k_blocks => {
             return Err(bad(format!(
                 "split_k must be 1..={MAX_SPLITS} and at most the {k_blocks} k-blocks, got {s}"
@@ -676,7 +761,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         }
         Some(s) => s,
     };
-    let max_units = (SPLIT_WORKSPACE_BYTES / (2 * SPLIT_SLOT_BYTES)) as u64;
+    let max_units = tile.max_units();
     if splits > 1 && tiles * splits as u64 > max_units {
         return Err(bad(format!(
             "{tiles} tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
@@ -693,6 +778,8 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         grid,
         dyn_smem: dyn_smem as u32,
         splits,
+        tile_n: tile,
+        stages: st,
     })
 }
 
@@ -887,14 +974,16 @@ mod tests {
     use super::*;
 
     fn args(m: usize, n: usize, k: usize) -> GemmArgs {
-        GemmArgs::dense(
+        let mut a = GemmArgs::dense(
             m,
             n,
             k,
             DevPtr::new(0x1000),
             DevPtr::new(0x2000),
             DevPtr::new(0x3000),
-        )
+        );
+        a.hooks.tile_n = Some(TileN::N256);
+        a
     }
 
     #[test]
@@ -911,12 +1000,16 @@ mod tests {
         let s = validate(&args(1000, 4104, 72), 232448, 132).unwrap();
         assert_eq!((s.tiles_m, s.tiles_n), (8, 17));
         assert_eq!(s.grid, 132);
-        assert_eq!(s.dyn_smem, smem_bytes(4, 0));
+        assert_eq!(s.dyn_smem, smem_bytes(s.tile_n, s.stages, 0));
         let mut a = args(8192, 8192, 8192);
         a.hooks.sm_budget = Some(100);
         assert_eq!(validate(&a, 232448, 132).unwrap().grid, 100);
         let tiny = validate(&args(8, 8, 8), 232448, 132).unwrap();
         assert_eq!(tiny.grid, 1);
+        let mut narrow = args(1000, 4104, 72);
+        narrow.hooks.tile_n = None;
+        let s = validate(&narrow, 232448, 132).unwrap();
+        assert_eq!((s.tile_n, s.tiles_n, s.stages), (TileN::N128, 33, 6));
     }
 
     #[test]
@@ -944,15 +1037,15 @@ mod tests {
     }
 
     #[test]
-    fn auto_splits_fill_the_machine() {
-        // 64 x 2560 x 8192: 10 tiles, 128 k-blocks: split hard.
-        assert!(auto_splits(10, 128, 132) >= 8);
-        // 8192^3: 2048 tiles: never.
-        assert_eq!(auto_splits(2048, 128, 132), 1);
-        // 2048 x 3072 x 4096: 192 tiles on 132 SMs: 1.45 waves -> 2 splits.
-        assert_eq!(auto_splits(192, 64, 132), 2);
-        // short K: not worth it.
-        assert_eq!(auto_splits(136, 2, 132), 1);
+    fn auto_schedule_fills_the_machine() {
+        // 8192^3: 2048 wide tiles, 16 waves: wide, unsplit.
+        assert_eq!(auto_schedule(8192, 8192, 8192, 132), (TileN::N256, 1));
+        // 64 x 2560 x 8192: 10 wide tiles: split.
+        assert!(auto_schedule(64, 2560, 8192, 132).1 >= 4);
+        // 2048 x 3072 x 4096: 192 wide tiles = 1.45 waves; 384 narrow = 2.9.
+        assert_eq!(auto_schedule(2048, 3072, 4096, 132), (TileN::N128, 1));
+        // short K: never split.
+        assert_eq!(auto_schedule(1000, 4104, 72, 132).1, 1);
     }
 
     #[test]
