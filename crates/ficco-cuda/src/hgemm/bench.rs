@@ -92,7 +92,8 @@ pub struct HookRow {
     pub setting: String,
     pub ms: f64,
     pub tflops: f64,
-    /// time / plain time − 1.
+    /// time / plain time − 1, the plain launch timed in interleaved pairs
+    /// with this setting.
     pub cost: f64,
     /// Output vs the plain launch's output (0: identical).
     pub rel_err: f64,
@@ -190,6 +191,7 @@ impl std::fmt::Debug for Bench {
 pub const ROUNDS: usize = 5;
 
 /// One thing to time.
+#[derive(Clone)]
 enum Engine {
     Ficco(GemmArgs),
     /// cuBLASLt, autotuned: key, a, b, c.
@@ -555,25 +557,27 @@ impl Bench {
             errs.push(self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?);
             engines.push(Engine::Ficco(args));
         }
-        // SAFETY: as above; the buffers live until the end of this function.
-        let times = unsafe { self.time_interleaved(&engines)? };
+        // Each setting is timed against the plain launch in interleaved
+        // pairs: the GPU's clock follows its power draw, so settings timed
+        // apart would compare different clocks.
+        let mut pairs = vec![];
+        for e in &engines {
+            // SAFETY: as above; the buffers live until the end of this function.
+            let t = unsafe { self.time_interleaved(&[Engine::Ficco(plain), e.clone()])? };
+            pairs.push((t[0], t[1]));
+        }
         self.sync()?;
-        let plain_ms = times[0];
         Ok(settings
             .into_iter()
-            .zip(times.into_iter().zip(errs))
-            .map(|((setting, _), (ms, rel_err))| HookRow {
+            .zip(pairs.into_iter().zip(errs))
+            .map(|((setting, _), ((base, ms), rel_err))| HookRow {
                 m,
                 n,
                 k,
                 setting,
                 ms,
                 tflops: tflops(m, n, k, ms),
-                cost: if plain_ms > 0.0 {
-                    ms / plain_ms - 1.0
-                } else {
-                    0.0
-                },
+                cost: if base > 0.0 { ms / base - 1.0 } else { 0.0 },
                 rel_err,
             })
             .collect())
