@@ -344,7 +344,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
 
-      // Epilogue: registers -> global, 16-byte stores where rows allow, bounds-checked.
+      // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
       const u32 r0 = m0 + cw * 64 + warp * 16 + lane / 4;
       const u32 cbase = n0 + 2 * (lane & 3);
       u64 rowp[2];
@@ -366,70 +366,23 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           }
         }
       }
-      const u32 q = lane & 3;            // position in the quad sharing a row
-      const u32 qbase = lane & ~3u;
-      bool al16[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) al16[h] = (rowp[h] & 15) == 0;
-      // Groups of 4 column octets (32 columns): each thread packs its bf16x2
-      // of the 4 octets (after the optional add, in f32), a 4x4 transpose
-      // inside the quad gives each thread one whole octet, stored as 16
-      // bytes; rows not 16-byte aligned store the bf16x2 pairs instead.
+      for (int j = 0; j < BN / 8; ++j) {
+        const u32 col = cbase + 8 * j;
+        if (col < p.n) {
 #pragma unroll
-      for (int g = 0; g < BN / 32; ++g) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          u32 v[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int j = 4 * g + i;
-            float lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
-            const u32 col = cbase + 8 * j;
-            if (radd[h] && rok[h] && col < p.n) {
-              u32 old;
-              asm volatile("ld.global.b32 %0, [%1];"
-                           : "=r"(old)
-                           : "l"(rowp[h] + 2ull * col)
+          for (int h = 0; h < 2; ++h) {
+            if (rok[h]) {
+              const u64 addr = rowp[h] + 2ull * col;
+              float lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
+              if (radd[h]) {
+                u32 old;
+                asm volatile("ld.global.b32 %0, [%1];" : "=r"(old) : "l"(addr) : "memory");
+                lo += bf16_lo(old);
+                hi += bf16_hi(old);
+              }
+              asm volatile("st.global.b32 [%0], %1;" ::"l"(addr), "r"(pack_bf16x2(lo, hi))
                            : "memory");
-              lo += bf16_lo(old);
-              hi += bf16_hi(old);
-            }
-            v[i] = pack_bf16x2(lo, hi);
-          }
-          u32 o[4] = {0, 0, 0, 0};
-#pragma unroll
-          for (u32 r = 0; r < 4; ++r) {
-            // Lane q sends its value for the lane that reads it in this round
-            // ((q - r) & 3) and reads lane (q + r) & 3's value for itself.
-            const u32 si = (q - r) & 3;
-            const u32 send = si == 0 ? v[0] : si == 1 ? v[1] : si == 2 ? v[2] : v[3];
-            u32 got;
-            asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;"
-                         : "=r"(got)
-                         : "r"(send), "r"(qbase | ((q + r) & 3)));
-            const u32 di = (q + r) & 3;
-            o[0] = di == 0 ? got : o[0];
-            o[1] = di == 1 ? got : o[1];
-            o[2] = di == 2 ? got : o[2];
-            o[3] = di == 3 ? got : o[3];
-          }
-          if (rok[h]) {
-            if (al16[h]) {
-              const u32 col = n0 + 8 * (4 * g + q);
-              if (col < p.n) {
-                asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(rowp[h] + 2ull * col),
-                             "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
-                             : "memory");
-              }
-            } else {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const u32 col = cbase + 8 * (4 * g + i);
-                if (col < p.n) {
-                  asm volatile("st.global.b32 [%0], %1;" ::"l"(rowp[h] + 2ull * col), "r"(v[i])
-                               : "memory");
-                }
-              }
             }
           }
         }
@@ -443,7 +396,16 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         const u32 rlo = m0 + cw * 64;
         if (lt == 0 && rlo < p.m) {
           const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
-          asm volatile("fence.acq_rel.sys;" ::: "memory");
+          // This half tile's stores are published at GPU scope (the counter's
+          // readers, stream memory operations and copy engines, read this
+          // GPU's memory through its L2), at system scope when the
+          // destination hook may have written to a peer's memory. The final
+          // increment is a release at system scope.
+          if (p.dest_table != 0) {
+            asm volatile("fence.acq_rel.sys;" ::: "memory");
+          } else {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+          }
           for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
             const u32 blo = b * p.sig_rows;
             const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;

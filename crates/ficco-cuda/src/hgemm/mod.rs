@@ -50,7 +50,11 @@
 //!    (`rows_per_counter` rows, all N) is stored, one
 //!    `red.release.sys.global.add.u32` on `counters[b]`. Arrivals are counted in
 //!    an internal ticket array that the last arrival resets, so launches that
-//!    use the signal hook on one [`HopperGemm`] must be stream-ordered.
+//!    use the signal hook on one [`HopperGemm`] must be stream-ordered. Each
+//!    half tile publishes its stores with a GPU-scope fence (the counter's
+//!    readers, stream memory operations and copy engines, read this GPU's
+//!    memory through its L2), a system-scope one when the destination hook
+//!    is on (stores may have gone to a peer).
 //! 6. Destination ([`DestHook`]): rows of block b go through `table[b]`
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
