@@ -507,6 +507,15 @@ impl Bench {
                 ..Hooks::default()
             },
         ));
+        for gm in [4, 8, 32] {
+            settings.push((
+                format!("group_m={gm}"),
+                Hooks {
+                    group_m: Some(gm),
+                    ..Hooks::default()
+                },
+            ));
+        }
         let start = tiles_m / 2;
         let h3 = Hooks {
             m_start_block: start,

@@ -250,6 +250,8 @@ pub struct Hooks {
     pub split_k: Option<u32>,
     /// Tile width; `None` picks by the wave model.
     pub tile_n: Option<TileN>,
+    /// M-blocks per scheduling group (not a hook: L2 reuse); `None` is [`GROUP_M`].
+    pub group_m: Option<u32>,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -536,7 +538,7 @@ impl HopperGemm {
             tiles_n: shape.tiles_n,
             stages: shape.stages,
             tile_start: h.m_start_block % shape.tiles_m,
-            group_m: GROUP_M,
+            group_m: h.group_m.unwrap_or(GROUP_M),
             accumulate: args.accumulate as u32,
             splits: shape.splits,
             ws: self.workspace.ptr(),
@@ -706,6 +708,9 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             "{st} stages + {} extra bytes need {dyn_smem} bytes of shared memory; the device allows {max_smem}",
             h.occupancy.extra_smem
         )));
+    }
+    if h.group_m == Some(0) {
+        return Err(bad("group_m must be at least 1".into()));
     }
     if let Some(w) = h.wait {
         if w.rows_per_flag == 0 || w.flags.addr() % 4 != 0 {
