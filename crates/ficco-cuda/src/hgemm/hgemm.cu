@@ -176,6 +176,35 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
   if (mb >= p.tiles_m) mb -= p.tiles_m;
 }
 
+// Hook 5: counts the 64-row half tile starting at row `rlo` (its stores done
+// by the whole warpgroup before a named barrier) towards every signal block
+// it overlaps; the last arrival of a block resets its ticket and increments
+// the user's counter with a system-scope release.
+static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
+  const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
+  // The stores are published at GPU scope (the counter's readers, stream
+  // memory operations and copy engines, read this GPU's memory through its
+  // L2), at system scope when the destination hook may have written to a peer.
+  if (p.dest_table != 0) {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+  } else {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  }
+  for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
+    const u32 blo = b * p.sig_rows;
+    const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
+    const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
+    const u64 tk = p.sig_tickets + 4ull * b;
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+    if (old + 1 == target) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
+      asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
+                   : "memory");
+    }
+  }
+}
+
 extern __shared__ __align__(1024) unsigned char smem_raw[];
 
 template <int BN>
@@ -252,6 +281,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     const u32 warp = lt / 32, lane = lt & 31;
     u32 stage = 0, phase = 0;
     float d[NACC];
+    constexpr u32 NONE = 0xffffffffu;
+    u32 pend = NONE;  // first row of a stored half tile whose signal is due
     for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
       const u32 t = u / p.splits, sp = u - t * p.splits;
       const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
@@ -281,6 +312,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           }
         }
         wgmma_commit();
+        if (pend != NONE) {
+          if (lt == 0) signal_half(p, pend);
+          pend = NONE;
+        }
         if (kb > kb0) {
           wgmma_wait<1>();
           if (lt == 0) mbar_arrive(empty + 8 * prev);
@@ -389,41 +424,16 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       }
 
       if (p.sig_counters != 0) {
-        // Hook 5: count this 64-row half tile towards every signal block it
-        // overlaps; the last arrival of a block resets its ticket and
-        // increments the user's counter with release semantics.
+        // Hook 5: every thread's stores of this half tile are issued; the
+        // count itself is deferred until the next unit's first wgmma is in
+        // flight (or the loop ends), when the stores have drained and the
+        // fence costs little.
         named_sync(1 + cw, 128);
         const u32 rlo = m0 + cw * 64;
-        if (lt == 0 && rlo < p.m) {
-          const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
-          // This half tile's stores are published at GPU scope (the counter's
-          // readers, stream memory operations and copy engines, read this
-          // GPU's memory through its L2), at system scope when the
-          // destination hook may have written to a peer's memory. The final
-          // increment is a release at system scope.
-          if (p.dest_table != 0) {
-            asm volatile("fence.acq_rel.sys;" ::: "memory");
-          } else {
-            asm volatile("fence.acq_rel.gpu;" ::: "memory");
-          }
-          for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
-            const u32 blo = b * p.sig_rows;
-            const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
-            const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
-            const u64 tk = p.sig_tickets + 4ull * b;
-            u32 old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                         : "=r"(old) : "l"(tk) : "memory");
-            if (old + 1 == target) {
-              asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
-              asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(
-                               p.sig_counters + 4ull * b)
-                           : "memory");
-            }
-          }
-        }
+        if (rlo < p.m) pend = rlo;
       }
     }
+    if (pend != NONE && lt == 0) signal_half(p, pend);
   }
 }
 
