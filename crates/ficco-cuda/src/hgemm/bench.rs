@@ -469,7 +469,7 @@ impl Bench {
         let sms = self.gemm.sms();
         let tiles_m = m.div_ceil(BLOCK_M) as u32;
         let mut settings: Vec<(String, Hooks)> = vec![("plain".into(), Hooks::default())];
-        for s in [sms - sms / 8, sms * 3 / 4, sms / 2] {
+        for s in [sms - sms / 8, sms * 3 / 4, (sms / 2).max(1)] {
             settings.push((
                 format!("sm_budget={s}"),
                 Hooks {
