@@ -43,7 +43,7 @@ struct Params {
   u32 dest_rows;
   u32 dest_add;
   u32 splits;        // K splits per tile (1: none)
-  u32 pad;
+  u32 tma_store;     // 1: plain epilogue through shared memory and TMA stores
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -91,6 +91,15 @@ static __device__ __forceinline__ void tma_load_2d(u32 dst, const TMap* map, u32
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
       "l"((u64)map), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// 2-D TMA tile store from shared memory (bulk group of the issuing thread).
+static __device__ __forceinline__ void tma_store_2d(const TMap* map, u32 src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          (u64)map),
+      "r"(src), "r"(c0), "r"(c1)
       : "memory");
 }
 
@@ -182,6 +191,12 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
 // the user's counter with a system-scope release.
 static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
   const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
+  if (p.tma_store) {
+    // This thread issued the half tile's TMA stores: wait until they are
+    // performed, then order them (async proxy) before the release below.
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
   // The stores are published at GPU scope (the counter's readers, stream
   // memory operations and copy engines, read this GPU's memory through its
   // L2), at system scope when the destination hook may have written to a peer.
@@ -209,13 +224,15 @@ extern __shared__ __align__(1024) unsigned char smem_raw[];
 
 template <int BN>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
-                                                  const Params& p) {
+                                                  const TMap& cmap, const Params& p) {
   constexpr u32 STAGE_B = BK * BN * 2;
   constexpr u32 STAGE_BYTES = STAGE_A + STAGE_B;
   constexpr int NACC = BN / 2;           // accumulators per thread
   constexpr u64 SLOT = 64ull * BN * 4;   // split-K partial of one half tile
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const u32 full = base + p.stages * STAGE_BYTES;  // stages x u64
+  // Epilogue staging (TMA-store path): 64 rows x BN per consumer warpgroup.
+  const u32 stg = base + p.stages * STAGE_BYTES;
+  const u32 full = stg + (p.tma_store ? 2u * 64u * BN * 2u : 0u);  // stages x u64
   const u32 empty = full + 8 * p.stages;           // stages x u64
   const u32 tid = thread_x();
   const u32 wg = tid / 128;
@@ -379,6 +396,37 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
 
+      if (p.tma_store) {
+        // Epilogue through shared memory: this warpgroup's 64 x BN outputs
+        // are written as bf16 into 128-byte-swizzled 64 x 64 boxes (no bank
+        // conflicts), then one thread stores them with TMA (rows >= M and
+        // columns >= N are clipped by the tensor map) and moves on; the
+        // stores drain while the next tile's main loop runs.
+        const u32 wst = stg + cw * (64u * BN * 2u);
+        if (lt == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        named_sync(1 + cw, 128);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const u32 rr = warp * 16 + lane / 4 + 8 * h;  // row in the half tile
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const u32 addr = wst + (u32)(j / 8) * 8192u + rr * 128u +
+                             ((((u32)j & 7u) ^ (rr & 7u)) << 4) + 4u * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                         "r"(pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]))
+                         : "memory");
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        named_sync(1 + cw, 128);
+        if (lt == 0) {
+#pragma unroll
+          for (int b = 0; b < BN / 64; ++b) {
+            tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+          }
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      } else {
       // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
       const u32 r0 = m0 + cw * 64 + warp * 16 + lane / 4;
       const u32 cbase = n0 + 2 * (lane & 3);
@@ -423,6 +471,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
 
+      }
+
       if (p.sig_counters != 0) {
         // Hook 5: every thread's stores of this half tile are issued; the
         // count itself is deferred until the next unit's first wgmma is in
@@ -434,17 +484,21 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       }
     }
     if (pend != NONE && lt == 0) signal_half(p, pend);
+    // Shared memory must outlive the TMA stores that read it.
+    if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     ficco_hgemm_n256(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                     const __grid_constant__ TMap cmap,
                      const __grid_constant__ Params p) {
-  hgemm_body<256>(amap, bmap, p);
+  hgemm_body<256>(amap, bmap, cmap, p);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     ficco_hgemm_n128(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                     const __grid_constant__ TMap cmap,
                      const __grid_constant__ Params p) {
-  hgemm_body<128>(amap, bmap, p);
+  hgemm_body<128>(amap, bmap, cmap, p);
 }

@@ -202,6 +202,10 @@ impl TileN {
             TileN::N128 => 6,
         }
     }
+    /// Shared memory the TMA-store epilogue stages the tile in (bf16).
+    pub const fn staging_bytes(self) -> u32 {
+        (BLOCK_M * self.cols() * 2) as u32
+    }
     /// Split-K partial of one half tile (64 rows, f32).
     const fn slot_bytes(self) -> usize {
         64 * self.cols() * 4
@@ -366,7 +370,7 @@ struct KernelParams {
     dest_rows: u32,
     dest_add: u32,
     splits: u32,
-    pad: u32,
+    tma_store: u32,
 }
 
 /// A CUtensorMap, passed by value as a `__grid_constant__`.
@@ -385,6 +389,9 @@ pub struct LaunchShape {
     pub splits: u32,
     pub tile_n: TileN,
     pub stages: u32,
+    /// The epilogue goes through shared memory and TMA stores (plain
+    /// output: no accumulate, no destination hook, C 16-byte aligned rows).
+    pub tma_store: bool,
 }
 
 /// The loaded kernel on one device.
@@ -558,6 +565,7 @@ impl HopperGemm {
             group_m: h.group_m.unwrap_or(GROUP_M),
             accumulate: args.accumulate as u32,
             splits: shape.splits,
+            tma_store: shape.tma_store as u32,
             ws: self.workspace.ptr(),
             ws_tickets: self.tickets.ptr() + (MAX_SIGNAL_BLOCKS * 4) as u64,
             ..KernelParams::default()
@@ -578,10 +586,18 @@ impl HopperGemm {
             p.dest_rows = d.rows_per_block;
             p.dest_add = d.add as u32;
         }
-        let (mut am, mut bm) = (amap, bmap);
-        let mut params: [*mut c_void; 3] = [
+        // C as a tensor map (64 x 64 boxes) for the TMA-store epilogue; unused otherwise.
+        let cmap = if shape.tma_store {
+            tensor_map(args.c, args.n, args.m, args.ldc, 64, 64)?
+        } else {
+            // SAFETY: CUtensorMap is plain bytes; the kernel does not read it.
+            TensorMap(std::mem::zeroed())
+        };
+        let (mut am, mut bm, mut cm) = (amap, bmap, cmap);
+        let mut params: [*mut c_void; 4] = [
             &mut am as *mut TensorMap as *mut c_void,
             &mut bm as *mut TensorMap as *mut c_void,
+            &mut cm as *mut TensorMap as *mut c_void,
             &mut p as *mut KernelParams as *mut c_void,
         ];
         let mut ctx = std::ptr::null_mut();
@@ -707,10 +723,21 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     };
     let (auto_tile, auto_split) = auto_schedule(a.m, a.n, a.k, budget);
     let tile = h.tile_n.unwrap_or(auto_tile);
-    let st = if h.occupancy.stages == 0 {
-        tile.max_stages()
-    } else {
+    // The plain epilogue goes through shared memory and TMA stores when C
+    // can be a tensor map and nothing reads or redirects the output.
+    let tma_able = !a.accumulate && h.dest.is_none() && a.c.addr() % 16 == 0 && a.ldc % 8 == 0;
+    let staging = tile.staging_bytes() as u64;
+    let fixed = |st: u32| 1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16;
+    let st = if h.occupancy.stages != 0 {
         h.occupancy.stages
+    } else if tma_able {
+        // The most stages that still leave room for the staging buffer.
+        (MIN_STAGES..=tile.max_stages())
+            .rev()
+            .find(|&st| fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64)
+            .unwrap_or(tile.max_stages())
+    } else {
+        tile.max_stages()
     };
     if !(MIN_STAGES..=tile.max_stages()).contains(&st) {
         return Err(bad(format!(
@@ -718,8 +745,9 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             tile.max_stages()
         )));
     }
-    let dyn_smem = (1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16)
-        + h.occupancy.extra_smem as u64;
+    let tma_store =
+        tma_able && fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
+    let dyn_smem = fixed(st) + if tma_store { staging } else { 0 } + h.occupancy.extra_smem as u64;
     if dyn_smem > max_smem as u64 {
         return Err(bad(format!(
             "{st} stages + {} extra bytes need {dyn_smem} bytes of shared memory; the device allows {max_smem}",
@@ -806,6 +834,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         splits,
         tile_n: tile,
         stages: st,
+        tma_store,
     })
 }
 
@@ -1026,7 +1055,18 @@ mod tests {
         let s = validate(&args(1000, 4104, 72), 232448, 132).unwrap();
         assert_eq!((s.tiles_m, s.tiles_n), (8, 17));
         assert_eq!(s.grid, 132);
-        assert_eq!(s.dyn_smem, smem_bytes(s.tile_n, s.stages, 0));
+        // Plain output, aligned C: the TMA-store epilogue, 3 wide stages + staging.
+        assert!(s.tma_store);
+        assert_eq!(s.stages, 3);
+        assert_eq!(
+            s.dyn_smem,
+            smem_bytes(s.tile_n, s.stages, 0) + s.tile_n.staging_bytes()
+        );
+        let mut acc = args(1000, 4104, 72);
+        acc.accumulate = true;
+        let s = validate(&acc, 232448, 132).unwrap();
+        assert!(!s.tma_store);
+        assert_eq!((s.stages, s.dyn_smem), (4, smem_bytes(TileN::N256, 4, 0)));
         let mut a = args(8192, 8192, 8192);
         a.hooks.sm_budget = Some(100);
         assert_eq!(validate(&a, 232448, 132).unwrap().grid, 100);
@@ -1051,6 +1091,7 @@ mod tests {
         assert!(validate(&a, max, 132).is_err());
         let mut a = args(64, 64, 64);
         a.hooks.occupancy.extra_smem = 40 * 1024;
+        a.hooks.occupancy.stages = 4;
         assert!(validate(&a, max, 132).is_err());
         a.hooks.occupancy.stages = 3;
         assert!(validate(&a, max, 132).is_ok());
