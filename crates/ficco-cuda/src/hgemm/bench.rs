@@ -1,0 +1,668 @@
+//! `gemm-bench`: ficco's Hopper GEMM against cuBLASLt on one GPU, side by side.
+//!
+//! Three engines per shape, on the same fresh random operands (outputs
+//! poisoned with NaN first): ficco's kernel ([`super::HopperGemm`]), cuBLASLt
+//! with the autotuned algorithm the executor uses ([`crate::gemm::Gemms::tune`]),
+//! and cuBLASLt's first heuristic algorithm. Times are CUDA-event medians
+//! after a warm-up. Relative errors are ‖x − tuned cuBLASLt‖ / ‖tuned cuBLASLt‖.
+//!
+//! The shapes ([`suite_shapes`]) are every whole per-rank GEMM of a suite and
+//! every chunk GEMM of its `shard`, `bulk`, `fine2`, `fine4` and `fine8`
+//! schedules: for R = M/P rows per shard, chunks of R (shard, bulk), R/2, R/4
+//! and R/8 rows, same K and N. [`hook_costs`] measures each hook.
+
+use super::{
+    Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
+    BLOCK_M,
+};
+use crate::controls::{median, time_ms};
+use crate::error::{check, drv, CudaError, Result};
+use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
+use crate::kernels::Kernels;
+use crate::mem::{memset_d16_async, DeviceBuffer, DevicePtr};
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// bf16 quiet NaN: the poison written into outputs before each run.
+pub const POISON: u16 = 0x7fc0;
+
+/// One GEMM shape of the bench and where it comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BenchShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// "whole" or "chunk".
+    pub kind: &'static str,
+    /// The scenarios and schedules that use it, e.g. "llama3-8b.qkv.t2048.p2 fine4".
+    pub uses: Vec<String>,
+}
+
+/// Timing settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BenchConfig {
+    pub warmup: usize,
+    pub iters: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            warmup: 5,
+            iters: 25,
+        }
+    }
+}
+
+/// One shape's measurements.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShapeRow {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub kind: &'static str,
+    pub uses: usize,
+    /// K splits ficco's kernel used.
+    pub splits: u32,
+    /// Tile width ficco's kernel used.
+    pub tile_n: TileN,
+    pub ficco_ms: f64,
+    pub tuned_ms: f64,
+    pub default_ms: f64,
+    pub ficco_tflops: f64,
+    pub tuned_tflops: f64,
+    pub default_tflops: f64,
+    /// ficco time / tuned cuBLASLt time (below 1: ficco faster).
+    pub ratio_tuned: f64,
+    /// ficco time / default cuBLASLt time.
+    pub ratio_default: f64,
+    /// ficco output vs tuned cuBLASLt output.
+    pub rel_err: f64,
+    /// default cuBLASLt output vs tuned cuBLASLt output.
+    pub default_rel_err: f64,
+}
+
+/// One hook setting's cost on one shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HookRow {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub setting: String,
+    pub ms: f64,
+    pub tflops: f64,
+    /// time / plain time − 1, the plain launch timed in interleaved pairs
+    /// with this setting.
+    pub cost: f64,
+    /// Output vs the plain launch's output (0: identical).
+    pub rel_err: f64,
+}
+
+/// Aggregates over the shape rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub shapes: usize,
+    /// Geometric mean of ficco / tuned cuBLASLt time.
+    pub geomean_ratio_tuned: f64,
+    pub geomean_ratio_default: f64,
+    pub worst_ratio_tuned: f64,
+    pub worst_shape: String,
+    /// Σ ficco time / Σ tuned time over the chunk shapes.
+    pub chunk_time_ratio: f64,
+    pub max_rel_err: f64,
+}
+
+/// Reads a suite file's text and lists its whole and chunk GEMM shapes (deduplicated).
+pub fn suite_shapes(text: &str, origin: &str) -> Result<Vec<BenchShape>> {
+    let suite = ficco_core::problem::suite::parse(text, origin)
+        .map_err(|e| CudaError::Plan(format!("suite: {e}")))?;
+    let mut out: Vec<BenchShape> = vec![];
+    let mut add = |m: usize, n: usize, k: usize, kind: &'static str, use_: String| {
+        if m == 0 {
+            return;
+        }
+        if let Some(s) = out
+            .iter_mut()
+            .find(|s| (s.m, s.n, s.k) == (m, n, k) && s.kind == kind)
+        {
+            s.uses.push(use_);
+        } else {
+            out.push(BenchShape {
+                m,
+                n,
+                k,
+                kind,
+                uses: vec![use_],
+            });
+        }
+    };
+    for sc in &suite.scenarios {
+        let p = &sc.problem;
+        if p.gemm_count() != 1 {
+            continue;
+        }
+        add(p.m, p.n, p.k, "whole", sc.name.clone());
+        let r = p.shard_rows();
+        for (sched, c) in [
+            ("shard", 1),
+            ("bulk", 1),
+            ("fine2", 2),
+            ("fine4", 4),
+            ("fine8", 8),
+        ] {
+            if r % c == 0 {
+                add(r / c, p.n, p.k, "chunk", format!("{} {sched}", sc.name));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn tflops(m: usize, n: usize, k: usize, ms: f64) -> f64 {
+    if ms <= 0.0 {
+        0.0
+    } else {
+        2.0 * m as f64 * n as f64 * k as f64 / (ms * 1e-3) / 1e12
+    }
+}
+
+/// Device state shared by the bench runs.
+pub struct Bench {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    gemm: HopperGemm,
+    tuned: Gemms,
+    default: Gemms,
+    kernels: Kernels,
+    workspace: DeviceBuffer,
+    scratch: DeviceBuffer,
+    cfg: BenchConfig,
+    seed: u32,
+}
+
+impl std::fmt::Debug for Bench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bench({:?})", self.cfg)
+    }
+}
+
+/// Timing rounds per measurement (engines interleaved).
+pub const ROUNDS: usize = 5;
+
+/// One thing to time.
+#[derive(Clone)]
+enum Engine {
+    Ficco(GemmArgs),
+    /// cuBLASLt, autotuned: key, a, b, c.
+    Tuned(GemmKey, DevicePtr, DevicePtr, DevicePtr),
+    /// cuBLASLt, first heuristic algorithm.
+    Default(GemmKey, DevicePtr, DevicePtr, DevicePtr),
+}
+
+/// Operands of one shape.
+struct Operands {
+    a: DeviceBuffer,
+    b: DeviceBuffer,
+    c: DeviceBuffer,
+    r: DeviceBuffer,
+}
+
+impl Bench {
+    /// Loads ficco's kernel (reporting its compile), cuBLASLt and the helper kernels.
+    pub fn new(ctx: &Arc<CudaContext>, cfg: BenchConfig) -> Result<Self> {
+        let gemm = HopperGemm::load(ctx)?;
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+        Ok(Bench {
+            ctx: ctx.clone(),
+            stream,
+            tuned: Gemms::new()?,
+            default: Gemms::new()?,
+            kernels: Kernels::load(ctx)?,
+            workspace: DeviceBuffer::alloc(ctx, WORKSPACE_BYTES)?,
+            scratch: DeviceBuffer::alloc(ctx, 64)?,
+            gemm,
+            cfg,
+            seed: 1,
+        })
+    }
+
+    /// ficco's kernel.
+    pub fn gemm(&self) -> &HopperGemm {
+        &self.gemm
+    }
+
+    fn cu(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))
+    }
+
+    fn operands(&mut self, m: usize, n: usize, k: usize) -> Result<Operands> {
+        let ctx = self.ctx.clone();
+        let o = Operands {
+            a: DeviceBuffer::alloc(&ctx, m * k * 2)?,
+            b: DeviceBuffer::alloc(&ctx, k * n * 2)?,
+            c: DeviceBuffer::alloc(&ctx, m * n * 2)?,
+            r: DeviceBuffer::alloc(&ctx, m * n * 2)?,
+        };
+        self.seed = self.seed.wrapping_add(2);
+        // SAFETY: the buffers hold the element counts filled.
+        unsafe {
+            self.kernels
+                .fill(&self.stream, o.a.ptr(), (m * k) as u64, self.seed)?;
+            self.kernels
+                .fill(&self.stream, o.b.ptr(), (k * n) as u64, self.seed + 1)?;
+        }
+        self.poison(&o.c, m * n)?;
+        self.poison(&o.r, m * n)?;
+        Ok(o)
+    }
+
+    fn poison(&self, buf: &DeviceBuffer, n: usize) -> Result<()> {
+        // SAFETY: `buf` holds `n` bf16.
+        unsafe { memset_d16_async(buf.ptr(), POISON, n, self.cu()) }
+    }
+
+    /// ‖out − reference‖ / ‖reference‖ over `n` bf16 (infinite if `out` has a NaN).
+    fn rel_err(&self, out: DevicePtr, reference: DevicePtr, n: usize) -> Result<f64> {
+        let acc = self.scratch.ptr();
+        // SAFETY: scratch holds 2 f64 + 1 u64; out/reference hold n bf16.
+        unsafe {
+            check(
+                "cuMemsetD8Async",
+                sys::cuMemsetD8Async(acc.raw(), 0, 24, self.cu()),
+            )?;
+            self.kernels
+                .check(&self.stream, out, reference, n as u64, acc, acc.offset(16))?;
+        }
+        self.sync()?;
+        let mut raw = [0u8; 24];
+        self.scratch.download(&mut raw)?;
+        let f = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[i..i + 8]);
+            b
+        };
+        let (d, r, nans) = (
+            f64::from_le_bytes(f(0)),
+            f64::from_le_bytes(f(8)),
+            u64::from_le_bytes(f(16)),
+        );
+        if nans > 0 || d.is_nan() {
+            return Ok(f64::INFINITY);
+        }
+        Ok((d / r.max(1e-30)).sqrt())
+    }
+
+    /// Enqueues one run of an engine.
+    ///
+    /// # Safety
+    /// The engine's operands must be alive and sized for it.
+    unsafe fn enqueue(&mut self, e: &Engine) -> Result<()> {
+        let cu = self.cu();
+        match e {
+            Engine::Ficco(args) => self.gemm.launch(cu, args),
+            Engine::Tuned(key, a, b, c) => {
+                let ws = self.workspace.ptr();
+                self.tuned.gemm(*key, *a, *b, *c, false, ws, cu)
+            }
+            Engine::Default(key, a, b, c) => {
+                let ws = self.workspace.ptr();
+                self.default.gemm(*key, *a, *b, *c, false, ws, cu)
+            }
+        }
+    }
+
+    /// Median times (ms) of the engines, measured in [`ROUNDS`] interleaved
+    /// rounds (each round: every engine, warm-up then its share of the
+    /// iterations), so that clock drift hits every engine alike.
+    ///
+    /// # Safety
+    /// As [`Bench::enqueue`].
+    unsafe fn time_interleaved(&mut self, engines: &[Engine]) -> Result<Vec<f64>> {
+        let ctx = self.ctx.clone();
+        let cu = self.cu();
+        let per = self.cfg.iters.div_ceil(ROUNDS).max(3);
+        let warm = self.cfg.warmup.div_ceil(ROUNDS).max(1);
+        let mut all: Vec<Vec<f32>> = vec![vec![]; engines.len()];
+        for _ in 0..ROUNDS {
+            for (i, e) in engines.iter().enumerate() {
+                let t = time_ms(&ctx, cu, warm, per, || self.enqueue(e))?;
+                all[i].extend(t);
+            }
+        }
+        Ok(all
+            .into_iter()
+            .map(|mut t| {
+                t.sort_by(f32::total_cmp);
+                median(&t) as f64
+            })
+            .collect())
+    }
+
+    /// Measures one shape with all three engines.
+    pub fn shape(&mut self, s: &BenchShape) -> Result<ShapeRow> {
+        let (m, n, k) = (s.m, s.n, s.k);
+        let o = self.operands(m, n, k)?;
+        let key = GemmKey {
+            m,
+            n,
+            k,
+            lda: k,
+            ldb: n,
+            ldc: n,
+            sm_target: None,
+        };
+        let args = GemmArgs::dense(
+            m,
+            n,
+            k,
+            DevPtr::<Bf16>::new(o.a.ptr().raw()),
+            DevPtr::new(o.b.ptr().raw()),
+            DevPtr::new(o.c.ptr().raw()),
+        );
+        let ws = self.workspace.ptr();
+        let (pa, pb, pc, pr) = (o.a.ptr(), o.b.ptr(), o.c.ptr(), o.r.ptr());
+        let sched = self.gemm.shape(&args)?;
+        let (splits, tile_n) = (sched.splits, sched.tile_n);
+        // Correctness on poisoned outputs first.
+        // SAFETY: operands sized for the shape, on this device and stream.
+        unsafe {
+            self.gemm.launch(self.cu(), &args)?;
+            self.tuned.tune(key, pa, pb, pr, ws, &self.stream)?;
+            self.poison(&o.r, m * n)?;
+            self.tuned.gemm(key, pa, pb, pr, false, ws, self.cu())?;
+        }
+        let rel_err = self.rel_err(pc, pr, m * n)?;
+        self.poison(&o.c, m * n)?;
+        // SAFETY: as above.
+        unsafe { self.default.gemm(key, pa, pb, pc, false, ws, self.cu())? };
+        let default_rel_err = self.rel_err(pc, pr, m * n)?;
+        // SAFETY: as above.
+        let t = unsafe {
+            self.time_interleaved(&[
+                Engine::Ficco(args),
+                Engine::Tuned(key, pa, pb, pc),
+                Engine::Default(key, pa, pb, pc),
+            ])?
+        };
+        let (ficco_ms, tuned_ms, default_ms) = (t[0], t[1], t[2]);
+        self.sync()?;
+        Ok(ShapeRow {
+            m,
+            n,
+            k,
+            kind: s.kind,
+            uses: s.uses.len(),
+            splits,
+            tile_n,
+            ficco_ms,
+            tuned_ms,
+            default_ms,
+            ficco_tflops: tflops(m, n, k, ficco_ms),
+            tuned_tflops: tflops(m, n, k, tuned_ms),
+            default_tflops: tflops(m, n, k, default_ms),
+            ratio_tuned: ficco_ms / tuned_ms,
+            ratio_default: ficco_ms / default_ms,
+            rel_err,
+            default_rel_err,
+        })
+    }
+
+    /// Times each hook setting on one shape against the plain launch. Hook
+    /// flags are already set (the wait never blocks), the destination table
+    /// points back into C, so every setting computes the plain result.
+    pub fn hook_costs(&mut self, m: usize, n: usize, k: usize) -> Result<Vec<HookRow>> {
+        let o = self.operands(m, n, k)?;
+        let ctx = self.ctx.clone();
+        let plain = GemmArgs::dense(
+            m,
+            n,
+            k,
+            DevPtr::new(o.a.ptr().raw()),
+            DevPtr::new(o.b.ptr().raw()),
+            DevPtr::new(o.c.ptr().raw()),
+        );
+        // Reference output of the plain launch.
+        // SAFETY: operands sized for the shape.
+        unsafe { self.gemm.launch(self.cu(), &plain)? };
+        // SAFETY: both hold m*n bf16.
+        unsafe {
+            check(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(o.r.ptr().raw(), o.c.ptr().raw(), m * n * 2, self.cu()),
+            )?;
+        }
+        let rows = (m / 8).max(1);
+        let blocks = m.div_ceil(rows);
+        let flags = DeviceBuffer::alloc(&ctx, blocks * 4)?;
+        let counters = DeviceBuffer::alloc(&ctx, blocks * 4)?;
+        let table = DeviceBuffer::alloc(&ctx, blocks * 8)?;
+        let flag_bytes: Vec<u8> = (0..blocks).flat_map(|_| 1u32.to_le_bytes()).collect();
+        flags.upload(&flag_bytes)?;
+        counters.upload(&vec![0u8; blocks * 4])?;
+        let tbl: Vec<u8> = (0..blocks)
+            .flat_map(|b| (o.c.ptr().raw() + (b * rows * n * 2) as u64).to_le_bytes())
+            .collect();
+        table.upload(&tbl)?;
+        let wait = WaitHook {
+            flags: DevPtr::new(flags.ptr().raw()),
+            rows_per_flag: rows as u32,
+            epoch: 1,
+        };
+        let signal = SignalHook {
+            counters: DevPtr::new(counters.ptr().raw()),
+            rows_per_counter: rows as u32,
+        };
+        let dest = DestHook {
+            table: DevPtr::new(table.ptr().raw()),
+            ld: n,
+            rows_per_block: rows as u32,
+            add: false,
+        };
+        let sms = self.gemm.sms();
+        let tiles_m = m.div_ceil(BLOCK_M) as u32;
+        let mut settings: Vec<(String, Hooks)> = vec![("plain".into(), Hooks::default())];
+        for s in [sms - sms / 8, sms * 3 / 4, (sms / 2).max(1)] {
+            settings.push((
+                format!("sm_budget={s}"),
+                Hooks {
+                    sm_budget: Some(s),
+                    ..Hooks::default()
+                },
+            ));
+        }
+        let base = self.gemm.shape(&plain)?;
+        let tile = base.tile_n;
+        for st in (super::MIN_STAGES..tile.max_stages()).rev() {
+            settings.push((
+                format!("stages={st}"),
+                Hooks {
+                    occupancy: Occupancy {
+                        stages: st,
+                        extra_smem: 0,
+                    },
+                    ..Hooks::default()
+                },
+            ));
+        }
+        let extra = self.gemm.max_extra_smem(tile, tile.max_stages()) / 1024 * 1024;
+        settings.push((
+            format!(
+                "stages={}+extra_smem={}KiB",
+                tile.max_stages(),
+                extra / 1024
+            ),
+            Hooks {
+                occupancy: Occupancy {
+                    stages: tile.max_stages(),
+                    extra_smem: extra,
+                },
+                ..Hooks::default()
+            },
+        ));
+        for gm in [4, 8, 32] {
+            settings.push((
+                format!("group_m={gm}"),
+                Hooks {
+                    group_m: Some(gm),
+                    ..Hooks::default()
+                },
+            ));
+        }
+        let start = tiles_m / 2;
+        let h3 = Hooks {
+            m_start_block: start,
+            ..Hooks::default()
+        };
+        settings.push((format!("tile_start={start}"), h3));
+        settings.push((
+            "wait(flags set)".into(),
+            Hooks {
+                wait: Some(wait),
+                ..Hooks::default()
+            },
+        ));
+        settings.push((
+            "signal".into(),
+            Hooks {
+                signal: Some(signal),
+                ..Hooks::default()
+            },
+        ));
+        settings.push((
+            "dest(table->C)".into(),
+            Hooks {
+                dest: Some(dest),
+                ..Hooks::default()
+            },
+        ));
+        settings.push((
+            "hooks 3-6".into(),
+            Hooks {
+                m_start_block: start,
+                wait: Some(wait),
+                signal: Some(signal),
+                dest: Some(dest),
+                ..Hooks::default()
+            },
+        ));
+        let mut errs = vec![];
+        let mut engines = vec![];
+        for (_, hooks) in &settings {
+            let args = GemmArgs {
+                hooks: *hooks,
+                ..plain
+            };
+            self.poison(&o.c, m * n)?;
+            // SAFETY: operands and hook arrays sized for the shape.
+            unsafe { self.gemm.launch(self.cu(), &args)? };
+            errs.push(self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?);
+            engines.push(Engine::Ficco(args));
+        }
+        // Each setting is timed against the plain launch in interleaved
+        // pairs: the GPU's clock follows its power draw, so settings timed
+        // apart would compare different clocks.
+        let mut pairs = vec![];
+        for e in &engines {
+            // SAFETY: as above; the buffers live until the end of this function.
+            let t = unsafe { self.time_interleaved(&[Engine::Ficco(plain), e.clone()])? };
+            pairs.push((t[0], t[1]));
+        }
+        self.sync()?;
+        Ok(settings
+            .into_iter()
+            .zip(pairs.into_iter().zip(errs))
+            .map(|((setting, _), ((base, ms), rel_err))| HookRow {
+                m,
+                n,
+                k,
+                setting,
+                ms,
+                tflops: tflops(m, n, k, ms),
+                cost: if base > 0.0 { ms / base - 1.0 } else { 0.0 },
+                rel_err,
+            })
+            .collect())
+    }
+}
+
+/// Geomean, worst and chunk aggregate over the rows.
+pub fn summarize(rows: &[ShapeRow]) -> Summary {
+    let n = rows.len().max(1) as f64;
+    let geo = |f: &dyn Fn(&ShapeRow) -> f64| {
+        (rows.iter().map(|r| f(r).max(1e-12).ln()).sum::<f64>() / n).exp()
+    };
+    let worst = rows
+        .iter()
+        .max_by(|a, b| a.ratio_tuned.total_cmp(&b.ratio_tuned));
+    let (cf, ct) = rows
+        .iter()
+        .filter(|r| r.kind == "chunk")
+        .fold((0.0, 0.0), |(f, t), r| (f + r.ficco_ms, t + r.tuned_ms));
+    Summary {
+        shapes: rows.len(),
+        geomean_ratio_tuned: geo(&|r| r.ratio_tuned),
+        geomean_ratio_default: geo(&|r| r.ratio_default),
+        worst_ratio_tuned: worst.map_or(0.0, |r| r.ratio_tuned),
+        worst_shape: worst.map_or(String::new(), |r| format!("{}x{}x{}", r.m, r.n, r.k)),
+        chunk_time_ratio: if ct > 0.0 { cf / ct } else { 0.0 },
+        max_rel_err: rows.iter().map(|r| r.rel_err).fold(0.0, f64::max),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_suite_shapes() {
+        let text = include_str!("../../../../suites/llama3.toml");
+        let shapes = suite_shapes(text, "llama3.toml").unwrap();
+        assert!(shapes.iter().any(|s| s.kind == "whole"));
+        assert!(shapes.iter().any(|s| s.kind == "chunk"));
+        // ag-gemm 2048 x 4096 x 3072 at P=2: shard 1024 rows, fine8 128 rows.
+        assert!(shapes
+            .iter()
+            .any(|s| (s.m, s.n, s.k) == (2048, 3072, 4096) && s.kind == "whole"));
+        assert!(shapes
+            .iter()
+            .any(|s| (s.m, s.n, s.k) == (128, 3072, 4096) && s.kind == "chunk"));
+        for s in &shapes {
+            assert!(s.n % 8 == 0 && s.k % 8 == 0, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn summary_math() {
+        let row = |r: f64, kind| ShapeRow {
+            m: 1,
+            n: 8,
+            k: 8,
+            kind,
+            uses: 1,
+            splits: 1,
+            tile_n: TileN::N256,
+            ficco_ms: r,
+            tuned_ms: 1.0,
+            default_ms: 1.0,
+            ficco_tflops: 0.0,
+            tuned_tflops: 0.0,
+            default_tflops: 0.0,
+            ratio_tuned: r,
+            ratio_default: r,
+            rel_err: 0.0,
+            default_rel_err: 0.0,
+        };
+        let s = summarize(&[row(0.5, "whole"), row(2.0, "chunk")]);
+        assert!((s.geomean_ratio_tuned - 1.0).abs() < 1e-12);
+        assert_eq!(s.worst_ratio_tuned, 2.0);
+        assert_eq!(s.chunk_time_ratio, 2.0);
+    }
+}

@@ -1,0 +1,504 @@
+// ficco's Hopper (sm_90a) bf16 GEMM, compiled at run time by NVRTC.
+// No CUDA headers: inline PTX and minimal typedefs only. See hgemm.rs for the
+// design, the layouts and the hook semantics.
+//
+// C[M,N] (row-major, ldc) = A[M,K] (row-major, lda) * B[K,N] (row-major, ldb)
+// (+ C when accumulating), f32 accumulation, bf16 out.
+// Tile 128 x BN x 64 (BN = 256 or 128: two entry points); warpgroup 0
+// produces (TMA), warpgroups 1 and 2 each compute 64 rows of the tile with
+// wgmma m64nBNk16.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define BM 128
+#define BK 64
+#define STAGE_A (BM * BK * 2)
+
+// A CUtensorMap: 128 opaque bytes, 128-byte aligned (CUDA 13).
+struct __align__(128) TMap {
+  u64 v[16];
+};
+
+// Launch parameters; mirrored by `KernelParams` in hgemm.rs (repr(C)).
+struct Params {
+  u64 c;             // output base (bf16)
+  u64 ldc;           // elements
+  u64 wait_flags;    // u32 per flag block, 0 = no wait hook
+  u64 sig_counters;  // u32 per signal block, 0 = no signal hook
+  u64 sig_tickets;   // u32 per signal block, zero between launches
+  u64 dest_table;    // u64 pointer per dest block (0 entry = C), 0 = no dest hook
+  u64 dest_ld;       // elements
+  u64 ws;            // split-K partials: f32, 64 KiB per (tile, half, split)
+  u64 ws_tickets;    // u32 per (tile, half), zero between launches
+  u32 m, n, k;
+  u32 tiles_m, tiles_n;
+  u32 stages;
+  u32 tile_start;    // first M-block of the rotated M order
+  u32 group_m;       // M-blocks per scheduling group (L2 reuse)
+  u32 accumulate;    // C += A*B
+  u32 wait_rows, wait_epoch;
+  u32 sig_rows;
+  u32 dest_rows;
+  u32 dest_add;
+  u32 splits;        // K splits per tile (1: none)
+  u32 tma_store;     // 1: plain epilogue through shared memory and TMA stores
+};
+
+static __device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+               : "=r"(r) : "l"(p));
+  return r;
+}
+
+static __device__ __forceinline__ u32 thread_x() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
+  return r;
+}
+
+static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+static __device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra.uni WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// 2-D TMA tile load completing on `bar`; c0 is the inner (contiguous) coordinate.
+static __device__ __forceinline__ void tma_load_2d(u32 dst, const TMap* map, u32 bar, int c0,
+                                                   int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+      "l"((u64)map), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// 2-D TMA tile store from shared memory (bulk group of the issuing thread).
+static __device__ __forceinline__ void tma_store_2d(const TMap* map, u32 src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          (u64)map),
+      "r"(src), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+static __device__ __forceinline__ u64 desc(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+         (1ull << 62);
+}
+
+static __device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across wgmma
+// fences and waits (the asm operands alone do not express the async hazard).
+template <int N>
+static __device__ __forceinline__ void fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+static __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// m64nNk16 wgmma: A K-major, B MN-major (trans-b = 1), both from
+// shared-memory descriptors; d += A * B in f32.
+static __device__ __forceinline__ void wgmma_256(float* d, u64 da, u64 db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, 1, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db));
+}
+static __device__ __forceinline__ void wgmma_128(float* d, u64 da, u64 db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, 1, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ u32 ld_acquire_sys(u64 p) {
+  u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+static __device__ __forceinline__ void named_sync(u32 id, u32 count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+static __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+static __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
+static __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+
+// Tile t of the persistent schedule -> (M-block, N-block). Groups of
+// `group_m` M-blocks are walked column by column (L2 reuse of B), and the M
+// order is rotated to start at `tile_start`.
+static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& mb, u32& nb) {
+  u32 per_group = p.group_m * p.tiles_n;
+  u32 g = t / per_group;
+  u32 first = g * p.group_m;
+  u32 gs = p.tiles_m - first;
+  if (gs > p.group_m) gs = p.group_m;
+  u32 r = t - g * per_group;
+  u32 ml = first + r % gs;
+  nb = r / gs;
+  mb = ml + p.tile_start;
+  if (mb >= p.tiles_m) mb -= p.tiles_m;
+}
+
+// Hook 5: counts the 64-row half tile starting at row `rlo` (its stores done
+// by the whole warpgroup before a named barrier) towards every signal block
+// it overlaps; the last arrival of a block resets its ticket and increments
+// the user's counter with a system-scope release.
+static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
+  const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
+  if (p.tma_store) {
+    // This thread issued the half tile's TMA stores: wait until they are
+    // performed, then order them (async proxy) before the release below.
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+  // The stores are published at GPU scope (the counter's readers, stream
+  // memory operations and copy engines, read this GPU's memory through its
+  // L2), at system scope when the destination hook may have written to a peer.
+  if (p.dest_table != 0) {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+  } else {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  }
+  for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
+    const u32 blo = b * p.sig_rows;
+    const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
+    const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
+    const u64 tk = p.sig_tickets + 4ull * b;
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+    if (old + 1 == target) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
+      asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
+                   : "memory");
+    }
+  }
+}
+
+extern __shared__ __align__(1024) unsigned char smem_raw[];
+
+template <int BN>
+static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
+                                                  const TMap& cmap, const Params& p) {
+  constexpr u32 STAGE_B = BK * BN * 2;
+  constexpr u32 STAGE_BYTES = STAGE_A + STAGE_B;
+  constexpr int NACC = BN / 2;           // accumulators per thread
+  constexpr u64 SLOT = 64ull * BN * 4;   // split-K partial of one half tile
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  // Epilogue staging (TMA-store path): 64 rows x BN per consumer warpgroup.
+  const u32 stg = base + p.stages * STAGE_BYTES;
+  const u32 full = stg + (p.tma_store ? 2u * 64u * BN * 2u : 0u);  // stages x u64
+  const u32 empty = full + 8 * p.stages;           // stages x u64
+  const u32 tid = thread_x();
+  const u32 wg = tid / 128;
+  const u32 tiles = p.tiles_m * p.tiles_n;
+  const u32 units = tiles * p.splits;
+  const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
+  const u32 nk = (p.k + BK - 1) / BK;
+
+  if (tid == 0) {
+    for (u32 s = 0; s < p.stages; ++s) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer warpgroup: one thread issues every TMA load.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      u32 stage = 0, phase = 0;
+      for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
+        const u32 t = u / p.splits, sp = u - t * p.splits;
+        const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
+        u32 mb, nb;
+        tile_coords(p, t, mb, nb);
+        const u32 m0 = mb * BM, n0 = nb * BN;
+        if (p.wait_flags != 0) {
+          // Hook 4: wait until every flag covering this tile's A rows reached the epoch.
+          u32 last = m0 + BM < p.m ? m0 + BM : p.m;
+          for (u32 f = m0 / p.wait_rows; f <= (last - 1) / p.wait_rows; ++f) {
+            while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
+              __nanosleep(128);
+            }
+          }
+          // The flag's writer published A through the generic proxy; TMA reads
+          // through the async proxy.
+          asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
+        for (u32 kb = kb0; kb < kb1; ++kb) {
+          mbar_wait(empty + 8 * stage, phase ^ 1);
+          const u32 fb = full + 8 * stage;
+          mbar_expect_tx(fb, STAGE_BYTES);
+          const u32 sa = base + stage * STAGE_BYTES;
+          tma_load_2d(sa, &amap, fb, (int)(kb * BK), (int)m0);
+#pragma unroll
+          for (u32 j = 0; j < BN / 64; ++j) {
+            tma_load_2d(sa + STAGE_A + j * (64 * BK * 2), &bmap, fb, (int)(n0 + 64 * j),
+                        (int)(kb * BK));
+          }
+          if (++stage == p.stages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const u32 cw = wg - 1;       // consumer index: rows 64*cw .. of the tile
+    const u32 lt = tid & 127;    // thread in warpgroup
+    const u32 warp = lt / 32, lane = lt & 31;
+    u32 stage = 0, phase = 0;
+    float d[NACC];
+    constexpr u32 NONE = 0xffffffffu;
+    u32 pend = NONE;  // first row of a stored half tile whose signal is due
+    for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
+      const u32 t = u / p.splits, sp = u - t * p.splits;
+      const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
+      u32 mb, nb;
+      tile_coords(p, t, mb, nb);
+      const u32 m0 = mb * BM, n0 = nb * BN;
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
+      fence_acc<NACC>(d);
+      u32 prev = 0;
+      for (u32 kb = kb0; kb < kb1; ++kb) {
+        mbar_wait(full + 8 * stage, phase);
+        const u32 sa = base + stage * STAGE_BYTES + cw * (64 * BK * 2);
+        const u32 sb = base + stage * STAGE_BYTES + STAGE_A;
+        wgmma_fence();
+#pragma unroll
+        for (u32 ks = 0; ks < BK / 16; ++ks) {
+          // A: K-major, 8-row groups 1024 B apart, k16 step = 32 B inside the swizzle atom.
+          // B: MN-major, 64-column atoms 8 KiB apart (LBO), 8-k groups 1024 B apart (SBO),
+          //    k16 step = 16 rows of 128 B.
+          const u64 da = desc(sa + ks * 32, 16, 1024);
+          const u64 db = desc(sb + ks * 2048, 64 * BK * 2, 1024);
+          if constexpr (BN == 256) {
+            wgmma_256(d, da, db);
+          } else {
+            wgmma_128(d, da, db);
+          }
+        }
+        wgmma_commit();
+        if (pend != NONE) {
+          if (lt == 0) signal_half(p, pend);
+          pend = NONE;
+        }
+        if (kb > kb0) {
+          wgmma_wait<1>();
+          if (lt == 0) mbar_arrive(empty + 8 * prev);
+        }
+        prev = stage;
+        if (++stage == p.stages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      wgmma_wait<0>();
+      fence_acc<NACC>(d);
+      if (lt == 0) mbar_arrive(empty + 8 * prev);
+
+      if (p.splits > 1) {
+        // Split-K: publish this split's partial, count it; the last split of
+        // this (tile, half) sums all partials in split order (deterministic)
+        // and runs the epilogue.
+        if (m0 + cw * 64 >= p.m) continue;  // no rows in this half
+        const u64 slot = (u64)t * 2 + cw;
+        const u64 wsb = p.ws + slot * p.splits * SLOT;
+        const u64 mine = wsb + (u64)sp * SLOT + 16ull * lt;
+#pragma unroll
+        for (int q = 0; q < NACC / 4; ++q) {
+          asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mine + 2048ull * q),
+                       "f"(d[4 * q]), "f"(d[4 * q + 1]), "f"(d[4 * q + 2]), "f"(d[4 * q + 3])
+                       : "memory");
+        }
+        named_sync(1 + cw, 128);
+        if (lt == 0) {
+          const u64 tk = p.ws_tickets + 4ull * slot;
+          u32 old;
+          asm volatile("fence.acq_rel.gpu;" ::: "memory");
+          asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+          const u32 last = old + 1 == p.splits;
+          if (last) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(flag_slot + 4 * cw), "r"(last) : "memory");
+        }
+        named_sync(1 + cw, 128);
+        u32 last;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(last) : "r"(flag_slot + 4 * cw) : "memory");
+        if (!last) continue;
+        // Every split (this one too) is read back from the workspace, in
+        // split order, so the sum does not depend on which split came last.
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
+        for (u32 j = 0; j < p.splits; ++j) {
+          const u64 src = wsb + (u64)j * SLOT + 16ull * lt;
+#pragma unroll
+          for (int q = 0; q < NACC / 4; ++q) {
+            float v0, v1, v2, v3;
+            asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(v0), "=f"(v1), "=f"(v2), "=f"(v3)
+                         : "l"(src + 2048ull * q)
+                         : "memory");
+            d[4 * q] += v0;
+            d[4 * q + 1] += v1;
+            d[4 * q + 2] += v2;
+            d[4 * q + 3] += v3;
+          }
+        }
+      }
+
+      if (p.tma_store) {
+        // Epilogue through shared memory: this warpgroup's 64 x BN outputs
+        // are written as bf16 into 128-byte-swizzled 64 x 64 boxes (no bank
+        // conflicts), then one thread stores them with TMA (rows >= M and
+        // columns >= N are clipped by the tensor map) and moves on; the
+        // stores drain while the next tile's main loop runs.
+        const u32 wst = stg + cw * (64u * BN * 2u);
+        if (lt == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        named_sync(1 + cw, 128);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const u32 rr = warp * 16 + lane / 4 + 8 * h;  // row in the half tile
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const u32 addr = wst + (u32)(j / 8) * 8192u + rr * 128u +
+                             ((((u32)j & 7u) ^ (rr & 7u)) << 4) + 4u * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                         "r"(pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]))
+                         : "memory");
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        named_sync(1 + cw, 128);
+        if (lt == 0) {
+#pragma unroll
+          for (int b = 0; b < BN / 64; ++b) {
+            tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+          }
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      } else {
+      // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
+      const u32 r0 = m0 + cw * 64 + warp * 16 + lane / 4;
+      const u32 cbase = n0 + 2 * (lane & 3);
+      u64 rowp[2];
+      u32 radd[2];
+      bool rok[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 row = r0 + 8 * h;
+        rok[h] = row < p.m;
+        rowp[h] = p.c + 2ull * ((u64)row * p.ldc);
+        radd[h] = p.accumulate;
+        if (p.dest_table != 0 && rok[h]) {
+          // Hook 6: this row's block may be stored through another pointer.
+          const u32 b = row / p.dest_rows;
+          const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
+          if (dp != 0) {
+            rowp[h] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
+            radd[h] = p.dest_add;
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const u32 col = cbase + 8 * j;
+        if (col < p.n) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (rok[h]) {
+              const u64 addr = rowp[h] + 2ull * col;
+              float lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
+              if (radd[h]) {
+                u32 old;
+                asm volatile("ld.global.b32 %0, [%1];" : "=r"(old) : "l"(addr) : "memory");
+                lo += bf16_lo(old);
+                hi += bf16_hi(old);
+              }
+              asm volatile("st.global.b32 [%0], %1;" ::"l"(addr), "r"(pack_bf16x2(lo, hi))
+                           : "memory");
+            }
+          }
+        }
+      }
+
+      }
+
+      if (p.sig_counters != 0) {
+        // Hook 5: every thread's stores of this half tile are issued; the
+        // count itself is deferred until the next unit's first wgmma is in
+        // flight (or the loop ends), when the stores have drained and the
+        // fence costs little.
+        named_sync(1 + cw, 128);
+        const u32 rlo = m0 + cw * 64;
+        if (rlo < p.m) pend = rlo;
+      }
+    }
+    if (pend != NONE && lt == 0) signal_half(p, pend);
+    // Shared memory must outlive the TMA stores that read it.
+    if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n256(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                     const __grid_constant__ TMap cmap,
+                     const __grid_constant__ Params p) {
+  hgemm_body<256>(amap, bmap, cmap, p);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n128(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                     const __grid_constant__ TMap cmap,
+                     const __grid_constant__ Params p) {
+  hgemm_body<128>(amap, bmap, cmap, p);
+}

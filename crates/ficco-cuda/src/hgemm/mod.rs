@@ -1,0 +1,1150 @@
+//! ficco's own Hopper (sm_90a) bf16 GEMM, compiled at run time with NVRTC,
+//! with the hooks that fine-grained overlap needs.
+//!
+//! Semantics are those of [`crate::gemm`]: row-major `C[M,N] = A[M,K] · B[K,N]`
+//! (`+ C` when accumulating), views with leading dimensions, f32 accumulation,
+//! bf16 out, any M, N and K multiples of 8.
+//!
+//! # The kernel (`hgemm.cu`)
+//! - Tile 128 × 256 × 64 ([`TileN::N256`]) or 128 × 128 × 64
+//!   ([`TileN::N128`], for shapes the wide tile fills badly); [`auto_schedule`]
+//!   picks the tile and the K split. A persistent grid (one CTA per SM, or fewer with
+//!   [`Hooks::sm_budget`]) walks the tiles with its own scheduler: groups of
+//!   [`GROUP_M`] M-blocks column by column (B stays in L2), the M order
+//!   rotated to start at [`Hooks::m_start_block`].
+//! - Warpgroup 0 is the producer (`setmaxnreg.dec` to 40 registers): one
+//!   thread issues TMA loads (`cp.async.bulk.tensor.2d`, 128-byte swizzle)
+//!   into a ring of 2 to [`MAX_STAGES`] stages guarded by mbarriers (parity waits).
+//! - Warpgroups 1 and 2 are consumers (`setmaxnreg.inc` to 232): each issues
+//!   `wgmma.mma_async.m64n256k16.f32.bf16.bf16` on 64 rows of the tile with
+//!   shared-memory descriptors, keeping one k-block of wgmma in flight, then
+//!   stores its 64 × 256 accumulators straight from registers (bf16x2 per
+//!   store, bounds-checked, optional read-add).
+//!
+//! # Why B is read in place, not transposed
+//! B is row-major `[K, N]`: N is contiguous, which wgmma calls "MN-major".
+//! For 16-bit types wgmma reads MN-major B directly when its `imm-trans-b`
+//! bit is 1, so TMA loads B tiles as they lie in memory: boxes of 64 columns
+//! (128 bytes, one swizzle row) × 64 k-rows, four per stage for 256 columns.
+//! The B descriptor is then the canonical MN-major 128-byte-swizzle layout:
+//! LBO = 8 KiB between 64-column atoms, SBO = 1 KiB between groups of 8 k-rows,
+//! and one k16 step advances the start address by 16 rows (2 KiB). No
+//! transpose pass, no second copy of B, and a B that changes between launches
+//! (a gathered or peer buffer) costs nothing extra.
+//!
+//! # Residues
+//! TMA fills out-of-bounds elements with zeros, so M, N and K tails need no
+//! special loads (zeros add nothing to the dot products); the epilogue skips
+//! rows ≥ M and columns ≥ N. TMA needs 16-byte aligned A and B and leading
+//! dimensions that are multiples of 8 elements.
+//!
+//! # Hooks ([`Hooks`]), each a launch parameter
+//! 1. SM budget: at most S persistent CTAs.
+//! 2. Occupancy: fewer stages and/or extra dynamic shared memory, so that a
+//!    communication kernel's blocks fit beside the GEMM's on an SM.
+//! 3. Tile order: the M order starts at M-block `m_start_block` and wraps.
+//! 4. Input wait ([`WaitHook`]): before loading the A rows of a tile, the
+//!    producer spins (`ld.acquire.sys` + `nanosleep`) until every flag word
+//!    covering those rows is ≥ `epoch` (wrapping compare), then fences the
+//!    async proxy. Flags are u32 words, `rows_per_flag` rows each, e.g. set
+//!    by `cuStreamWriteValue32` after a copy engine lands a chunk.
+//! 5. Output signal ([`SignalHook`]): once every tile of output block b
+//!    (`rows_per_counter` rows, all N) is stored, one
+//!    `red.release.sys.global.add.u32` on `counters[b]`. Arrivals are counted in
+//!    an internal ticket array that the last arrival resets, so launches that
+//!    use the signal hook on one [`HopperGemm`] must be stream-ordered. Each
+//!    half tile publishes its stores with a GPU-scope fence (the counter's
+//!    readers, stream memory operations and copy engines, read this GPU's
+//!    memory through its L2), a system-scope one when the destination hook
+//!    is on (stores may have gone to a peer).
+//! 6. Destination ([`DestHook`]): rows of block b go through `table[b]`
+//!    (a device pointer, `ld` elements per row) instead of C when the entry is
+//!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
+//!
+//! # Split-K
+//! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
+//! rows), each tile's K range is split ([`Hooks::split_k`], by default
+//! [`auto_splits`]): every split publishes its f32 partial to a workspace and
+//! counts itself on a per-(tile, half) ticket; the last one reads all the
+//! partials back in split order (so the sum does not depend on timing) and
+//! runs the epilogue and the hooks. Like the signal hook's tickets, the
+//! workspace belongs to the [`HopperGemm`]: its split launches must be
+//! stream-ordered.
+//!
+//! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
+//! the source, the options, the architecture and the NVRTC version.
+//!
+//! # Measured (one H200, 2026-11-23; `bench/data/2026-11-23-h200-gemm/`)
+//! 8192³ at 673-683 TFLOP/s against the autotuned cuBLASLt's 710-715;
+//! geomean time ratio to autotuned cuBLASLt 1.08-1.10 over the 160 whole and
+//! chunk GEMMs of `suites/llama3.toml`, worst 1.52 (16384 × 4096 × 1024).
+//! Long-K shapes are within 0-8%; short K (1024-2048) loses 20-50% to a
+//! per-tile cost the kernel does not hide, because both consumer warpgroups
+//! run the register epilogue at once while the tensor cores idle. Hooks 3-6
+//! together cost 1-5% (the signal hook 2-4%); the wait, order and
+//! destination hooks about 1% or less.
+//!
+//! # Not done
+//! Clusters of 2 with TMA multicast, a TMA-store (or ping-pong) epilogue that
+//! overlaps the next tile's main loop, and stream-K instead of split-K are
+//! the known next steps toward cuBLASLt speed; none is implemented.
+
+pub mod bench;
+
+use crate::error::{check, drv, CudaError, Result};
+use cudarc::driver::sys;
+use cudarc::driver::CudaContext;
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use std::ffi::{c_void, CString};
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The kernel source, compiled by NVRTC at [`HopperGemm::load`].
+pub const SOURCE: &str = include_str!("hgemm.cu");
+const KERNEL_NAME: &str = "ficco_hgemm";
+const ENTRY_N256: &str = "ficco_hgemm_n256";
+const ENTRY_N128: &str = "ficco_hgemm_n128";
+/// NVRTC options (the architecture is added: `sm_90a`).
+const OPTIONS: [&str; 1] = ["-std=c++17"];
+const ARCH: &str = "--gpu-architecture=sm_90a";
+
+/// Rows of one output tile (one M-block).
+pub const BLOCK_M: usize = 128;
+/// Columns of one output tile of the wide variant ([`TileN::N256`]).
+pub const BLOCK_N: usize = 256;
+/// K depth of one pipeline stage.
+pub const BLOCK_K: usize = 64;
+/// Shared memory of one stage of the wide tile: A 128×64 + B 64×256, bf16.
+pub const STAGE_BYTES: u32 = ((BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * 2) as u32;
+/// Most pipeline stages of the wide tile (4 × 48 KiB fit the 227 KiB an
+/// H100/H200 block may use); the narrow tile takes up to 6 × 32 KiB.
+pub const MAX_STAGES: u32 = 4;
+/// Fewest pipeline stages.
+pub const MIN_STAGES: u32 = 2;
+/// M-blocks per scheduling group.
+pub const GROUP_M: u32 = 16;
+/// Signal blocks the internal ticket array holds.
+pub const MAX_SIGNAL_BLOCKS: usize = 1 << 16;
+/// Split-K workspace: f32 partials, 64 KiB per (tile, half tile, split).
+pub const SPLIT_WORKSPACE_BYTES: usize = 64 << 20;
+/// Most K splits per tile.
+pub const MAX_SPLITS: u32 = 16;
+/// (tile, half) ticket slots for split-K (the narrow tile's 32 KiB partials).
+const MAX_SPLIT_TICKETS: usize = SPLIT_WORKSPACE_BYTES / (64 * 128 * 4);
+const THREADS: u32 = 384;
+
+/// A device address of `T`s (no ownership, no lifetime: the caller keeps the
+/// memory alive for the launches that use it).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct DevPtr<T> {
+    addr: u64,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DevPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevPtr<T> {}
+
+impl<T> DevPtr<T> {
+    /// Wraps a raw device address.
+    pub const fn new(addr: u64) -> Self {
+        DevPtr {
+            addr,
+            _t: PhantomData,
+        }
+    }
+    /// The raw address.
+    pub const fn addr(self) -> u64 {
+        self.addr
+    }
+    /// The address `n` elements further.
+    pub const fn add(self, n: usize) -> Self {
+        Self::new(self.addr + (n * std::mem::size_of::<T>()) as u64)
+    }
+}
+
+/// A bf16 element (the raw bits), the element type of GEMM operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+/// The output tile's width: one kernel entry point each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum TileN {
+    /// 128 × 256 tiles, wgmma m64n256k16 (the fastest per tile).
+    N256,
+    /// 128 × 128 tiles, wgmma m64n128k16: twice the tiles, for shapes that
+    /// would otherwise fill the grid badly.
+    N128,
+}
+
+impl TileN {
+    /// Output columns per tile.
+    pub const fn cols(self) -> usize {
+        match self {
+            TileN::N256 => 256,
+            TileN::N128 => 128,
+        }
+    }
+    /// Shared memory of one pipeline stage.
+    pub const fn stage_bytes(self) -> u32 {
+        ((BLOCK_M * BLOCK_K + BLOCK_K * self.cols()) * 2) as u32
+    }
+    /// Most stages (the default).
+    pub const fn max_stages(self) -> u32 {
+        match self {
+            TileN::N256 => MAX_STAGES,
+            TileN::N128 => 6,
+        }
+    }
+    /// Shared memory the TMA-store epilogue stages the tile in (bf16).
+    pub const fn staging_bytes(self) -> u32 {
+        (BLOCK_M * self.cols() * 2) as u32
+    }
+    /// Split-K partial of one half tile (64 rows, f32).
+    const fn slot_bytes(self) -> usize {
+        64 * self.cols() * 4
+    }
+    /// Most (tile, split) units the split-K workspace holds.
+    const fn max_units(self) -> u64 {
+        (SPLIT_WORKSPACE_BYTES / (2 * self.slot_bytes())) as u64
+    }
+}
+
+/// Hook 2: pipeline depth and extra dynamic shared memory per CTA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Occupancy {
+    /// Pipeline stages, [`MIN_STAGES`]..=[`TileN::max_stages`]; 0 (the
+    /// default) takes the most.
+    pub stages: u32,
+    /// Dynamic shared memory reserved beyond what the stages need (bytes).
+    pub extra_smem: u32,
+}
+
+/// Hook 4: wait for `flags[b] >= epoch` before loading A rows of flag block b.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WaitHook {
+    /// One u32 per `rows_per_flag` rows of A (and C).
+    pub flags: DevPtr<u32>,
+    pub rows_per_flag: u32,
+    /// Compared with wrapping arithmetic: ready when `flag - epoch` is ≥ 0 as i32.
+    pub epoch: u32,
+}
+
+/// Hook 5: one release increment of `counters[b]` when all of output block b is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SignalHook {
+    /// One u32 per `rows_per_counter` rows of C.
+    pub counters: DevPtr<u32>,
+    pub rows_per_counter: u32,
+}
+
+/// Hook 6: store the rows of block b through `table[b]` when that entry is non-zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DestHook {
+    /// One device address (u64) per `rows_per_block` rows of C: where row
+    /// `b * rows_per_block` of C goes; 0 keeps C.
+    pub table: DevPtr<u64>,
+    /// Leading dimension (elements) of every destination.
+    pub ld: usize,
+    pub rows_per_block: u32,
+    /// Add into the destination (`dst += A·B`) instead of overwriting it.
+    pub add: bool,
+}
+
+/// Every hook of one launch; `Hooks::default()` is the plain GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Hooks {
+    /// Hook 1: at most this many persistent CTAs (default: one per SM).
+    pub sm_budget: Option<u32>,
+    /// Hook 2.
+    pub occupancy: Occupancy,
+    /// Hook 3: the first M-block (of [`BLOCK_M`] rows) of the M order, which wraps.
+    pub m_start_block: u32,
+    /// K splits per tile (not a hook: a schedule knob). `None` picks with
+    /// the tile by a wave model ([`auto_schedule`]); `Some(1)` never splits.
+    pub split_k: Option<u32>,
+    /// Tile width; `None` picks by the wave model.
+    pub tile_n: Option<TileN>,
+    /// M-blocks per scheduling group (not a hook: L2 reuse); `None` is [`GROUP_M`].
+    pub group_m: Option<u32>,
+    pub wait: Option<WaitHook>,
+    pub signal: Option<SignalHook>,
+    pub dest: Option<DestHook>,
+}
+
+/// One GEMM: `c = a · b` (or `c += a · b`), row-major views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmArgs {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: DevPtr<Bf16>,
+    pub lda: usize,
+    pub b: DevPtr<Bf16>,
+    pub ldb: usize,
+    pub c: DevPtr<Bf16>,
+    pub ldc: usize,
+    pub accumulate: bool,
+    pub hooks: Hooks,
+}
+
+impl GemmArgs {
+    /// A dense GEMM (leading dimensions k, n, n), no hooks.
+    pub fn dense(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: DevPtr<Bf16>,
+        b: DevPtr<Bf16>,
+        c: DevPtr<Bf16>,
+    ) -> Self {
+        GemmArgs {
+            m,
+            n,
+            k,
+            a,
+            lda: k,
+            b,
+            ldb: n,
+            c,
+            ldc: n,
+            accumulate: false,
+            hooks: Hooks::default(),
+        }
+    }
+}
+
+/// How the cubin was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CacheOutcome {
+    /// Read from the disk cache.
+    Hit,
+    /// Compiled, and stored in the disk cache.
+    Stored,
+    /// Compiled; no writable cache directory.
+    Uncached,
+}
+
+/// What loading the kernel cost.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CompileInfo {
+    /// Wall time to obtain the cubin (compile, or read the cache), ms.
+    pub ms: f64,
+    pub cache: CacheOutcome,
+    pub path: Option<PathBuf>,
+    /// NVRTC (major, minor).
+    pub nvrtc: (i32, i32),
+}
+
+/// Launch parameters; mirrors `struct Params` in `hgemm.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct KernelParams {
+    c: u64,
+    ldc: u64,
+    wait_flags: u64,
+    sig_counters: u64,
+    sig_tickets: u64,
+    dest_table: u64,
+    dest_ld: u64,
+    ws: u64,
+    ws_tickets: u64,
+    m: u32,
+    n: u32,
+    k: u32,
+    tiles_m: u32,
+    tiles_n: u32,
+    stages: u32,
+    tile_start: u32,
+    group_m: u32,
+    accumulate: u32,
+    wait_rows: u32,
+    wait_epoch: u32,
+    sig_rows: u32,
+    dest_rows: u32,
+    dest_add: u32,
+    splits: u32,
+    tma_store: u32,
+}
+
+/// A CUtensorMap, passed by value as a `__grid_constant__`.
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+struct TensorMap(sys::CUtensorMap);
+
+/// The launch geometry a [`GemmArgs`] leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub tiles_m: u32,
+    pub tiles_n: u32,
+    pub grid: u32,
+    pub dyn_smem: u32,
+    /// K splits per tile.
+    pub splits: u32,
+    pub tile_n: TileN,
+    pub stages: u32,
+    /// The epilogue goes through shared memory and TMA stores (plain
+    /// output: no accumulate, no destination hook, C 16-byte aligned rows).
+    pub tma_store: bool,
+}
+
+/// The loaded kernel on one device.
+#[derive(Debug)]
+pub struct HopperGemm {
+    lib: sys::CUlibrary,
+    kernels: [sys::CUkernel; 2],
+    ctx: Arc<CudaContext>,
+    sms: u32,
+    max_smem: u32,
+    tickets: crate::mem::DeviceBuffer,
+    workspace: crate::mem::DeviceBuffer,
+    compile: CompileInfo,
+}
+
+// SAFETY: library and kernel handles are context-independent driver objects;
+// the ticket buffer is plain device memory.
+unsafe impl Send for HopperGemm {}
+// SAFETY: as above; launches only read `self`.
+unsafe impl Sync for HopperGemm {}
+
+impl Drop for HopperGemm {
+    fn drop(&mut self) {
+        // SAFETY: loaded once, unloaded once.
+        unsafe {
+            let _ = sys::cuLibraryUnload(self.lib);
+        }
+    }
+}
+
+impl HopperGemm {
+    /// Compiles (or reads from the disk cache) and loads the kernel on `ctx`'s
+    /// device, which must be compute capability 9.0 (Hopper).
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(drv("cuDeviceGetAttribute(compute capability)"))?;
+        if (major, minor) != (9, 0) {
+            return Err(CudaError::Plan(format!(
+                "ficco's Hopper GEMM needs compute capability 9.0 (sm_90a), found {major}.{minor}"
+            )));
+        }
+        let (cubin, compile) = cubin_cached()?;
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut lib = std::ptr::null_mut();
+        // SAFETY: the image outlives the call (the driver copies it); no options.
+        check("cuLibraryLoadData", unsafe {
+            sys::cuLibraryLoadData(
+                &mut lib,
+                cubin.as_ptr() as *const c_void,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        })?;
+        let sms = crate::controls::device_attribute(
+            ctx,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?
+        .max(1) as u32;
+        let max_smem = crate::controls::device_attribute(
+            ctx,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?
+        .max(0) as u32;
+        let tickets =
+            crate::mem::DeviceBuffer::alloc(ctx, (MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS) * 4)?;
+        let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
+        let mut g = HopperGemm {
+            lib,
+            kernels: [std::ptr::null_mut(); 2],
+            ctx: ctx.clone(),
+            sms,
+            max_smem,
+            tickets,
+            workspace,
+            compile,
+        };
+        for (i, entry) in [ENTRY_N256, ENTRY_N128].into_iter().enumerate() {
+            let name = CString::new(entry).map_err(|e| CudaError::Plan(e.to_string()))?;
+            // SAFETY: the library is loaded; valid out-pointers, C string and sizes.
+            unsafe {
+                check(
+                    "cuLibraryGetKernel",
+                    sys::cuLibraryGetKernel(&mut g.kernels[i], g.lib, name.as_ptr()),
+                )?;
+                check(
+                    "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                    sys::cuKernelSetAttribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        max_smem as i32,
+                        g.kernels[i],
+                        ctx.cu_device(),
+                    ),
+                )?;
+                // Load into the primary context now (lazy loading mid-plan can deadlock).
+                let mut f = std::ptr::null_mut();
+                check(
+                    "cuKernelGetFunction",
+                    sys::cuKernelGetFunction(&mut f, g.kernels[i]),
+                )?;
+            }
+        }
+        // SAFETY: the ticket buffer holds this many u32.
+        check("cuMemsetD32", unsafe {
+            sys::cuMemsetD32_v2(
+                g.tickets.ptr().raw(),
+                0,
+                MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS,
+            )
+        })?;
+        Ok(g)
+    }
+
+    /// How the cubin was obtained and what it cost.
+    pub fn compile_info(&self) -> &CompileInfo {
+        &self.compile
+    }
+
+    /// The device's SM count (the default grid).
+    pub fn sms(&self) -> u32 {
+        self.sms
+    }
+
+    /// The context the kernel was loaded from.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Largest `extra_smem` that fits beside `stages` stages of `tile`.
+    pub fn max_extra_smem(&self, tile: TileN, stages: u32) -> u32 {
+        self.max_smem.saturating_sub(smem_bytes(tile, stages, 0))
+    }
+
+    /// Checks `args` and returns the launch geometry (no device work).
+    pub fn shape(&self, args: &GemmArgs) -> Result<LaunchShape> {
+        validate(args, self.max_smem, self.sms)
+    }
+
+    /// Enqueues the GEMM on `stream` (which may belong to any context of the
+    /// device, green contexts included).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the kernel's device. Every pointer in
+    /// `args` must be device memory reachable from that device holding what the
+    /// views describe (A: m rows of lda, B: k rows of ldb, C: m rows of ldc;
+    /// hook arrays long enough for their blocks; destination pointers valid for
+    /// their rows), alive until the launch completes. A wait hook whose flags
+    /// never reach the epoch hangs the kernel.
+    pub unsafe fn launch(&self, stream: sys::CUstream, args: &GemmArgs) -> Result<()> {
+        if args.m == 0 || args.n == 0 {
+            return Ok(());
+        }
+        let shape = validate(args, self.max_smem, self.sms)?;
+        let amap = tensor_map(args.a, args.k, args.m, args.lda, 64, BLOCK_M as u32)?;
+        let bmap = tensor_map(args.b, args.n, args.k, args.ldb, 64, BLOCK_K as u32)?;
+        let kernel = match shape.tile_n {
+            TileN::N256 => self.kernels[0],
+            TileN::N128 => self.kernels[1],
+        };
+        let h = &args.hooks;
+        let mut p = KernelParams {
+            c: args.c.addr(),
+            ldc: args.ldc as u64,
+            m: args.m as u32,
+            n: args.n as u32,
+            k: args.k as u32,
+            tiles_m: shape.tiles_m,
+            tiles_n: shape.tiles_n,
+            stages: shape.stages,
+            tile_start: h.m_start_block % shape.tiles_m,
+            group_m: h.group_m.unwrap_or(GROUP_M),
+            accumulate: args.accumulate as u32,
+            splits: shape.splits,
+            tma_store: shape.tma_store as u32,
+            ws: self.workspace.ptr().raw(),
+            ws_tickets: self.tickets.ptr().raw() + (MAX_SIGNAL_BLOCKS * 4) as u64,
+            ..KernelParams::default()
+        };
+        if let Some(w) = h.wait {
+            p.wait_flags = w.flags.addr();
+            p.wait_rows = w.rows_per_flag;
+            p.wait_epoch = w.epoch;
+        }
+        if let Some(s) = h.signal {
+            p.sig_counters = s.counters.addr();
+            p.sig_tickets = self.tickets.ptr().raw();
+            p.sig_rows = s.rows_per_counter;
+        }
+        if let Some(d) = h.dest {
+            p.dest_table = d.table.addr();
+            p.dest_ld = d.ld as u64;
+            p.dest_rows = d.rows_per_block;
+            p.dest_add = d.add as u32;
+        }
+        // C as a tensor map (64 x 64 boxes) for the TMA-store epilogue; unused otherwise.
+        let cmap = if shape.tma_store {
+            tensor_map(args.c, args.n, args.m, args.ldc, 64, 64)?
+        } else {
+            // SAFETY: CUtensorMap is plain bytes; the kernel does not read it.
+            TensorMap(std::mem::zeroed())
+        };
+        let (mut am, mut bm, mut cm) = (amap, bmap, cmap);
+        let mut params: [*mut c_void; 4] = [
+            &mut am as *mut TensorMap as *mut c_void,
+            &mut bm as *mut TensorMap as *mut c_void,
+            &mut cm as *mut TensorMap as *mut c_void,
+            &mut p as *mut KernelParams as *mut c_void,
+        ];
+        let mut ctx = std::ptr::null_mut();
+        check("cuStreamGetCtx", sys::cuStreamGetCtx(stream, &mut ctx))?;
+        check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(ctx))?;
+        let res = (|| {
+            let mut f = std::ptr::null_mut();
+            check(
+                "cuKernelGetFunction",
+                sys::cuKernelGetFunction(&mut f, kernel),
+            )?;
+            check(
+                "cuLaunchKernel(ficco_hgemm)",
+                sys::cuLaunchKernel(
+                    f,
+                    shape.grid,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    shape.dyn_smem,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            )
+        })();
+        let mut popped = std::ptr::null_mut();
+        let pop = check("cuCtxPopCurrent", sys::cuCtxPopCurrent_v2(&mut popped));
+        res.and(pop)
+    }
+}
+
+/// Dynamic shared memory of a configuration: 1 KiB alignment slack, the
+/// stages, their barriers, two split-K flags, and the extra reservation.
+pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
+    1024 + stages * tile.stage_bytes() + 16 * stages + 16 + extra
+}
+
+/// Estimated time (µs, on an H200) of `tiles` output tiles of `tile` with
+/// `k_blocks` k-blocks each, split `splits` ways, on `grid` persistent CTAs.
+/// CTAs take (tile, split) units round-robin, so time ≈ waves × (k-blocks
+/// per split × k-block time + 3 µs per unit); a split adds per wave the f32
+/// partial traffic through L2 (≈ 8 + 1.2 × splits µs for the wide tile,
+/// fitted to measurements; half for the narrow tile).
+pub fn estimate_us(tile: TileN, tiles: u64, k_blocks: u64, splits: u64, grid: u64) -> f64 {
+    let (kb_us, scale) = match tile {
+        TileN::N256 => (0.8, 1.0),
+        TileN::N128 => (0.45, 0.5),
+    };
+    let waves = (tiles * splits).div_ceil(grid.max(1)) as f64;
+    let mut t = waves * (k_blocks.div_ceil(splits) as f64 * kb_us + 3.0);
+    if splits > 1 {
+        t += waves * scale * (8.0 + 1.2 * splits as f64);
+    }
+    t
+}
+
+/// The tile width and K splits [`estimate_us`] finds fastest for an M × N × K
+/// GEMM on `grid` CTAs (the wide unsplit tile unless another wins by 3%).
+pub fn auto_schedule(m: usize, n: usize, k: usize, grid: u32) -> (TileN, u32) {
+    let k_blocks = k.div_ceil(BLOCK_K).max(1) as u64;
+    let tiles = |t: TileN| (m.div_ceil(BLOCK_M) * n.div_ceil(t.cols())) as u64;
+    let mut best = (
+        estimate_us(TileN::N256, tiles(TileN::N256), k_blocks, 1, grid as u64),
+        TileN::N256,
+        1u64,
+    );
+    for tile in [TileN::N256, TileN::N128] {
+        let t = tiles(tile);
+        for s in 1..=(MAX_SPLITS as u64).min(k_blocks) {
+            if s > 1 && t * s > tile.max_units() {
+                break;
+            }
+            let c = estimate_us(tile, t, k_blocks, s, grid as u64);
+            if c < best.0 * 0.97 {
+                best = (c, tile, s);
+            }
+        }
+    }
+    (best.1, best.2 as u32)
+}
+
+fn bad(msg: String) -> CudaError {
+    CudaError::Plan(format!("ficco hgemm: {msg}"))
+}
+
+/// Checks every constraint the kernel relies on; returns the geometry.
+fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
+    let lim = i32::MAX as usize;
+    if a.m > lim || a.n > lim || a.k > lim {
+        return Err(bad(format!(
+            "dimensions {}x{}x{} exceed 2^31",
+            a.m, a.n, a.k
+        )));
+    }
+    if a.k == 0 || a.k % 8 != 0 || a.n % 8 != 0 {
+        return Err(bad(format!(
+            "N and K must be positive multiples of 8 (N={}, K={})",
+            a.n, a.k
+        )));
+    }
+    if a.lda < a.k || a.lda % 8 != 0 || a.ldb < a.n || a.ldb % 8 != 0 {
+        return Err(bad(format!(
+            "lda (>= K) and ldb (>= N) must be multiples of 8 (lda={}, ldb={})",
+            a.lda, a.ldb
+        )));
+    }
+    if a.ldc < a.n || a.ldc % 2 != 0 {
+        return Err(bad(format!("ldc must be even and >= N (ldc={})", a.ldc)));
+    }
+    if a.a.addr() % 16 != 0 || a.b.addr() % 16 != 0 || a.c.addr() % 4 != 0 {
+        return Err(bad(
+            "A and B must be 16-byte aligned, C 4-byte aligned".into()
+        ));
+    }
+    let h = &a.hooks;
+    let budget = match h.sm_budget {
+        Some(0) => return Err(bad("sm_budget must be at least 1".into())),
+        Some(s) => s,
+        None => sms,
+    };
+    let (auto_tile, auto_split) = auto_schedule(a.m, a.n, a.k, budget);
+    let tile = h.tile_n.unwrap_or(auto_tile);
+    // The plain epilogue goes through shared memory and TMA stores when C
+    // can be a tensor map and nothing reads or redirects the output.
+    let tma_able = !a.accumulate && h.dest.is_none() && a.c.addr() % 16 == 0 && a.ldc % 8 == 0;
+    let staging = tile.staging_bytes() as u64;
+    let fixed = |st: u32| 1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16;
+    let st = if h.occupancy.stages != 0 {
+        h.occupancy.stages
+    } else if tma_able {
+        // The most stages that still leave room for the staging buffer.
+        (MIN_STAGES..=tile.max_stages())
+            .rev()
+            .find(|&st| fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64)
+            .unwrap_or(tile.max_stages())
+    } else {
+        tile.max_stages()
+    };
+    if !(MIN_STAGES..=tile.max_stages()).contains(&st) {
+        return Err(bad(format!(
+            "stages must be {MIN_STAGES}..={} for {tile:?}, got {st}",
+            tile.max_stages()
+        )));
+    }
+    let tma_store =
+        tma_able && fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
+    let dyn_smem = fixed(st) + if tma_store { staging } else { 0 } + h.occupancy.extra_smem as u64;
+    if dyn_smem > max_smem as u64 {
+        return Err(bad(format!(
+            "{st} stages + {} extra bytes need {dyn_smem} bytes of shared memory; the device allows {max_smem}",
+            h.occupancy.extra_smem
+        )));
+    }
+    if h.group_m == Some(0) {
+        return Err(bad("group_m must be at least 1".into()));
+    }
+    if let Some(w) = h.wait {
+        if w.rows_per_flag == 0 || w.flags.addr() % 4 != 0 {
+            return Err(bad(
+                "wait hook: rows_per_flag > 0, flags 4-byte aligned".into()
+            ));
+        }
+    }
+    if let Some(s) = h.signal {
+        if s.rows_per_counter == 0 || s.counters.addr() % 4 != 0 {
+            return Err(bad(
+                "signal hook: rows_per_counter > 0, counters 4-byte aligned".into(),
+            ));
+        }
+        let blocks = a.m.div_ceil(s.rows_per_counter as usize);
+        if blocks > MAX_SIGNAL_BLOCKS {
+            return Err(bad(format!(
+                "signal hook: {blocks} blocks, at most {MAX_SIGNAL_BLOCKS}"
+            )));
+        }
+    }
+    if let Some(d) = h.dest {
+        if d.rows_per_block == 0 || d.table.addr() % 8 != 0 || d.ld < a.n || d.ld % 2 != 0 {
+            return Err(bad(
+                "dest hook: rows_per_block > 0, table 8-byte aligned, ld even and >= N".into(),
+            ));
+        }
+    }
+    let tiles_m = a.m.div_ceil(BLOCK_M) as u32;
+    let tiles_n = a.n.div_ceil(tile.cols()) as u32;
+    let tiles = tiles_m as u64 * tiles_n as u64;
+    if tiles > u32::MAX as u64 {
+        return Err(bad("too many tiles".into()));
+    }
+    let k_blocks = a.k.div_ceil(BLOCK_K) as u64;
+    let splits = match h.split_k {
+        None if tile == auto_tile => auto_split,
+        None => {
+            let t = tiles;
+            (1..=(MAX_SPLITS as u64).min(k_blocks))
+                .filter(|&s| s == 1 || t * s <= tile.max_units())
+                .min_by(|&x, &y| {
+                    estimate_us(tile, t, k_blocks, x, budget as u64).total_cmp(&estimate_us(
+                        tile,
+                        t,
+                        k_blocks,
+                        y,
+                        budget as u64,
+                    ))
+                })
+                .unwrap_or(1) as u32
+        }
+        Some(s) if s == 0 || s > MAX_SPLITS || s as u64 > k_blocks => {
+            return Err(bad(format!(
+                "split_k must be 1..={MAX_SPLITS} and at most the {k_blocks} k-blocks, got {s}"
+            )))
+        }
+        Some(s) => s,
+    };
+    let max_units = tile.max_units();
+    if splits > 1 && tiles * splits as u64 > max_units {
+        return Err(bad(format!(
+            "{tiles} tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
+        )));
+    }
+    let units = tiles * splits as u64;
+    if units > u32::MAX as u64 {
+        return Err(bad("too many work units".into()));
+    }
+    let grid = (units as u32).min(budget).max(1);
+    Ok(LaunchShape {
+        tiles_m,
+        tiles_n,
+        grid,
+        dyn_smem: dyn_smem as u32,
+        splits,
+        tile_n: tile,
+        stages: st,
+        tma_store,
+    })
+}
+
+/// A 2-D bf16 tensor map: `inner` contiguous elements per row, `outer` rows
+/// `ld` elements apart, boxes of `box_inner` × `box_outer`, 128-byte swizzle,
+/// zero fill out of bounds.
+fn tensor_map(
+    base: DevPtr<Bf16>,
+    inner: usize,
+    outer: usize,
+    ld: usize,
+    box_inner: u32,
+    box_outer: u32,
+) -> Result<TensorMap> {
+    let dims = [inner as u64, outer as u64];
+    let strides = [(ld * 2) as u64];
+    let boxes = [box_inner, box_outer];
+    let elem = [1u32, 1];
+    // SAFETY: CUtensorMap is plain bytes; an all-zero value is valid to overwrite.
+    let mut map = TensorMap(unsafe { std::mem::zeroed() });
+    // SAFETY: valid pointers to arrays of rank (strides: rank - 1) entries;
+    // the encoder only reads them and writes `map`.
+    check("cuTensorMapEncodeTiled", unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map.0,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            base.addr() as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    })?;
+    Ok(map)
+}
+
+// ---------------------------------------------------------------------------
+// NVRTC with a disk cache.
+
+/// The NVRTC version (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: valid out-pointers.
+    let r = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Nvrtc {
+            kernel: KERNEL_NAME,
+            code: r,
+            log: "nvrtcVersion".into(),
+        });
+    }
+    Ok((major, minor))
+}
+
+/// Where compiled cubins are kept: `$FICCO_CUBIN_CACHE`, else
+/// `$XDG_CACHE_HOME/ficco/cubin`, else `$HOME/.cache/ficco/cubin`.
+pub fn cubin_cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = env("FICCO_CUBIN_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = env("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("ficco").join("cubin"));
+    }
+    env("HOME").map(|h| PathBuf::from(h).join(".cache").join("ficco").join("cubin"))
+}
+
+/// 128-bit FNV-1a of the parts (each followed by a NUL): stable across
+/// Rust versions, unlike `DefaultHasher`.
+pub fn cache_key(parts: &[&str]) -> String {
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    let prime: u128 = 0x0000000001000000000000000000013B;
+    for p in parts {
+        for &b in p.as_bytes().iter().chain(std::iter::once(&0u8)) {
+            h ^= b as u128;
+            h = h.wrapping_mul(prime);
+        }
+    }
+    format!("{h:032x}")
+}
+
+fn cubin_cached() -> Result<(Vec<u8>, CompileInfo)> {
+    let t0 = Instant::now();
+    let ver = nvrtc_version()?;
+    let ver_s = format!("nvrtc {}.{}", ver.0, ver.1);
+    let opts = OPTIONS.join(" ");
+    let key = cache_key(&[SOURCE, &opts, ARCH, &ver_s]);
+    let path = cubin_cache_dir().map(|d| d.join(format!("hgemm-{key}.cubin")));
+    if let Some(p) = &path {
+        if let Ok(bytes) = std::fs::read(p) {
+            if bytes.starts_with(b"\x7fELF") {
+                return Ok((
+                    bytes,
+                    CompileInfo {
+                        ms: t0.elapsed().as_secs_f64() * 1e3,
+                        cache: CacheOutcome::Hit,
+                        path: path.clone(),
+                        nvrtc: ver,
+                    },
+                ));
+            }
+        }
+    }
+    let cubin = compile()?;
+    let stored = path.as_ref().is_some_and(|p| store(p, &cubin));
+    Ok((
+        cubin,
+        CompileInfo {
+            ms: t0.elapsed().as_secs_f64() * 1e3,
+            cache: if stored {
+                CacheOutcome::Stored
+            } else {
+                CacheOutcome::Uncached
+            },
+            path: if stored { path } else { None },
+            nvrtc: ver,
+        },
+    ))
+}
+
+/// Writes atomically (temporary file, then rename); false when it cannot.
+fn store(path: &std::path::Path, bytes: &[u8]) -> bool {
+    let Some(dir) = path.parent() else {
+        return false;
+    };
+    if std::fs::create_dir_all(dir).is_err() {
+        return false;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return false;
+    }
+    if std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return false;
+    }
+    true
+}
+
+/// Compiles [`SOURCE`] for sm_90a.
+pub fn compile() -> Result<Vec<u8>> {
+    let err = |code, log: String| CudaError::Nvrtc {
+        kernel: KERNEL_NAME,
+        code,
+        log,
+    };
+    let csrc = CString::new(SOURCE).map_err(|e| CudaError::Plan(e.to_string()))?;
+    let prog = nvrtc::create_program(&csrc, None).map_err(|e| err(e.0, String::new()))?;
+    let mut opts: Vec<&str> = OPTIONS.to_vec();
+    opts.push(ARCH);
+    // SAFETY: `prog` was just created and is destroyed below, once.
+    unsafe {
+        let res = match nvrtc::compile_program(prog, &opts) {
+            Err(e) => {
+                let log = nvrtc::get_program_log(prog)
+                    .map(|l| {
+                        let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(err(e.0, log))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
+                if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+                    Err(err(r, "nvrtcGetCUBINSize".into()))
+                } else {
+                    let mut buf = vec![0u8; size];
+                    let r = nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _);
+                    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+                        Err(err(r, "nvrtcGetCUBIN".into()))
+                    } else {
+                        Ok(buf)
+                    }
+                }
+            }
+        };
+        let _ = nvrtc::destroy_program(prog);
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(m: usize, n: usize, k: usize) -> GemmArgs {
+        let mut a = GemmArgs::dense(
+            m,
+            n,
+            k,
+            DevPtr::new(0x1000),
+            DevPtr::new(0x2000),
+            DevPtr::new(0x3000),
+        );
+        a.hooks.tile_n = Some(TileN::N256);
+        a
+    }
+
+    #[test]
+    fn params_layout_matches_kernel() {
+        // 9 u64 then 16 u32 (see struct Params in hgemm.cu).
+        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 16 * 4);
+        assert_eq!(std::mem::align_of::<TensorMap>(), 128);
+        assert_eq!(std::mem::size_of::<TensorMap>(), 128);
+        assert_eq!(STAGE_BYTES, 48 * 1024);
+    }
+
+    #[test]
+    fn geometry_and_budget() {
+        let s = validate(&args(1000, 4104, 72), 232448, 132).unwrap();
+        assert_eq!((s.tiles_m, s.tiles_n), (8, 17));
+        assert_eq!(s.grid, 132);
+        // Plain output, aligned C: the TMA-store epilogue, 3 wide stages + staging.
+        assert!(s.tma_store);
+        assert_eq!(s.stages, 3);
+        assert_eq!(
+            s.dyn_smem,
+            smem_bytes(s.tile_n, s.stages, 0) + s.tile_n.staging_bytes()
+        );
+        let mut acc = args(1000, 4104, 72);
+        acc.accumulate = true;
+        let s = validate(&acc, 232448, 132).unwrap();
+        assert!(!s.tma_store);
+        assert_eq!((s.stages, s.dyn_smem), (4, smem_bytes(TileN::N256, 4, 0)));
+        let mut a = args(8192, 8192, 8192);
+        a.hooks.sm_budget = Some(100);
+        assert_eq!(validate(&a, 232448, 132).unwrap().grid, 100);
+        let tiny = validate(&args(8, 8, 8), 232448, 132).unwrap();
+        assert_eq!(tiny.grid, 1);
+        let mut narrow = args(1000, 4104, 72);
+        narrow.hooks.tile_n = None;
+        let s = validate(&narrow, 232448, 132).unwrap();
+        assert_eq!((s.tile_n, s.tiles_n, s.stages), (TileN::N128, 33, 6));
+    }
+
+    #[test]
+    fn rejects_what_the_kernel_cannot_do() {
+        let max = 232448;
+        assert!(validate(&args(64, 12, 64), max, 132).is_err());
+        assert!(validate(&args(64, 64, 60), max, 132).is_err());
+        let mut a = args(64, 64, 64);
+        a.lda = 68;
+        assert!(validate(&a, max, 132).is_err());
+        let mut a = args(64, 64, 64);
+        a.hooks.occupancy.stages = 5;
+        assert!(validate(&a, max, 132).is_err());
+        let mut a = args(64, 64, 64);
+        a.hooks.occupancy.extra_smem = 40 * 1024;
+        a.hooks.occupancy.stages = 4;
+        assert!(validate(&a, max, 132).is_err());
+        a.hooks.occupancy.stages = 3;
+        assert!(validate(&a, max, 132).is_ok());
+        let mut a = args(64, 64, 64);
+        a.a = DevPtr::new(0x1008);
+        assert!(validate(&a, max, 132).is_err());
+        let mut a = args(64, 64, 64);
+        a.hooks.sm_budget = Some(0);
+        assert!(validate(&a, max, 132).is_err());
+    }
+
+    #[test]
+    fn auto_schedule_fills_the_machine() {
+        // 8192^3: 2048 wide tiles, 16 waves: wide, unsplit.
+        assert_eq!(auto_schedule(8192, 8192, 8192, 132), (TileN::N256, 1));
+        // 64 x 2560 x 8192: 10 wide tiles: split.
+        assert!(auto_schedule(64, 2560, 8192, 132).1 >= 4);
+        // 2048 x 3072 x 4096: 192 wide tiles = 1.45 waves; 384 narrow = 2.9.
+        assert_eq!(auto_schedule(2048, 3072, 4096, 132), (TileN::N128, 1));
+        // short K: never split.
+        assert_eq!(auto_schedule(1000, 4104, 72, 132).1, 1);
+    }
+
+    #[test]
+    fn cache_key_is_stable_and_sensitive() {
+        let a = cache_key(&["src", "opts"]);
+        assert_eq!(a, cache_key(&["src", "opts"]));
+        assert_ne!(a, cache_key(&["srco", "pts"]));
+        assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn source_declares_what_rust_launches() {
+        assert!(SOURCE.contains("ficco_hgemm"));
+        assert!(SOURCE.contains("struct Params"));
+        assert!(SOURCE.contains("tnsp") || SOURCE.contains("0, 1;"));
+    }
+
+    /// Compiles the kernel for sm_90a when NVRTC is loadable (no GPU needed).
+    #[test]
+    fn compiles_for_sm90a_when_nvrtc_present() {
+        // SAFETY: only dlopen attempts.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        }
+        match compile() {
+            Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "not a CUBIN"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

@@ -1,0 +1,704 @@
+//! GPU exactness tests of ficco's Hopper GEMM ([`ficco_cuda::hgemm`]) and of
+//! each of its hooks. Without a usable Hopper GPU each test prints
+//! "skipped: ..." and passes, unless `FICCO_REQUIRE_GPU=1`, where it fails.
+//! Run on the device with `--test-threads=1 --nocapture`.
+
+mod common;
+use common::{b2f, rand, rel_err};
+use cudarc::driver::{sys, CudaContext};
+use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
+use ficco_cuda::hgemm::{
+    Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
+    BLOCK_M,
+};
+use ficco_cuda::mem::DeviceBuffer;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+const NAN: u16 = 0x7fc0;
+
+/// The loaded kernel on GPU 0, shared by the tests (one at a time), or None
+/// (printed) where there is no usable Hopper GPU; with FICCO_REQUIRE_GPU=1
+/// that is a failure.
+type Gpu = (Arc<CudaContext>, HopperGemm);
+
+fn gpu() -> Option<MutexGuard<'static, Gpu>> {
+    static G: OnceLock<Result<Mutex<Gpu>, String>> = OnceLock::new();
+    let g = G.get_or_init(|| {
+        ficco_cuda::loader::require().map_err(|e| e.to_string())?;
+        let n = CudaContext::device_count().map_err(|e| format!("{e:?}"))?;
+        if n < 1 {
+            return Err("no GPU".into());
+        }
+        let ctx = CudaContext::new(0).map_err(|e| format!("{e:?}"))?;
+        let g = HopperGemm::load(&ctx).map_err(|e| e.to_string())?;
+        let ci = g.compile_info();
+        eprintln!(
+            "hgemm cubin: {:.1} ms ({:?}), {} SMs",
+            ci.ms,
+            ci.cache,
+            g.sms()
+        );
+        Ok(Mutex::new((ctx, g)))
+    });
+    match g {
+        Ok(m) => Some(m.lock().unwrap_or_else(|p| p.into_inner())),
+        Err(e) => {
+            if std::env::var("FICCO_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("FICCO_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn to_bytes(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn upload(ctx: &Arc<CudaContext>, v: &[u16]) -> DeviceBuffer {
+    let b = DeviceBuffer::alloc(ctx, v.len() * 2).expect("alloc");
+    b.upload(&to_bytes(v)).expect("upload");
+    b
+}
+
+fn upload_u32(ctx: &Arc<CudaContext>, v: &[u32]) -> DeviceBuffer {
+    let b = DeviceBuffer::alloc(ctx, v.len() * 4).expect("alloc");
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    b.upload(&bytes).expect("upload");
+    b
+}
+
+fn upload_u64(ctx: &Arc<CudaContext>, v: &[u64]) -> DeviceBuffer {
+    let b = DeviceBuffer::alloc(ctx, v.len() * 8).expect("alloc");
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    b.upload(&bytes).expect("upload");
+    b
+}
+
+fn download(b: &DeviceBuffer, n: usize) -> Vec<u16> {
+    let mut out = vec![0u8; n * 2];
+    b.download(&mut out).expect("download");
+    out.chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn download_u32(b: &DeviceBuffer, n: usize) -> Vec<u32> {
+    let mut out = vec![0u8; n * 4];
+    b.download(&mut out).expect("download");
+    out.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A view problem on the host: A [m, lda], B [k, ldb], C [m, ldc] (poisoned).
+struct Problem {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    ldc: usize,
+    a: Vec<u16>,
+    b: Vec<u16>,
+}
+
+impl Problem {
+    fn new(m: usize, n: usize, k: usize, pad: (usize, usize, usize), seed: u64) -> Self {
+        let (lda, ldb, ldc) = (k + pad.0, n + pad.1, n + pad.2);
+        Problem {
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc,
+            a: rand(m * lda, seed),
+            b: rand(k * ldb, seed + 7),
+        }
+    }
+
+    /// f32 reference of A·B (row-major, m × n).
+    fn reference(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.m * self.n];
+        let bf: Vec<f32> = self.b.iter().map(|&x| b2f(x)).collect();
+        for i in 0..self.m {
+            let row = &mut out[i * self.n..(i + 1) * self.n];
+            for p in 0..self.k {
+                let av = b2f(self.a[i * self.lda + p]);
+                let brow = &bf[p * self.ldb..p * self.ldb + self.n];
+                for (o, &bv) in row.iter_mut().zip(brow) {
+                    *o += av * bv;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Device copies of a problem and the args of its plain launch.
+struct Dev {
+    a: DeviceBuffer,
+    b: DeviceBuffer,
+    c: DeviceBuffer,
+    args: GemmArgs,
+}
+
+fn device(ctx: &Arc<CudaContext>, p: &Problem) -> Dev {
+    let a = upload(ctx, &p.a);
+    let b = upload(ctx, &p.b);
+    let c = upload(ctx, &vec![NAN; p.m * p.ldc]);
+    let args = GemmArgs {
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        a: DevPtr::<Bf16>::new(a.ptr().raw()),
+        lda: p.lda,
+        b: DevPtr::new(b.ptr().raw()),
+        ldb: p.ldb,
+        c: DevPtr::new(c.ptr().raw()),
+        ldc: p.ldc,
+        accumulate: false,
+        hooks: Hooks::default(),
+    };
+    Dev { a, b, c, args }
+}
+
+fn run(ctx: &Arc<CudaContext>, g: &HopperGemm, args: &GemmArgs) {
+    let stream = ctx.new_stream().expect("stream");
+    // SAFETY: the args' buffers are alive and sized for the views.
+    unsafe { g.launch(stream.cu_stream(), args) }.expect("launch");
+    stream.synchronize().expect("sync (kernel fault?)");
+}
+
+/// The m × n view of C (ldc) as f32.
+fn view(c: &[u16], m: usize, n: usize, ld: usize) -> Vec<f32> {
+    (0..m)
+        .flat_map(|i| c[i * ld..i * ld + n].iter().map(|&x| b2f(x)))
+        .collect()
+}
+
+/// Elements outside the m × n view (padding columns) are still poison.
+fn padding_untouched(c: &[u16], m: usize, n: usize, ld: usize) -> bool {
+    (0..m).all(|i| c[i * ld + n..(i + 1) * ld].iter().all(|&x| x == NAN))
+}
+
+#[test]
+fn plain_gemm_matches_host_reference() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    // (m, n, k, (lda, ldb, ldc padding)): tile-exact, M/N/K residues, K and N
+    // multiples of 8 but not of 64, tiny, and views with leading dimensions.
+    let cases = [
+        (128, 256, 64, (0, 0, 0)),
+        (200, 264, 72, (0, 0, 0)),
+        (1, 8, 8, (0, 0, 0)),
+        (333, 520, 200, (0, 0, 0)),
+        (257, 1032, 136, (16, 8, 24)),
+        (640, 776, 1000, (8, 40, 2)),
+        (1000, 256, 512, (64, 0, 8)),
+    ];
+    for (i, &(m, n, k, pad)) in cases.iter().enumerate() {
+        let p = Problem::new(m, n, k, pad, 100 + i as u64);
+        let reference = p.reference();
+        for tile in [TileN::N256, TileN::N128] {
+            let d = device(ctx, &p);
+            let args = GemmArgs {
+                hooks: Hooks {
+                    tile_n: Some(tile),
+                    split_k: Some(1),
+                    ..Hooks::default()
+                },
+                ..d.args
+            };
+            run(ctx, g, &args);
+            let c = download(&d.c, m * p.ldc);
+            let err = rel_err(&view(&c, m, n, p.ldc), &reference);
+            let pad_ok = padding_untouched(&c, m, n, p.ldc);
+            eprintln!(
+                "hgemm {tile:?} {m}x{n}x{k} lds ({}, {}, {}): rel err {err:.2e}, padding untouched {pad_ok}",
+                p.lda, p.ldb, p.ldc
+            );
+            assert!(err < 1e-2, "{m}x{n}x{k}: rel err {err}");
+            assert!(pad_ok, "{m}x{n}x{k}: wrote outside the view");
+        }
+    }
+}
+
+#[test]
+fn accumulate_adds_into_c() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (300, 392, 264);
+    let p = Problem::new(m, n, k, (0, 0, 0), 7);
+    let d = device(ctx, &p);
+    let c0 = rand(m * n, 99);
+    d.c.upload(&to_bytes(&c0)).expect("upload");
+    run(
+        ctx,
+        g,
+        &GemmArgs {
+            accumulate: true,
+            ..d.args
+        },
+    );
+    let c = download(&d.c, m * n);
+    let mut reference = p.reference();
+    for (r, &x) in reference.iter_mut().zip(&c0) {
+        *r += b2f(x);
+    }
+    let err = rel_err(&view(&c, m, n, n), &reference);
+    eprintln!("hgemm accumulate {m}x{n}x{k}: rel err {err:.2e}");
+    assert!(err < 1e-2, "rel err {err}");
+}
+
+#[test]
+fn large_gemm_matches_cublaslt() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    for &(m, n, k) in &[(2048, 3072, 4096), (1000, 4104, 1032)] {
+        let p = Problem::new(m, n, k, (0, 0, 0), 3);
+        let d = device(ctx, &p);
+        run(ctx, g, &d.args);
+        let ours = download(&d.c, m * n);
+        let r = upload(ctx, &vec![NAN; m * n]);
+        let ws = DeviceBuffer::alloc(ctx, WORKSPACE_BYTES).expect("ws");
+        ctx.bind_to_thread().expect("bind");
+        let mut lt = Gemms::new().expect("cublaslt");
+        let stream = ctx.new_stream().expect("stream");
+        let key = GemmKey {
+            m,
+            n,
+            k,
+            lda: k,
+            ldb: n,
+            ldc: n,
+            sm_target: None,
+        };
+        // SAFETY: buffers sized for the shape.
+        unsafe {
+            lt.gemm(
+                key,
+                d.a.ptr(),
+                d.b.ptr(),
+                r.ptr(),
+                false,
+                ws.ptr(),
+                stream.cu_stream(),
+            )
+        }
+        .expect("cublaslt gemm");
+        stream.synchronize().expect("sync");
+        let theirs = download(&r, m * n);
+        let f = |v: &[u16]| v.iter().map(|&x| b2f(x)).collect::<Vec<_>>();
+        let err = rel_err(&f(&ours), &f(&theirs));
+        eprintln!("hgemm {m}x{n}x{k} vs cuBLASLt: rel err {err:.2e}");
+        assert!(err < 1e-2, "rel err {err}");
+    }
+}
+
+/// Output of a hooked launch equals the plain launch's, bit for bit (each
+/// tile's accumulation order does not depend on which CTA runs it).
+fn same_as_plain(name: &str, m: usize, n: usize, k: usize, hooks: impl Fn(&Dev) -> Hooks) {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let p = Problem::new(m, n, k, (0, 0, 8), 11);
+    let d = device(ctx, &p);
+    let mut h = hooks(&d);
+    // The same K split and tile on both sides (the automatic choice depends
+    // on the grid).
+    let split_k = Some(h.split_k.unwrap_or(1));
+    let tile_n = Some(h.tile_n.unwrap_or(TileN::N256));
+    h.split_k = split_k;
+    h.tile_n = tile_n;
+    let plain_args = GemmArgs {
+        hooks: Hooks {
+            split_k,
+            tile_n,
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    run(ctx, g, &plain_args);
+    let plain = download(&d.c, m * p.ldc);
+    d.c.upload(&to_bytes(&vec![NAN; m * p.ldc]))
+        .expect("poison");
+    run(ctx, g, &GemmArgs { hooks: h, ..d.args });
+    let hooked = download(&d.c, m * p.ldc);
+    let diff = plain.iter().zip(&hooked).filter(|(a, b)| a != b).count();
+    eprintln!("hgemm hook {name} {m}x{n}x{k}: {diff} elements differ from the plain launch");
+    assert_eq!(diff, 0, "{name}");
+    let err = rel_err(&view(&plain, m, n, p.ldc), &p.reference());
+    assert!(err < 1e-2, "plain rel err {err}");
+}
+
+#[test]
+fn hook1_sm_budget() {
+    for s in [1, 3, 17] {
+        same_as_plain(&format!("sm_budget={s}"), 1000, 1000, 256, |_| Hooks {
+            sm_budget: Some(s),
+            ..Hooks::default()
+        });
+    }
+}
+
+#[test]
+fn hook2_occupancy() {
+    for (stages, extra) in [(2, 0), (3, 0), (3, 48 * 1024), (4, 16 * 1024)] {
+        same_as_plain(
+            &format!("stages={stages} extra={extra}"),
+            700,
+            1024,
+            520,
+            |_| Hooks {
+                occupancy: Occupancy {
+                    stages,
+                    extra_smem: extra,
+                },
+                ..Hooks::default()
+            },
+        );
+    }
+}
+
+#[test]
+fn hook3_tile_order() {
+    for start in [1, 3, 7] {
+        same_as_plain(&format!("m_start_block={start}"), 1000, 520, 128, |_| {
+            Hooks {
+                m_start_block: start,
+                sm_budget: Some(2),
+                ..Hooks::default()
+            }
+        });
+    }
+}
+
+#[test]
+fn hook4_wait_flags_already_set() {
+    let Some(guard) = gpu() else { return };
+    let ctx = guard.0.clone();
+    drop(guard);
+    let rows = 96usize; // not a tile multiple: flags straddle tiles
+    let m = 1000usize;
+    let flags = upload_u32(&ctx, &vec![5u32; m.div_ceil(rows)]);
+    same_as_plain("wait(set)", m, 520, 136, |_| Hooks {
+        wait: Some(WaitHook {
+            flags: DevPtr::new(flags.ptr().raw()),
+            rows_per_flag: rows as u32,
+            epoch: 5,
+        }),
+        ..Hooks::default()
+    });
+}
+
+#[test]
+fn hook4_wait_blocks_until_flags_arrive() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (512, 512, 256);
+    let rows = 128;
+    let p = Problem::new(m, n, k, (0, 0, 0), 21);
+    let d = device(ctx, &p);
+    let blocks = m / rows;
+    let flags = upload_u32(ctx, &vec![0u32; blocks]);
+    let args = GemmArgs {
+        hooks: Hooks {
+            wait: Some(WaitHook {
+                flags: DevPtr::new(flags.ptr().raw()),
+                rows_per_flag: rows as u32,
+                epoch: 1,
+            }),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    let s1 = ctx.new_stream().expect("stream");
+    let s2 = ctx.new_stream().expect("stream");
+    // SAFETY: buffers alive; the flags are released below.
+    unsafe { g.launch(s1.cu_stream(), &args) }.expect("launch");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: live stream.
+    let pending = unsafe { sys::cuStreamQuery(s1.cu_stream()) };
+    eprintln!("hgemm wait hook: before the flags, stream query = {pending:?}");
+    assert_eq!(pending, sys::CUresult::CUDA_ERROR_NOT_READY, "did not wait");
+    for b in 0..blocks {
+        // SAFETY: flags holds `blocks` u32; live stream.
+        let r = unsafe {
+            sys::cuStreamWriteValue32_v2(s2.cu_stream(), flags.ptr().raw() + 4 * b as u64, 1, 0)
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+    s2.synchronize().expect("sync");
+    s1.synchronize().expect("sync");
+    let c = download(&d.c, m * n);
+    let err = rel_err(&view(&c, m, n, n), &p.reference());
+    eprintln!("hgemm wait hook: after the flags, rel err {err:.2e}");
+    assert!(err < 1e-2);
+}
+
+#[test]
+fn hook5_signal_counts_each_block_once() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    for &(m, n, rows) in &[
+        (1000, 520, 100),
+        (1024, 1024, 256),
+        (700, 264, 64),
+        (300, 8, 1000),
+    ] {
+        let p = Problem::new(m, n, 64, (0, 0, 0), 5);
+        let d = device(ctx, &p);
+        let blocks = m.div_ceil(rows);
+        let counters = upload_u32(ctx, &vec![0u32; blocks]);
+        let args = GemmArgs {
+            hooks: Hooks {
+                signal: Some(SignalHook {
+                    counters: DevPtr::new(counters.ptr().raw()),
+                    rows_per_counter: rows as u32,
+                }),
+                sm_budget: Some(7),
+                ..Hooks::default()
+            },
+            ..d.args
+        };
+        run(ctx, g, &args);
+        run(ctx, g, &args);
+        let got = download_u32(&counters, blocks);
+        eprintln!("hgemm signal {m}x{n} rows/counter {rows}: counters {got:?}");
+        assert!(got.iter().all(|&c| c == 2), "{got:?}");
+        let c = download(&d.c, m * n);
+        assert!(rel_err(&view(&c, m, n, n), &p.reference()) < 1e-2);
+    }
+}
+
+#[test]
+fn hook6_destination_table() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (1000usize, 520, 200);
+    let rows = 96usize;
+    let blocks = m.div_ceil(rows);
+    let p = Problem::new(m, n, k, (0, 0, 0), 31);
+    let reference = p.reference();
+    for add in [false, true] {
+        let d = device(ctx, &p);
+        let ldd = n + 24;
+        let x = rand(m * ldd, 77);
+        let dst = upload(ctx, &x);
+        // Odd blocks go to dst (at the block's own rows), even ones stay in C.
+        let table: Vec<u64> = (0..blocks)
+            .map(|b| {
+                if b % 2 == 1 {
+                    dst.ptr().raw() + (b * rows * ldd * 2) as u64
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let tbl = upload_u64(ctx, &table);
+        run(
+            ctx,
+            g,
+            &GemmArgs {
+                hooks: Hooks {
+                    dest: Some(DestHook {
+                        table: DevPtr::new(tbl.ptr().raw()),
+                        ld: ldd,
+                        rows_per_block: rows as u32,
+                        add,
+                    }),
+                    ..Hooks::default()
+                },
+                ..d.args
+            },
+        );
+        let c = download(&d.c, m * n);
+        let dd = download(&dst, m * ldd);
+        let (mut got, mut want) = (vec![], vec![]);
+        let mut misplaced = 0usize;
+        for i in 0..m {
+            let redirected = (i / rows) % 2 == 1;
+            for j in 0..n {
+                let r = reference[i * n + j];
+                if redirected {
+                    got.push(b2f(dd[i * ldd + j]));
+                    want.push(r + if add { b2f(x[i * ldd + j]) } else { 0.0 });
+                    misplaced += (c[i * n + j] != NAN) as usize;
+                } else {
+                    got.push(b2f(c[i * n + j]));
+                    want.push(r);
+                    misplaced += (dd[i * ldd + j] != x[i * ldd + j]) as usize;
+                }
+            }
+        }
+        let err = rel_err(&got, &want);
+        eprintln!("hgemm dest add={add}: rel err {err:.2e}, {misplaced} misplaced writes");
+        assert!(err < 1e-2, "rel err {err}");
+        assert_eq!(misplaced, 0);
+    }
+}
+
+#[test]
+fn split_k_matches_host_reference() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    for &(m, n, k, splits, tile) in &[
+        (64, 2560, 8192, None, None),
+        (200, 520, 1000, Some(2), Some(TileN::N256)),
+        (300, 264, 1096, Some(5), Some(TileN::N128)),
+        (128, 256, 1024, Some(16), Some(TileN::N256)),
+        (128, 264, 1024, Some(16), Some(TileN::N128)),
+        (1000, 1032, 520, Some(3), None),
+    ] {
+        let p = Problem::new(m, n, k, (8, 0, 8), 41);
+        let d = device(ctx, &p);
+        let args = GemmArgs {
+            hooks: Hooks {
+                split_k: splits,
+                tile_n: tile,
+                ..Hooks::default()
+            },
+            ..d.args
+        };
+        let shape = g.shape(&args).expect("shape");
+        run(ctx, g, &args);
+        let first = download(&d.c, m * p.ldc);
+        d.c.upload(&to_bytes(&vec![NAN; m * p.ldc]))
+            .expect("poison");
+        run(
+            ctx,
+            g,
+            &GemmArgs {
+                hooks: Hooks {
+                    split_k: Some(shape.splits),
+                    tile_n: Some(shape.tile_n),
+                    sm_budget: Some(5),
+                    ..Hooks::default()
+                },
+                ..args
+            },
+        );
+        let second = download(&d.c, m * p.ldc);
+        let diff = first.iter().zip(&second).filter(|(a, b)| a != b).count();
+        let err = rel_err(&view(&first, m, n, p.ldc), &p.reference());
+        eprintln!(
+            "hgemm split-K {m}x{n}x{k} {:?} splits {}: rel err {err:.2e}, {diff} elements differ with 5 CTAs",
+            shape.tile_n, shape.splits
+        );
+        assert!(err < 1e-2, "rel err {err}");
+        assert!(padding_untouched(&first, m, n, p.ldc));
+        assert_eq!(diff, 0, "split-K sum depends on the schedule");
+    }
+}
+
+#[test]
+fn split_k_with_hooks() {
+    for tile in [TileN::N256, TileN::N128] {
+        split_k_with_hooks_on(tile);
+    }
+}
+
+fn split_k_with_hooks_on(tile: TileN) {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (520usize, 264usize, 2048usize);
+    let rows = 200usize;
+    let blocks = m.div_ceil(rows);
+    let p = Problem::new(m, n, k, (0, 0, 0), 51);
+    let d = device(ctx, &p);
+    let c0 = rand(m * n, 52);
+    d.c.upload(&to_bytes(&c0)).expect("upload");
+    let ldd = n + 8;
+    let x = rand(m * ldd, 53);
+    let dst = upload(ctx, &x);
+    let table: Vec<u64> = (0..blocks)
+        .map(|b| {
+            if b == 1 {
+                dst.ptr().raw() + (b * rows * ldd * 2) as u64
+            } else {
+                0
+            }
+        })
+        .collect();
+    let tbl = upload_u64(ctx, &table);
+    let flags = upload_u32(ctx, &vec![3u32; blocks]);
+    let counters = upload_u32(ctx, &vec![0u32; blocks]);
+    let args = GemmArgs {
+        accumulate: true,
+        hooks: Hooks {
+            split_k: Some(4),
+            tile_n: Some(tile),
+            m_start_block: 2,
+            wait: Some(WaitHook {
+                flags: DevPtr::new(flags.ptr().raw()),
+                rows_per_flag: rows as u32,
+                epoch: 3,
+            }),
+            signal: Some(SignalHook {
+                counters: DevPtr::new(counters.ptr().raw()),
+                rows_per_counter: rows as u32,
+            }),
+            dest: Some(DestHook {
+                table: DevPtr::new(tbl.ptr().raw()),
+                ld: ldd,
+                rows_per_block: rows as u32,
+                add: true,
+            }),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    run(ctx, g, &args);
+    let c = download(&d.c, m * n);
+    let dd = download(&dst, m * ldd);
+    let reference = p.reference();
+    let (mut got, mut want) = (vec![], vec![]);
+    for i in 0..m {
+        for j in 0..n {
+            if i / rows == 1 {
+                got.push(b2f(dd[i * ldd + j]));
+                want.push(reference[i * n + j] + b2f(x[i * ldd + j]));
+            } else {
+                got.push(b2f(c[i * n + j]));
+                want.push(reference[i * n + j] + b2f(c0[i * n + j]));
+            }
+        }
+    }
+    let err = rel_err(&got, &want);
+    let counts = download_u32(&counters, blocks);
+    eprintln!(
+        "hgemm {tile:?} split-K 4 + hooks 3-6 + accumulate: rel err {err:.2e}, counters {counts:?}"
+    );
+    assert!(err < 1e-2, "rel err {err}");
+    assert!(counts.iter().all(|&v| v == 1), "{counts:?}");
+}
+
+#[test]
+fn rejects_bad_views() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let p = Problem::new(64, 64, 64, (0, 0, 0), 1);
+    let d = device(ctx, &p);
+    let stream = ctx.new_stream().expect("stream");
+    for bad in [
+        GemmArgs { k: 60, ..d.args },
+        GemmArgs { lda: 68, ..d.args },
+        GemmArgs {
+            hooks: Hooks {
+                occupancy: Occupancy {
+                    stages: 9,
+                    extra_smem: 0,
+                },
+                ..Hooks::default()
+            },
+            ..d.args
+        },
+    ] {
+        // SAFETY: rejected before any device work.
+        let r = unsafe { g.launch(stream.cu_stream(), &bad) };
+        assert!(r.is_err());
+    }
+    assert_eq!(BLOCK_M, 128);
+}
