@@ -69,7 +69,7 @@
 //! # Split-K
 //! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
 //! rows), each tile's K range is split ([`Hooks::split_k`], by default
-//! [`auto_splits`]): every split publishes its f32 partial to a workspace and
+//! [`auto_schedule`]): every split publishes its f32 partial to a workspace and
 //! counts itself on a per-(tile, half) ticket; the last one reads all the
 //! partials back in split order (so the sum does not depend on timing) and
 //! runs the epilogue and the hooks. Like the signal hook's tickets, the
