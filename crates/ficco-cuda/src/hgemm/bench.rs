@@ -9,7 +9,7 @@
 //! The shapes ([`suite_shapes`]) are every whole per-rank GEMM of a suite and
 //! every chunk GEMM of its `shard`, `bulk`, `fine2`, `fine4` and `fine8`
 //! schedules: for R = M/P rows per shard, chunks of R (shard, bulk), R/2, R/4
-//! and R/8 rows, same K and N. [`hook_costs`] measures each hook.
+//! and R/8 rows, same K and N. [`Bench::hook_costs`] measures each hook.
 
 use super::{
     Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,

@@ -17,9 +17,14 @@
 //!   into a ring of 2 to [`MAX_STAGES`] stages guarded by mbarriers (parity waits).
 //! - Warpgroups 1 and 2 are consumers (`setmaxnreg.inc` to 232): each issues
 //!   `wgmma.mma_async.m64n256k16.f32.bf16.bf16` on 64 rows of the tile with
-//!   shared-memory descriptors, keeping one k-block of wgmma in flight, then
-//!   stores its 64 × 256 accumulators straight from registers (bf16x2 per
-//!   store, bounds-checked, optional read-add).
+//!   shared-memory descriptors, keeping one k-block of wgmma in flight.
+//! - Epilogue: plain output (no accumulate, no destination hook, C rows
+//!   16-byte aligned) goes through shared memory: bf16 into 128-byte-swizzled
+//!   64 × 64 boxes (conflict-free), then one thread per warpgroup issues TMA
+//!   stores and the warpgroup moves on to the next tile while they drain
+//!   (the default is then 3 wide or 6 narrow stages plus the staging buffer).
+//!   Otherwise accumulators go straight from registers to global memory
+//!   (bf16x2 per store, bounds-checked, optional read-add).
 //!
 //! # Why B is read in place, not transposed
 //! B is row-major `[K, N]`: N is contiguous, which wgmma calls "MN-major".
@@ -64,7 +69,7 @@
 //! # Split-K
 //! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
 //! rows), each tile's K range is split ([`Hooks::split_k`], by default
-//! [`auto_splits`]): every split publishes its f32 partial to a workspace and
+//! [`auto_schedule`]): every split publishes its f32 partial to a workspace and
 //! counts itself on a per-(tile, half) ticket; the last one reads all the
 //! partials back in split order (so the sum does not depend on timing) and
 //! runs the epilogue and the hooks. Like the signal hook's tickets, the
@@ -75,19 +80,18 @@
 //! the source, the options, the architecture and the NVRTC version.
 //!
 //! # Measured (one H200, 2026-11-23; `bench/data/2026-11-23-h200-gemm/`)
-//! 8192³ at 673-683 TFLOP/s against the autotuned cuBLASLt's 710-715;
-//! geomean time ratio to autotuned cuBLASLt 1.08-1.10 over the 160 whole and
-//! chunk GEMMs of `suites/llama3.toml`, worst 1.52 (16384 × 4096 × 1024).
-//! Long-K shapes are within 0-8%; short K (1024-2048) loses 20-50% to a
-//! per-tile cost the kernel does not hide, because both consumer warpgroups
-//! run the register epilogue at once while the tensor cores idle. Hooks 3-6
-//! together cost 1-5% (the signal hook 2-4%); the wait, order and
-//! destination hooks about 1% or less.
+//! 8192³ at 728 TFLOP/s against the autotuned cuBLASLt's 691 in the same run;
+//! geomean time ratio to autotuned cuBLASLt 1.018 over the 160 whole and
+//! chunk GEMMs of `suites/llama3.toml` (chunk shapes taken together 1.002),
+//! worst 1.34 (64 × 4096 × 3584: one M-block, split-K). Order, wait and
+//! signal hooks cost 0-5%; the destination hook and accumulate use the
+//! register epilogue, 6-13% slower than the TMA-store one.
 //!
 //! # Not done
-//! Clusters of 2 with TMA multicast, a TMA-store (or ping-pong) epilogue that
-//! overlaps the next tile's main loop, and stream-K instead of split-K are
-//! the known next steps toward cuBLASLt speed; none is implemented.
+//! Clusters of 2 with TMA multicast, a shared-memory epilogue for the
+//! destination hook and accumulate, stream-K instead of split-K for shapes
+//! of one or two M-blocks, and a ping-pong consumer schedule are the known
+//! next steps; none is implemented.
 
 pub mod bench;
 
