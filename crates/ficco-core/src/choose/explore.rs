@@ -289,6 +289,9 @@ pub fn explore(
         };
         let ok = row.skipped.is_none();
         report.schedules.push(row);
+        // Predicted timelines are only kept for the trace of the best: at
+        // large GPU counts each has tens of thousands of spans.
+        let pred = if opts.timelines { pred } else { Timeline::default() };
         ran.push(ok.then_some((plan, pred, None)));
     }
     if !backend.deterministic() {
