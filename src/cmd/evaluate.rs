@@ -81,6 +81,9 @@ fn measure_suite(
             path.display()
         )));
     }
+    for sc in &suite.scenarios {
+        hw.check_fits(&sc.problem)?;
+    }
     let max_gpus = suite
         .scenarios
         .iter()
@@ -97,7 +100,12 @@ fn measure_suite(
     let space = SpaceOptions::default();
     let mut reports = vec![];
     for sc in &suite.scenarios {
-        eprintln!("ficco: measuring {}", sc.name);
+        let verb = if backend.name() == "sim" {
+            "simulating"
+        } else {
+            "measuring"
+        };
+        eprintln!("ficco: {verb} {}", sc.name);
         let schedules = schedules_for(sc.problem.op, space, &[]);
         let ex = explore(sc, &schedules, &predict, backend.as_mut(), &opts)
             .with_context(|| format!("scenario '{}'", sc.name))?;

@@ -4,7 +4,7 @@
 
 use super::open_backend;
 use super::schedules::space;
-use crate::args::{load_hw, positive, BackendArg, ShapeArgs, DEFAULT_HW};
+use crate::args::{gpu_count, load_hw, positive, BackendArg, ShapeArgs, DEFAULT_HW};
 use crate::output::{print, write_timelines};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -93,7 +93,7 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
         }
         return Ok(suite.scenarios);
     }
-    let gpus = args.gpus.map(|g| positive("gpus", g)).transpose()?;
+    let gpus = args.gpus.map(gpu_count).transpose()?;
     if let Some((op, m, k, n)) = args.shape.shape()? {
         let problem = if op == Op::Concurrent {
             let collective = args.collective.as_deref().ok_or_else(|| {
@@ -145,6 +145,9 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         .map(|s| s.parse())
         .collect::<Result<_, _>>()?;
     let hw = load_hw(&args.hw)?;
+    for sc in &scenarios {
+        hw.check_fits(&sc.problem)?;
+    }
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
     let mut backend = open_backend(args.backend, max_gpus, &hw)?;
     let space = space(args.controls, &hw);
