@@ -138,7 +138,22 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
 }
 
 pub fn run(args: ExploreArgs) -> Result<()> {
+    if let (Some(t), Some(s)) = (&args.trace, &args.svg) {
+        if t == s {
+            bail!(
+                "--trace and --svg name the same file '{}': give each its own",
+                t.display()
+            );
+        }
+    }
+    let stdout_files = [&args.trace, &args.svg]
+        .iter()
+        .filter(|p| p.as_ref().is_some_and(|p| p.as_os_str() == "-"))
+        .count();
     let scenarios = scenarios(&args)?;
+    if stdout_files > 0 && (scenarios.len() > 1 || stdout_files > 1) {
+        bail!("'-' (stdout) takes the trace or the SVG of one scenario; give file names for several");
+    }
     let only: Vec<Schedule> = args
         .schedules
         .iter()
@@ -171,6 +186,7 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         ProgressBar::hidden()
     };
     let mut reports: Vec<ScenarioReport> = vec![];
+    let mut write_errors: Vec<String> = vec![];
     for sc in &scenarios {
         bar.set_message(sc.name.clone());
         let schedules = schedules_for(sc.problem.op, space, &only);
@@ -194,19 +210,34 @@ pub fn run(args: ExploreArgs) -> Result<()> {
                 reason: why.join("; "),
             });
         }
-        write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several)?;
+        // A file that cannot be written fails the command, but only after the table.
+        if let Err(e) = write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several)
+        {
+            write_errors.push(format!("scenario '{}': {e:#}", sc.name));
+        }
         reports.push(ex.report);
         bar.inc(1);
     }
     bar.finish_and_clear();
 
+    let fail_writes = |write_errors: Vec<String>| -> Result<()> {
+        if write_errors.is_empty() {
+            return Ok(());
+        }
+        bail!("{}", write_errors.join("; "))
+    };
+    if stdout_files > 0 {
+        // The file went to stdout: no table after it.
+        return fail_writes(write_errors);
+    }
     if args.json {
         let text = if several {
             serde_json::to_string_pretty(&SuiteReport { scenarios: reports })?
         } else {
             serde_json::to_string_pretty(&reports[0])?
         };
-        return print(&(text + "\n"));
+        print(&(text + "\n"))?;
+        return fail_writes(write_errors);
     }
     let mut text = String::new();
     for (i, r) in reports.iter().enumerate() {
@@ -222,5 +253,6 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         text.push('\n');
         text += &report::summarize(&reports).table();
     }
-    print(&text)
+    print(&text)?;
+    fail_writes(write_errors)
 }
