@@ -8,7 +8,7 @@ use crate::args::{gpu_count, load_hw, positive, BackendArg, ShapeArgs, DEFAULT_H
 use crate::output::{print, write_timelines};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ficco_core::choose::explore::{explore, schedules_for, ExploreOptions};
+use ficco_core::choose::explore::{check_named, explore, schedules_for, ExploreOptions};
 use ficco_core::problem::models::{self, ModelSpec};
 use ficco_core::problem::suite;
 use ficco_core::problem::workload::{Op, Problem, Scenario};
@@ -189,6 +189,7 @@ pub fn run(args: ExploreArgs) -> Result<()> {
     let mut write_errors: Vec<String> = vec![];
     for sc in &scenarios {
         bar.set_message(sc.name.clone());
+        check_named(sc.problem.op, space, &only)?;
         let schedules = schedules_for(sc.problem.op, space, &only);
         let ex = explore(sc, &schedules, &predict, backend.as_mut(), &opts)
             .with_context(|| format!("scenario '{}'", sc.name))?;
