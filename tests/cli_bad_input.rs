@@ -52,10 +52,19 @@ fn shape(gpus: &str) -> Vec<&str> {
 #[test]
 fn gpu_count_is_bounded_and_commands_agree() {
     let want = "more than 72, the largest NVLink domain";
-    assert_fails(&["schedules", "--op", "ag-gemm", "--gpus", "4294967296"], want);
+    assert_fails(
+        &["schedules", "--op", "ag-gemm", "--gpus", "4294967296"],
+        want,
+    );
     assert_fails(&["schedules", "--op", "ag-gemm", "--gpus", "128"], want);
-    let a = assert_fails(&[&["explore"], &shape("128")[..], &["--backend", "sim"]].concat(), want);
-    let b = assert_fails(&[&["select", "--no-cache"], &shape("128")[..]].concat(), want);
+    let a = assert_fails(
+        &[&["explore"], &shape("128")[..], &["--backend", "sim"]].concat(),
+        want,
+    );
+    let b = assert_fails(
+        &[&["select", "--no-cache"], &shape("128")[..]].concat(),
+        want,
+    );
     assert_eq!(stderr(&a), stderr(&b), "explore and select say the same");
     let o = ficco(&["schedules", "--op", "ag-gemm", "--gpus", "72"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -67,8 +76,22 @@ fn p64_one_family_is_fast() {
     // release build runs the whole space in about 2 s of CPU).
     let t = Instant::now();
     let o = ficco(&[
-        "explore", "--op", "ag-gemm", "--m", "65536", "--k", "8192", "--n", "8192", "--gpus",
-        "64", "--backend", "sim", "--schedule", "fine8-copy-ring", "--schedule",
+        "explore",
+        "--op",
+        "ag-gemm",
+        "--m",
+        "65536",
+        "--k",
+        "8192",
+        "--n",
+        "8192",
+        "--gpus",
+        "64",
+        "--backend",
+        "sim",
+        "--schedule",
+        "fine8-copy-ring",
+        "--schedule",
         "fine8-nccl-ring",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -81,21 +104,45 @@ fn p64_one_family_is_fast() {
 fn overflowing_and_oversized_shapes_are_errors() {
     assert_fails(
         &[
-            "explore", "--model", "llama3-405b", "--tokens", "4611686018427387904", "--gpus", "8",
-            "--backend", "sim",
+            "explore",
+            "--model",
+            "llama3-405b",
+            "--tokens",
+            "4611686018427387904",
+            "--gpus",
+            "8",
+            "--backend",
+            "sim",
         ],
         "larger than the 1024 TiB ficco supports per buffer",
     );
     assert_fails(
         &[
-            "select", "--no-cache", "--op", "gemm-ar", "--m", "9223372036854775807", "--k",
-            "9223372036854775807", "--n", "2", "--gpus", "2",
+            "select",
+            "--no-cache",
+            "--op",
+            "gemm-ar",
+            "--m",
+            "9223372036854775807",
+            "--k",
+            "9223372036854775807",
+            "--n",
+            "2",
+            "--gpus",
+            "2",
         ],
         "invalid shape",
     );
     assert_fails(
         &[
-            "explore", "--model", "llama3-405b", "--tokens", "4194304", "--gpus", "8", "--backend",
+            "explore",
+            "--model",
+            "llama3-405b",
+            "--tokens",
+            "4194304",
+            "--gpus",
+            "8",
+            "--backend",
             "sim",
         ],
         "more than the 141 GB of hardware profile 'h200-nvlink' (memory_gb)",
@@ -156,19 +203,49 @@ fn unwritable_files_still_print_the_table_then_fail() {
 #[test]
 fn trace_to_stdout_and_one_path_for_both() {
     let o = ficco(&[
-        "explore", "--op", "ag-gemm", "--m", "1024", "--k", "256", "--n", "256", "--gpus", "2",
-        "--backend", "sim", "--trace", "-",
+        "explore",
+        "--op",
+        "ag-gemm",
+        "--m",
+        "1024",
+        "--k",
+        "256",
+        "--n",
+        "256",
+        "--gpus",
+        "2",
+        "--backend",
+        "sim",
+        "--trace",
+        "-",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("trace JSON on stdout");
     assert!(v["traceEvents"].is_array());
-    assert!(!std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("-").exists());
+    assert!(!std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("-")
+        .exists());
     let same = tmp("same");
     let same = same.to_str().unwrap();
     assert_fails(
         &[
-            "explore", "--op", "ag-gemm", "--m", "1024", "--k", "256", "--n", "256", "--gpus",
-            "2", "--backend", "sim", "--trace", same, "--svg", same,
+            "explore",
+            "--op",
+            "ag-gemm",
+            "--m",
+            "1024",
+            "--k",
+            "256",
+            "--n",
+            "256",
+            "--gpus",
+            "2",
+            "--backend",
+            "sim",
+            "--trace",
+            same,
+            "--svg",
+            same,
         ],
         "--trace and --svg name the same file",
     );
@@ -176,8 +253,20 @@ fn trace_to_stdout_and_one_path_for_both() {
 
 fn report(dir: &str) -> serde_json::Value {
     let o = ficco(&[
-        "explore", "--op", "ag-gemm", "--m", "1024", "--k", "256", "--n", "256", "--gpus", "2",
-        "--backend", "sim", "--json",
+        "explore",
+        "--op",
+        "ag-gemm",
+        "--m",
+        "1024",
+        "--k",
+        "256",
+        "--n",
+        "256",
+        "--gpus",
+        "2",
+        "--backend",
+        "sim",
+        "--json",
     ]);
     assert_eq!(o.status.code(), Some(0), "{dir}: {}", stderr(&o));
     serde_json::from_slice(&o.stdout).unwrap()
@@ -234,14 +323,30 @@ fn schedule_names_outside_the_space_are_rejected() {
     for (name, want) in [
         ("shard-nccl-ring-sm999", "the SM target must be 1 to 132"),
         ("shard-nccl-ring-gc999", "multiple of 8 SMs below 132"),
-        ("shard-copy-ring-cta8", "copy-engine schedules make no NCCL calls"),
+        (
+            "shard-copy-ring-cta8",
+            "copy-engine schedules make no NCCL calls",
+        ),
         ("fine3-copy-ring", "must be one of [2, 4, 8]"),
         ("fine1024-copy-ring", "must be one of [2, 4, 8]"),
     ] {
         assert_fails(
             &[
-                "explore", "--op", "ag-gemm", "--m", "8192", "--k", "256", "--n", "256", "--gpus",
-                "4", "--backend", "sim", "--schedule", name,
+                "explore",
+                "--op",
+                "ag-gemm",
+                "--m",
+                "8192",
+                "--k",
+                "256",
+                "--n",
+                "256",
+                "--gpus",
+                "4",
+                "--backend",
+                "sim",
+                "--schedule",
+                name,
             ],
             want,
         );
@@ -251,8 +356,21 @@ fn schedule_names_outside_the_space_are_rejected() {
 #[test]
 fn schedule_restriction_does_not_switch_selectors_silently() {
     let o = ficco(&[
-        "explore", "--op", "ag-gemm", "--m", "8192", "--k", "1024", "--n", "1024", "--gpus", "4",
-        "--backend", "sim", "--schedule", "fine4-nccl-ring",
+        "explore",
+        "--op",
+        "ag-gemm",
+        "--m",
+        "8192",
+        "--k",
+        "1024",
+        "--n",
+        "1024",
+        "--gpus",
+        "4",
+        "--backend",
+        "sim",
+        "--schedule",
+        "fine4-nccl-ring",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
@@ -279,13 +397,30 @@ fn messages_say_what_to_do() {
     )
     .unwrap();
     assert_fails(
-        &["explore", "--suite", suite.to_str().unwrap(), "--backend", "sim"],
+        &[
+            "explore",
+            "--suite",
+            suite.to_str().unwrap(),
+            "--backend",
+            "sim",
+        ],
         "unknown table [[senario]]",
     );
     let o = assert_fails(
         &[
-            "explore", "--op", "concurrent", "--m", "64", "--k", "64", "--n", "64", "--gpus", "2",
-            "--backend", "sim",
+            "explore",
+            "--op",
+            "concurrent",
+            "--m",
+            "64",
+            "--k",
+            "64",
+            "--n",
+            "64",
+            "--gpus",
+            "2",
+            "--backend",
+            "sim",
         ],
         "--op concurrent needs --collective",
     );
@@ -299,8 +434,17 @@ fn messages_say_what_to_do() {
     .replace("hbm_gbs = 4800.0", "hbm_gbs = 1e-300");
     std::fs::write(&profile, text).unwrap();
     let o = assert_fails(
-        &[&["explore", "--backend", "sim", "--hw", profile.to_str().unwrap()], &shape("2")[..]]
-            .concat(),
+        &[
+            &[
+                "explore",
+                "--backend",
+                "sim",
+                "--hw",
+                profile.to_str().unwrap(),
+            ],
+            &shape("2")[..],
+        ]
+        .concat(),
         "hbm_gbs must be positive, between",
     );
     assert!(!stderr(&o).contains("deadlock"));
@@ -317,6 +461,10 @@ fn evaluate_on_the_simulator_says_simulating() {
         "sim",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stderr(&o).contains("ficco: simulating plain"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ficco: simulating plain"),
+        "{}",
+        stderr(&o)
+    );
     assert!(!stderr(&o).contains("measuring"), "{}", stderr(&o));
 }

@@ -95,7 +95,9 @@ fn read_reports(files: &[PathBuf]) -> Result<Vec<ScenarioReport>> {
                 }
             }
             if !rep.schedules.iter().any(|r| r.is_valid()) {
-                eprintln!("ficco: warning: '{file}' scenario '{sc}' has no measured time; left out");
+                eprintln!(
+                    "ficco: warning: '{file}' scenario '{sc}' has no measured time; left out"
+                );
                 continue;
             }
             out.push(rep);

@@ -152,7 +152,9 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         .count();
     let scenarios = scenarios(&args)?;
     if stdout_files > 0 && (scenarios.len() > 1 || stdout_files > 1) {
-        bail!("'-' (stdout) takes the trace or the SVG of one scenario; give file names for several");
+        bail!(
+            "'-' (stdout) takes the trace or the SVG of one scenario; give file names for several"
+        );
     }
     let only: Vec<Schedule> = args
         .schedules
@@ -212,8 +214,7 @@ pub fn run(args: ExploreArgs) -> Result<()> {
             });
         }
         // A file that cannot be written fails the command, but only after the table.
-        if let Err(e) = write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several)
-        {
+        if let Err(e) = write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several) {
             write_errors.push(format!("scenario '{}': {e:#}", sc.name));
         }
         reports.push(ex.report);

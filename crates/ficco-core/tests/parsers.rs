@@ -34,20 +34,18 @@ fn suite_text() -> impl Strategy<Value = String> {
         Just("extra"),
     ];
     let table = prop_oneof![Just("scenario"), Just("concurrent"), Just("senario")];
-    prop::collection::vec(
-        (table, prop::collection::vec((key, value), 0..9)),
-        0..4,
-    )
-    .prop_map(|entries| {
-        let mut s = String::new();
-        for (t, kvs) in entries {
-            s += &format!("[[{t}]]\n");
-            for (k, v) in kvs {
-                s += &format!("{k} = {v}\n");
+    prop::collection::vec((table, prop::collection::vec((key, value), 0..9)), 0..4).prop_map(
+        |entries| {
+            let mut s = String::new();
+            for (t, kvs) in entries {
+                s += &format!("[[{t}]]\n");
+                for (k, v) in kvs {
+                    s += &format!("{k} = {v}\n");
+                }
             }
-        }
-        s
-    })
+            s
+        },
+    )
 }
 
 /// The built-in profile with one numeric line replaced.

@@ -307,7 +307,11 @@ pub fn explore(
         report.schedules.push(row);
         // Predicted timelines are only kept for the trace of the best: at
         // large GPU counts each has tens of thousands of spans.
-        let pred = if opts.timelines { pred } else { Timeline::default() };
+        let pred = if opts.timelines {
+            pred
+        } else {
+            Timeline::default()
+        };
         ran.push(ok.then_some((plan, pred, None)));
     }
     if !backend.deterministic() {

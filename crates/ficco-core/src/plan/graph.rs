@@ -82,7 +82,10 @@ impl Graph {
     pub fn id(&self, node: usize) -> TaskId {
         // The last rank whose first node is at or before `node` (ranks
         // without tasks share an offset with the next one).
-        let rank = self.offsets.partition_point(|&o| o <= node).saturating_sub(1);
+        let rank = self
+            .offsets
+            .partition_point(|&o| o <= node)
+            .saturating_sub(1);
         TaskId {
             rank,
             index: node - self.offsets[rank],

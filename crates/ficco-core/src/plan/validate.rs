@@ -361,7 +361,12 @@ impl HappensBefore {
         let mut preds = vec![vec![]; n];
         let mut rank = 0;
         for v in 0..total {
-            while rank + 1 < plan.ranks.len() && ix.node(TaskId { rank: rank + 1, index: 0 }) <= v {
+            while rank + 1 < plan.ranks.len()
+                && ix.node(TaskId {
+                    rank: rank + 1,
+                    index: 0,
+                }) <= v
+            {
                 rank += 1;
             }
             let id = TaskId {

@@ -182,8 +182,7 @@ impl Problem {
     pub fn new(op: Op, m: usize, k: usize, n: usize, gpus: usize) -> Result<Self> {
         if op == Op::Concurrent {
             return Err(Error::Shape(
-                "--op concurrent also needs --gemms, --collective and --bytes"
-                    .into(),
+                "--op concurrent also needs --gemms, --collective and --bytes".into(),
             ));
         }
         let p = Problem {

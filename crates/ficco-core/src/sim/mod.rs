@@ -445,7 +445,8 @@ impl<'a> Sim<'a> {
                 let overflow = !self.now.is_finite()
                     || self.timers.iter().any(|&(t, _)| !t.is_finite())
                     || self.active.iter().any(|a| {
-                        !a.remaining.is_finite() || (a.rate > 0.0 && !(a.remaining / a.rate).is_finite())
+                        !a.remaining.is_finite()
+                            || (a.rate > 0.0 && !(a.remaining / a.rate).is_finite())
                     });
                 if overflow {
                     return Err(Error::Profile(format!(

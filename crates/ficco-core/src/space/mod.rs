@@ -369,9 +369,7 @@ impl Schedule {
     /// * and the schedule must exist for `op` ([`Schedule::applies_to`]).
     pub fn outside(&self, op: Op, space: SpaceOptions) -> Option<String> {
         if self.engine == Engine::Copy && self.nccl_ctas.is_some() {
-            return Some(
-                "-ctaN: copy-engine schedules make no NCCL calls to limit".to_string(),
-            );
+            return Some("-ctaN: copy-engine schedules make no NCCL calls to limit".to_string());
         }
         if !self.applies_to(op) {
             return Some(format!("{op} has no such schedule"));
@@ -386,7 +384,9 @@ impl Schedule {
         let sms = space.sm_count;
         if let Some(n) = self.sm_target {
             if n == 0 || n > sms {
-                return Some(format!("-sm{n}: the SM target must be 1 to {sms} (the device's SMs)"));
+                return Some(format!(
+                    "-sm{n}: the SM target must be 1 to {sms} (the device's SMs)"
+                ));
             }
         }
         if let Some(n) = self.green_sms {
@@ -408,9 +408,7 @@ impl Schedule {
         }
         if let Some(b) = self.occupancy {
             if b > MAX_OCCUPANCY {
-                return Some(format!(
-                    "-occ{b}: at most {MAX_OCCUPANCY} blocks per SM"
-                ));
+                return Some(format!("-occ{b}: at most {MAX_OCCUPANCY} blocks per SM"));
             }
         }
         None
