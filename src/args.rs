@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use ficco_core::problem::models;
-use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::problem::workload::{check_gpu_count, Op, Problem};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::Error;
 
@@ -62,7 +62,10 @@ pub struct ProblemArgs {
 impl ProblemArgs {
     /// (name, problem) pairs.
     pub fn problems(&self) -> Result<Vec<(String, Problem)>> {
-        let gpus = positive("gpus", self.gpus.unwrap_or(0))?;
+        if self.shape.op.is_none() && self.model.is_none() {
+            bail!("say which problem: --op OP --m M --k K --n N --gpus P, or --model NAME --tokens T --gpus P");
+        }
+        let gpus = gpu_count(self.gpus.unwrap_or(0))?;
         if let Some((op, m, k, n)) = self.shape.shape()? {
             let p = Problem::new(op, m, k, n, gpus)?;
             return Ok(vec![(p.label(), p)]);
@@ -106,10 +109,17 @@ pub fn load_hw(spec: &str) -> Result<HwProfile> {
     Ok(HwProfile::load(spec)?)
 }
 
-/// A count flag that must be positive.
+/// A size flag (a dimension or a count of the problem) that must be positive.
 pub fn positive(name: &str, v: i64) -> Result<usize> {
     if v <= 0 {
         return Err(Error::Shape(format!("{name} must be positive, got {v}")).into());
     }
     Ok(usize::try_from(v)?)
+}
+
+/// The GPU count of `--gpus`: positive and at most `MAX_GPUS` (72).
+pub fn gpu_count(v: i64) -> Result<usize> {
+    let gpus = positive("gpus", v)?;
+    check_gpu_count(gpus)?;
+    Ok(gpus)
 }

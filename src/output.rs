@@ -22,17 +22,48 @@ pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Writes a file, naming it in the error.
+/// Writes a file, naming it in the error; `-` is stdout. Prints
+/// `ficco: wrote PATH` on stderr for every file written.
 pub fn write_file(path: &Path, text: &str) -> Result<()> {
+    if path.as_os_str() == "-" {
+        return print(text);
+    }
     std::fs::write(path, text)
-        .map_err(|e| Error::Io(format!("cannot write '{}': {e}", path.display())).into())
+        .map_err(|e| Error::Io(format!("cannot write '{}': {e}", path.display())))?;
+    eprintln!("ficco: wrote {}", path.display());
+    Ok(())
 }
 
-/// `out.json` → `out.SCENARIO.json` when several scenarios each write a file.
+/// A scenario name as a file-name part: `[A-Za-z0-9._-]` kept, anything
+/// else (`/`, spaces, `=`) replaced by `_`, and no `..`, so that the file
+/// stays in the folder of the path given.
+pub fn file_part(scenario: &str) -> String {
+    let mut s: String = scenario
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    while s.contains("..") {
+        s = s.replace("..", "_");
+    }
+    if s.is_empty() {
+        s.push('_');
+    }
+    s
+}
+
+/// `out.json` → `out.SCENARIO.json` when several scenarios each write a
+/// file, SCENARIO made safe by [`file_part`]; `-` (stdout) stays `-`.
 pub fn per_scenario_path(path: &Path, scenario: &str, several: bool) -> PathBuf {
-    if !several {
+    if !several || path.as_os_str() == "-" {
         return path.to_path_buf();
     }
+    let scenario = file_part(scenario);
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

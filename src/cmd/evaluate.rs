@@ -13,7 +13,7 @@ use ficco_core::problem::suite;
 use ficco_core::report::{ScenarioReport, SuiteReport};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::Simulator;
-use ficco_core::space::SpaceOptions;
+use ficco_core::space::{Schedule, SpaceOptions};
 use ficco_core::Error;
 use std::path::PathBuf;
 
@@ -23,8 +23,8 @@ pub struct EvaluateArgs {
     #[arg(long, conflicts_with = "measured")]
     suite: Option<PathBuf>,
     /// Saved explore JSON to score offline (comma-separated files).
-    #[arg(long, value_delimiter = ',', value_name = "FILE.json")]
-    measured: Vec<PathBuf>,
+    #[arg(long, value_name = "FILE.json")]
+    measured: Vec<String>,
     /// With --suite: gpu (measure), auto or sim (the simulator is then its own oracle).
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
@@ -43,28 +43,75 @@ pub struct EvaluateArgs {
     save: Option<PathBuf>,
 }
 
+/// Reads `--measured` files and checks what the evaluation relies on: a
+/// valid problem, positive finite times, each scenario once. Unknown
+/// schedule names and scenarios without a measured time are warned about
+/// and left out; nothing measured at all is an error.
 fn read_reports(files: &[PathBuf]) -> Result<Vec<ScenarioReport>> {
-    let mut out = vec![];
+    let mut out: Vec<ScenarioReport> = vec![];
+    let mut seen: std::collections::HashMap<String, String> = Default::default();
     for f in files {
+        if f.as_os_str().is_empty() {
+            bail!("--measured has an empty file name (a trailing or doubled comma?)");
+        }
+        let file = f.display().to_string();
         let text = std::fs::read_to_string(f)
-            .map_err(|e| Error::Io(format!("cannot read '{}': {e}", f.display())))?;
+            .map_err(|e| Error::Io(format!("cannot read '{file}': {e}")))?;
         let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Io(format!("'{}' is not JSON: {e}", f.display())))?;
+            .map_err(|e| Error::Io(format!("'{file}' is not JSON: {e}")))?;
         let reports: Vec<ScenarioReport> = if v.get("scenarios").is_some() {
             serde_json::from_value::<SuiteReport>(v)
                 .map(|s| s.scenarios)
-                .map_err(|e| {
-                    Error::Io(format!("'{}' is not an explore report: {e}", f.display()))
-                })?
+                .map_err(|e| Error::Io(format!("'{file}' is not an explore report: {e}")))?
         } else {
-            vec![serde_json::from_value(v).map_err(|e| {
-                Error::Io(format!("'{}' is not an explore report: {e}", f.display()))
-            })?]
+            vec![serde_json::from_value(v)
+                .map_err(|e| Error::Io(format!("'{file}' is not an explore report: {e}")))?]
         };
-        out.extend(reports);
+        if reports.is_empty() {
+            bail!("'{file}' has no scenario (its \"scenarios\" list is empty)");
+        }
+        for rep in reports {
+            let sc = &rep.scenario;
+            rep.problem()
+                .validate()
+                .with_context(|| format!("'{file}' scenario '{sc}'"))?;
+            if let Some(first) = seen.insert(sc.clone(), file.clone()) {
+                bail!("scenario '{sc}' appears twice (in '{first}' and '{file}'): each scenario must be measured once");
+            }
+            for r in &rep.schedules {
+                if let Some(t) = r.time_ms {
+                    if !(t.is_finite() && t > 0.0) {
+                        bail!(
+                            "'{file}' scenario '{sc}' schedule '{}': time_ms = {t} is not a positive time",
+                            r.name
+                        );
+                    }
+                }
+                if r.name.parse::<Schedule>().is_err() {
+                    eprintln!(
+                        "ficco: warning: '{file}' scenario '{sc}': unknown schedule '{}' left out",
+                        r.name
+                    );
+                }
+            }
+            if !rep.schedules.iter().any(|r| r.is_valid()) {
+                eprintln!(
+                    "ficco: warning: '{file}' scenario '{sc}' has no measured time; left out"
+                );
+                continue;
+            }
+            out.push(rep);
+        }
     }
     if out.is_empty() {
-        bail!("no scenario in {}", files.len());
+        bail!(
+            "no measured time in {}: every scenario's times are null or it ran no schedule",
+            files
+                .iter()
+                .map(|f| format!("'{}'", f.display()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     Ok(out)
 }
@@ -80,6 +127,9 @@ fn measure_suite(
             "'{}': no scenario ficco can run",
             path.display()
         )));
+    }
+    for sc in &suite.scenarios {
+        hw.check_fits(&sc.problem)?;
     }
     let max_gpus = suite
         .scenarios
@@ -97,7 +147,12 @@ fn measure_suite(
     let space = SpaceOptions::default();
     let mut reports = vec![];
     for sc in &suite.scenarios {
-        eprintln!("ficco: measuring {}", sc.name);
+        let verb = if backend.name() == "sim" {
+            "simulating"
+        } else {
+            "measuring"
+        };
+        eprintln!("ficco: {verb} {}", sc.name);
         let schedules = schedules_for(sc.problem.op, space, &[]);
         let ex = explore(sc, &schedules, &predict, backend.as_mut(), &opts)
             .with_context(|| format!("scenario '{}'", sc.name))?;
@@ -123,7 +178,17 @@ pub fn run(args: EvaluateArgs) -> Result<()> {
             }
             reports
         }
-        (None, false) => read_reports(&args.measured)?,
+        (None, false) => {
+            // Split here rather than in clap, so that an empty name ("a.json,")
+            // gets a message that says so.
+            let files: Vec<PathBuf> = args
+                .measured
+                .iter()
+                .flat_map(|m| m.split(','))
+                .map(PathBuf::from)
+                .collect();
+            read_reports(&files)?
+        }
         _ => bail!(
             "say what to evaluate: --suite FILE (measure) or --measured FILE.json[,FILE2.json]"
         ),

@@ -4,11 +4,11 @@
 
 use super::open_backend;
 use super::schedules::space;
-use crate::args::{load_hw, positive, BackendArg, ShapeArgs, DEFAULT_HW};
+use crate::args::{gpu_count, load_hw, positive, BackendArg, ShapeArgs, DEFAULT_HW};
 use crate::output::{print, write_timelines};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ficco_core::choose::explore::{explore, schedules_for, ExploreOptions};
+use ficco_core::choose::explore::{check_named, explore, schedules_for, ExploreOptions};
 use ficco_core::problem::models::{self, ModelSpec};
 use ficco_core::problem::suite;
 use ficco_core::problem::workload::{Op, Problem, Scenario};
@@ -93,7 +93,7 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
         }
         return Ok(suite.scenarios);
     }
-    let gpus = args.gpus.map(|g| positive("gpus", g)).transpose()?;
+    let gpus = args.gpus.map(gpu_count).transpose()?;
     if let Some((op, m, k, n)) = args.shape.shape()? {
         let problem = if op == Op::Concurrent {
             let collective = args.collective.as_deref().ok_or_else(|| {
@@ -138,13 +138,33 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
 }
 
 pub fn run(args: ExploreArgs) -> Result<()> {
+    if let (Some(t), Some(s)) = (&args.trace, &args.svg) {
+        if t == s {
+            bail!(
+                "--trace and --svg name the same file '{}': give each its own",
+                t.display()
+            );
+        }
+    }
+    let stdout_files = [&args.trace, &args.svg]
+        .iter()
+        .filter(|p| p.as_ref().is_some_and(|p| p.as_os_str() == "-"))
+        .count();
     let scenarios = scenarios(&args)?;
+    if stdout_files > 0 && (scenarios.len() > 1 || stdout_files > 1) {
+        bail!(
+            "'-' (stdout) takes the trace or the SVG of one scenario; give file names for several"
+        );
+    }
     let only: Vec<Schedule> = args
         .schedules
         .iter()
         .map(|s| s.parse())
         .collect::<Result<_, _>>()?;
     let hw = load_hw(&args.hw)?;
+    for sc in &scenarios {
+        hw.check_fits(&sc.problem)?;
+    }
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
     let mut backend = open_backend(args.backend, max_gpus, &hw)?;
     let space = space(args.controls, &hw);
@@ -168,8 +188,10 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         ProgressBar::hidden()
     };
     let mut reports: Vec<ScenarioReport> = vec![];
+    let mut write_errors: Vec<String> = vec![];
     for sc in &scenarios {
         bar.set_message(sc.name.clone());
+        check_named(sc.problem.op, space, &only)?;
         let schedules = schedules_for(sc.problem.op, space, &only);
         let ex = explore(sc, &schedules, &predict, backend.as_mut(), &opts)
             .with_context(|| format!("scenario '{}'", sc.name))?;
@@ -191,19 +213,33 @@ pub fn run(args: ExploreArgs) -> Result<()> {
                 reason: why.join("; "),
             });
         }
-        write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several)?;
+        // A file that cannot be written fails the command, but only after the table.
+        if let Err(e) = write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several) {
+            write_errors.push(format!("scenario '{}': {e:#}", sc.name));
+        }
         reports.push(ex.report);
         bar.inc(1);
     }
     bar.finish_and_clear();
 
+    let fail_writes = |write_errors: Vec<String>| -> Result<()> {
+        if write_errors.is_empty() {
+            return Ok(());
+        }
+        bail!("{}", write_errors.join("; "))
+    };
+    if stdout_files > 0 {
+        // The file went to stdout: no table after it.
+        return fail_writes(write_errors);
+    }
     if args.json {
         let text = if several {
             serde_json::to_string_pretty(&SuiteReport { scenarios: reports })?
         } else {
             serde_json::to_string_pretty(&reports[0])?
         };
-        return print(&(text + "\n"));
+        print(&(text + "\n"))?;
+        return fail_writes(write_errors);
     }
     let mut text = String::new();
     for (i, r) in reports.iter().enumerate() {
@@ -219,5 +255,6 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         text.push('\n');
         text += &report::summarize(&reports).table();
     }
-    print(&text)
+    print(&text)?;
+    fail_writes(write_errors)
 }

@@ -1,6 +1,6 @@
 //! `ficco schedules`: the design space of an operator, one canonical name per line.
 
-use crate::args::{load_hw, positive, DEFAULT_HW};
+use crate::args::{gpu_count, load_hw, DEFAULT_HW};
 use crate::output::print;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -37,7 +37,7 @@ pub fn space(controls: bool, hw: &HwProfile) -> SpaceOptions {
 
 pub fn run(args: SchedulesArgs) -> Result<()> {
     let op: Op = args.op.parse()?;
-    let gpus = positive("gpus", args.gpus)?;
+    let gpus = gpu_count(args.gpus)?;
     if gpus < 2 {
         bail!(Error::Shape(format!(
             "gpus must be at least 2 for a communication-dependent operator, got {gpus}"

@@ -59,6 +59,9 @@ pub fn run(args: SelectArgs) -> Result<()> {
     };
     let problems = args.problem.problems()?;
     let hw = load_hw(&args.hw)?;
+    for (_, p) in &problems {
+        hw.check_fits(p)?;
+    }
     let cache = if args.no_cache {
         None
     } else {

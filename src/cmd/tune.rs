@@ -2,9 +2,9 @@
 //! the GPUs (`ficco_core::choose::autotune`) and caches the winner for `select`.
 
 use super::select::device_and_software;
-use crate::args::{load_hw, positive, ProblemArgs, DEFAULT_HW};
+use crate::args::{load_hw, ProblemArgs, DEFAULT_HW};
 use crate::output::{one_line, print};
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use ficco_core::choose::autotune;
 use ficco_core::choose::tune::{self, TuneCache, TuneEntry, TuneKey};
@@ -31,9 +31,18 @@ pub struct TuneArgs {
 }
 
 pub fn run(args: TuneArgs) -> Result<()> {
-    let top = positive("top", args.top)?;
+    if args.top <= 0 {
+        bail!(
+            "--top must be positive (how many of the best predicted schedules to measure), got {}",
+            args.top
+        );
+    }
+    let top = args.top as usize;
     let problems = args.problem.problems()?;
     let hw = load_hw(&args.hw)?;
+    for (_, p) in &problems {
+        hw.check_fits(p)?;
+    }
     let path = args.cache.clone().unwrap_or_else(tune::default_path);
     let max_gpus = problems.iter().map(|(_, p)| p.gpus).max().unwrap_or(0);
     let mut m = ficco_cuda::open(ficco_cuda::BackendChoice::Gpu, max_gpus, &hw)

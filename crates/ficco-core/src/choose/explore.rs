@@ -116,6 +116,22 @@ pub fn schedules_for(op: Op, space: SpaceOptions, only: &[Schedule]) -> Vec<Sche
     out
 }
 
+/// Checks schedules named by the user against the design space of `op` on
+/// a device (`space`): a name may differ from the enumerated ones in its
+/// options, but every option must be one the device can run (see
+/// [`Schedule::outside`]).
+pub fn check_named(op: Op, space: SpaceOptions, named: &[Schedule]) -> Result<()> {
+    for s in named {
+        if let Some(reason) = s.outside(op, space) {
+            return Err(Error::BadSchedule {
+                name: s.name(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn backend_err(backend: &str, what: &str, e: BackendError) -> Error {
     Error::Io(format!("{backend} backend: {what}: {e}"))
 }
@@ -289,6 +305,13 @@ pub fn explore(
         };
         let ok = row.skipped.is_none();
         report.schedules.push(row);
+        // Predicted timelines are only kept for the trace of the best: at
+        // large GPU counts each has tens of thousands of spans.
+        let pred = if opts.timelines {
+            pred
+        } else {
+            Timeline::default()
+        };
         ran.push(ok.then_some((plan, pred, None)));
     }
     if !backend.deterministic() {
@@ -327,7 +350,15 @@ pub fn explore(
             select::DEFAULT_SELECTOR
         };
         if let Ok(sel) = select::select(problem, hw, selector) {
-            report.set_selection(&sel.schedule.name(), sel.selector.name());
+            let name = sel.schedule.name();
+            if !report.set_selection(&name, sel.selector.name()) {
+                // Say so rather than switch selectors silently.
+                report.selection_note = Some(format!(
+                    "the {} selector picks {name}, which did not run here; \
+                     selected is the best predicted of the schedules that ran",
+                    sel.selector.name()
+                ));
+            }
         }
     }
 

@@ -93,7 +93,12 @@ impl Graph {
 
     /// The task of a node.
     pub fn id(&self, node: usize) -> TaskId {
-        let rank = self.offsets.iter().rposition(|&o| o <= node).unwrap_or(0);
+        // The last rank whose first node is at or before `node` (ranks
+        // without tasks share an offset with the next one).
+        let rank = self
+            .offsets
+            .partition_point(|&o| o <= node)
+            .saturating_sub(1);
         TaskId {
             rank,
             index: node - self.offsets[rank],

@@ -335,13 +335,23 @@ fn check_issue_order(plan: &Plan, g: &Graph) -> Result<()> {
     })
 }
 
-/// Happens-before as ancestor sets over tasks (and one node per NCCL group).
+/// Happens-before over tasks (and one node per NCCL group): the
+/// predecessor lists and a topological order. [`HappensBefore::before`]
+/// answers a query by a backward search from the later task that never
+/// leaves the part of the topological order between the two tasks, so no
+/// O(n²) ancestor table is built: validation stays fast and small at
+/// large GPU counts, where plans have tens of thousands of tasks and the
+/// memory check asks only about tasks that touch overlapping memory
+/// (mostly direct dependencies, answered at once).
 pub(crate) struct HappensBefore {
     ix: Graph,
-    /// anc[v] = bitset of nodes that finish before v starts.
-    anc: Vec<Vec<u64>>,
+    preds: Vec<Vec<usize>>,
+    /// Position of every node in `topo_nodes`.
+    pos: Vec<usize>,
     /// A topological order of task nodes (group nodes removed).
     pub(crate) order: Vec<TaskId>,
+    /// Search scratch: per node the query stamp that visited it, and the stack.
+    scratch: std::cell::RefCell<(Vec<u32>, u32, Vec<usize>)>,
 }
 
 impl HappensBefore {
@@ -358,8 +368,20 @@ impl HappensBefore {
         }
         let n = total + groups.len();
         let mut preds = vec![vec![]; n];
+        let mut rank = 0;
         for v in 0..total {
-            let id = ix.id(v);
+            while rank + 1 < plan.ranks.len()
+                && ix.node(TaskId {
+                    rank: rank + 1,
+                    index: 0,
+                }) <= v
+            {
+                rank += 1;
+            }
+            let id = TaskId {
+                rank,
+                index: v - ix.node(TaskId { rank, index: 0 }),
+            };
             let ps = ix.preds(v);
             if let TaskKind::Nccl { group, .. } = plan.ranks[id.rank].tasks[id.index].kind {
                 let gnode = groups[&group];
@@ -377,17 +399,9 @@ impl HappensBefore {
             };
             invalid(format!("dependency cycle through {what}"))
         })?;
-        let words = n.div_ceil(64);
-        let mut anc = vec![vec![0u64; words]; n];
-        for &v in &order {
-            let mut acc = vec![0u64; words];
-            for &u in &preds[v] {
-                for (a, b) in acc.iter_mut().zip(&anc[u]) {
-                    *a |= b;
-                }
-                acc[u / 64] |= 1 << (u % 64);
-            }
-            anc[v] = acc;
+        let mut pos = vec![0; n];
+        for (i, &v) in order.iter().enumerate() {
+            pos[v] = i;
         }
         let task_order = order
             .into_iter()
@@ -396,15 +410,41 @@ impl HappensBefore {
             .collect();
         Ok(HappensBefore {
             ix,
-            anc,
+            preds,
+            pos,
             order: task_order,
+            scratch: std::cell::RefCell::new((vec![0; n], 0, vec![])),
         })
     }
 
     /// Whether `a` finishes before `b` starts.
     pub(crate) fn before(&self, a: TaskId, b: TaskId) -> bool {
         let (u, v) = (self.ix.node(a), self.ix.node(b));
-        self.anc[v][u / 64] & (1 << (u % 64)) != 0
+        if u == v || self.pos[u] >= self.pos[v] {
+            return false;
+        }
+        let mut guard = self.scratch.borrow_mut();
+        let (seen, stamp, stack) = &mut *guard;
+        *stamp = stamp.wrapping_add(1);
+        if *stamp == 0 {
+            seen.iter_mut().for_each(|x| *x = 0);
+            *stamp = 1;
+        }
+        stack.clear();
+        stack.push(v);
+        while let Some(w) = stack.pop() {
+            for &p in &self.preds[w] {
+                if p == u {
+                    return true;
+                }
+                // Nodes at or before u in topological order cannot reach u.
+                if self.pos[p] > self.pos[u] && seen[p] != *stamp {
+                    seen[p] = *stamp;
+                    stack.push(p);
+                }
+            }
+        }
+        false
     }
 }
 
@@ -501,14 +541,35 @@ fn check_memory(plan: &Plan, hb: &HappensBefore) -> Result<()> {
     }
     for (&(owner, buf), acc) in &by_buf {
         let b = &plan.ranks[owner].buffers[buf];
-        for (i, x) in acc.iter().enumerate() {
-            for y in &acc[i + 1..] {
-                if x.task != y.task
-                    && (x.write || y.write)
-                    && x.view.overlaps(&y.view)
-                    && !hb.before(x.task, y.task)
-                    && !hb.before(y.task, x.task)
-                {
+        let is_input = matches!(
+            b.role,
+            BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
+        );
+        // Only accesses whose rows overlap can race or cover each other:
+        // sweep them by first row instead of comparing every pair.
+        let mut by_row: Vec<usize> = (0..acc.len()).collect();
+        by_row.sort_by_key(|&i| acc[i].view.row);
+        // Per read of non-input memory: the overlapping writes ordered before it.
+        let mut covers: Vec<Vec<View>> = vec![vec![]; acc.len()];
+        for (at, &i) in by_row.iter().enumerate() {
+            let x = &acc[i];
+            let end = x.view.row + x.view.rows;
+            for &j in &by_row[at + 1..] {
+                let y = &acc[j];
+                if y.view.row >= end {
+                    break;
+                }
+                if x.task == y.task || !(x.write || y.write) || !x.view.overlaps(&y.view) {
+                    continue;
+                }
+                let xy = hb.before(x.task, y.task);
+                let yx = !xy && hb.before(y.task, x.task);
+                if !xy && !yx {
+                    let (x, y) = if (x.task.rank, x.task.index) <= (y.task.rank, y.task.index) {
+                        (x, y)
+                    } else {
+                        (y, x)
+                    };
                     return Err(invalid(format!(
                         "race on rank {owner} buffer '{}': {} and {} touch the same rows unordered",
                         b.name,
@@ -516,26 +577,24 @@ fn check_memory(plan: &Plan, hb: &HappensBefore) -> Result<()> {
                         name(plan, y.task)
                     )));
                 }
-            }
-            let is_input = matches!(
-                b.role,
-                BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
-            );
-            if !x.write && !is_input {
-                let writes: Vec<View> = acc
-                    .iter()
-                    .filter(|w| w.write && w.view.overlaps(&x.view) && hb.before(w.task, x.task))
-                    .map(|w| w.view)
-                    .collect();
-                if !covered(&x.view, &writes) {
-                    return Err(invalid(format!(
-                        "{} reads rows {}..{} of rank {owner} buffer '{}' that no task writes before it",
-                        name(plan, x.task),
-                        x.view.row,
-                        x.view.row + x.view.rows,
-                        b.name
-                    )));
+                if !is_input {
+                    if x.write && !y.write && xy {
+                        covers[j].push(x.view);
+                    } else if y.write && !x.write && yx {
+                        covers[i].push(y.view);
+                    }
                 }
+            }
+        }
+        for (i, x) in acc.iter().enumerate() {
+            if !x.write && !is_input && !covered(&x.view, &covers[i]) {
+                return Err(invalid(format!(
+                    "{} reads rows {}..{} of rank {owner} buffer '{}' that no task writes before it",
+                    name(plan, x.task),
+                    x.view.row,
+                    x.view.row + x.view.rows,
+                    b.name
+                )));
             }
         }
     }

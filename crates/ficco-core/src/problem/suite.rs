@@ -160,12 +160,9 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
                 continue;
             }
             if key != "scenario" {
-                suite.skipped.push(Skipped {
-                    kind: key.clone(),
-                    name,
-                    reason: format!("[[{key}]] entries are not supported yet"),
-                });
-                continue;
+                return Err(bad(format!(
+                    "unknown table [[{key}]] (entry '{name}'): a suite has [[scenario]] and [[concurrent]] entries"
+                )));
             }
             if let Some(op) = table.get("op").and_then(|v| v.as_str()) {
                 if op.parse::<Op>().is_err() {

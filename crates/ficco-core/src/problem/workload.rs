@@ -138,13 +138,51 @@ pub struct Problem {
 /// Bytes per element: bf16 is the only type for now.
 pub const ELEM_BYTES: usize = 2;
 
+/// The largest GPU count ficco takes: 72, the largest NVLink domain (GB200
+/// NVL72). The design space and the simulator model one NVLink domain in
+/// which every GPU reaches every other over NVSwitch; beyond it GPUs talk
+/// over the network, which ficco does not model.
+pub const MAX_GPUS: usize = 72;
+
+/// The most independent GEMMs of a `concurrent` problem (each is a task of
+/// every rank's plan).
+pub const MAX_SIDE_GEMMS: usize = 1024;
+
+/// The largest buffer ficco takes, in bytes (1 PiB): far above any GPU's
+/// memory, and low enough that no size derived from it (partials, bus bytes
+/// over [`MAX_GPUS`] ranks) overflows 64-bit arithmetic.
+pub const MAX_BUFFER_BYTES: usize = 1 << 50;
+
+/// `a x b x ELEM_BYTES` checked against overflow and [`MAX_BUFFER_BYTES`].
+fn buffer_bytes(what: &str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .and_then(|e| e.checked_mul(ELEM_BYTES))
+        .filter(|&bytes| bytes <= MAX_BUFFER_BYTES)
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{what} = {a} x {b} bf16 elements is larger than the {} TiB ficco supports per buffer",
+                MAX_BUFFER_BYTES >> 40
+            ))
+        })
+}
+
+/// The error for a GPU count above [`MAX_GPUS`] (shared by every command).
+pub fn check_gpu_count(gpus: usize) -> Result<()> {
+    if gpus > MAX_GPUS {
+        return Err(Error::Shape(format!(
+            "gpus = {gpus} is more than {MAX_GPUS}, the largest NVLink domain (NVL72) ficco models; \
+             give --gpus between 2 and {MAX_GPUS}"
+        )));
+    }
+    Ok(())
+}
+
 impl Problem {
     /// Checks the sizes any schedule needs; schedule-specific fit is checked at lowering.
     pub fn new(op: Op, m: usize, k: usize, n: usize, gpus: usize) -> Result<Self> {
         if op == Op::Concurrent {
             return Err(Error::Shape(
-                "a concurrent problem also needs gemms, a collective and bytes (Problem::concurrent)"
-                    .into(),
+                "--op concurrent also needs --gemms, --collective and --bytes".into(),
             ));
         }
         let p = Problem {
@@ -191,6 +229,10 @@ impl Problem {
                 return Err(Error::Shape(format!("{name} must be positive, got 0")));
             }
         }
+        check_gpu_count(self.gpus)?;
+        buffer_bytes("m x k", self.m, self.k)?;
+        buffer_bytes("k x n", self.k, self.n)?;
+        buffer_bytes("m x n", self.m, self.n)?;
         if self.op == Op::Concurrent {
             return self.validate_concurrent();
         }
@@ -233,9 +275,20 @@ impl Problem {
                 self.gpus
             )));
         }
-        if side.gemms == 0 {
-            return Err(Error::Shape("gemms must be positive, got 0".into()));
+        if side.gemms == 0 || side.gemms > MAX_SIDE_GEMMS {
+            return Err(Error::Shape(format!(
+                "gemms must be between 1 and {MAX_SIDE_GEMMS}, got {}",
+                side.gemms
+            )));
         }
+        if side.bytes > MAX_BUFFER_BYTES {
+            return Err(Error::Shape(format!(
+                "bytes = {} is larger than the {} TiB ficco supports per buffer",
+                side.bytes,
+                MAX_BUFFER_BYTES >> 40
+            )));
+        }
+        // n x gpus x 2 fits: n x k x 2 <= MAX_BUFFER_BYTES and gpus <= MAX_GPUS.
         let unit = ELEM_BYTES * self.n * self.gpus;
         if side.bytes == 0 || side.bytes % unit != 0 {
             return Err(Error::Shape(format!(

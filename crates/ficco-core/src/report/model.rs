@@ -144,6 +144,10 @@ pub struct ScenarioReport {
     /// reports written before selectors existed).
     #[serde(default)]
     pub selector: Option<String>,
+    /// Why `selected` is not the default selector's pick: it picked a
+    /// schedule that did not run here (e.g. outside `--schedule`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection_note: Option<String>,
 }
 
 /// Several scenarios' reports: `{"scenarios": [...]}`.
@@ -179,6 +183,7 @@ impl ScenarioReport {
             best: None,
             selected: None,
             selector: None,
+            selection_note: None,
         }
     }
 

@@ -29,6 +29,14 @@ impl ScenarioReport {
             ms(r.comm_ms),
             ms(r.ideal_ms)
         );
+        let _ = writeln!(
+            s,
+            "# E = (seq - time) / (seq - ideal), ideal = max(compute, comm); comm is the NCCL collective,"
+        );
+        let _ = writeln!(
+            s,
+            "#   so E > 1 where copy engines move the data faster than NCCL does (see README)"
+        );
         let _ = writeln!(s, "#");
         let w = self
             .schedules
@@ -106,6 +114,9 @@ impl ScenarioReport {
             self.selector.as_deref().unwrap_or("model"),
             self.selected.as_deref().unwrap_or("none")
         );
+        if let Some(note) = &self.selection_note {
+            let _ = writeln!(s, "#   ({note})");
+        }
         let wrong = self.schedules.iter().filter(|r| r.wrong).count();
         let skipped = self
             .schedules

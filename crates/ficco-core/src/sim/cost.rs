@@ -79,18 +79,20 @@ pub fn tile_ms(hw: &HwProfile, tm: usize, tn: usize, k: usize) -> f64 {
 /// The tiling with the least time for `m x k x n` on `sms` SMs (at least 1).
 pub fn gemm_cost(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> GemmCost {
     let sms = sms.clamp(1, hw.sm_count);
-    let memory_ms = ((m * k + k * n + m * n) * ELEM_BYTES) as f64 / bytes_per_ms(hw.hbm_gbs);
+    // Sizes in f64: no product of shapes can overflow here, whatever the caller passes.
+    let (mf, kf, nf) = (m as f64, k as f64, n as f64);
+    let memory_ms = (mf * kf + kf * nf + mf * nf) * ELEM_BYTES as f64 / bytes_per_ms(hw.hbm_gbs);
     let mut best: Option<GemmCost> = None;
     for &[tm, tn] in &hw.gemm.tile_shapes {
-        let out_tiles = m.div_ceil(tm) * n.div_ceil(tn);
+        let out_tiles = m.div_ceil(tm).saturating_mul(n.div_ceil(tn));
         for split_k in 1..=hw.gemm.max_split_k.max(1) {
             // Split only while it fills idle SMs.
-            if split_k > 1 && out_tiles * (split_k - 1) >= sms {
+            if split_k > 1 && out_tiles.saturating_mul(split_k - 1) >= sms {
                 break;
             }
-            let tiles = out_tiles * split_k;
+            let tiles = out_tiles.saturating_mul(split_k);
             // f32 partials written and read back once more per extra split.
-            let partials = (split_k - 1) as f64 * (m * n * 8) as f64 / bytes_per_ms(hw.hbm_gbs);
+            let partials = (split_k - 1) as f64 * mf * nf * 8.0 / bytes_per_ms(hw.hbm_gbs);
             let c = GemmCost {
                 tile_m: tm,
                 tile_n: tn,

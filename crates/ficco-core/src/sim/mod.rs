@@ -457,6 +457,21 @@ impl<'a> Sim<'a> {
                 }
             }
             if !t_next.is_finite() {
+                // Work pending but no finite next event: an overflowing time
+                // (extreme profile or shape values) rather than a stuck plan.
+                let overflow = !self.now.is_finite()
+                    || self.timers.iter().any(|&(t, _)| !t.is_finite())
+                    || self.active.iter().any(|a| {
+                        !a.remaining.is_finite()
+                            || (a.rate > 0.0 && !(a.remaining / a.rate).is_finite())
+                    });
+                if overflow {
+                    return Err(Error::Profile(format!(
+                        "hardware profile '{}' gives times beyond any finite value for this plan \
+                         (an extreme bandwidth, latency or size)",
+                        self.hw.name
+                    )));
+                }
                 return Err(self.deadlock(plan));
             }
             let t_next = t_next.max(self.now);

@@ -23,7 +23,7 @@
 //! - Contention is a set of constant time multipliers (see [`Contention`]).
 
 use crate::error::{Error, Result};
-use crate::problem::workload::Collective;
+use crate::problem::workload::{Collective, Problem};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -179,6 +179,11 @@ pub struct HwProfile {
     pub nccl_sms: usize,
     /// Kernel launch overhead, µs.
     pub launch_us: f64,
+    /// Memory of one GPU, GB (1e9 bytes): shapes whose per-rank buffers do
+    /// not fit are rejected ([`HwProfile::check_fits`]). Absent in older
+    /// profile files: no check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<f64>,
     pub gemm: GemmParams,
     pub nvlink: LinkParams,
     pub copy_engine: CopyEngineParams,
@@ -194,6 +199,11 @@ pub struct HwProfile {
 fn shaped_default() -> f64 {
     3.1
 }
+
+/// Smallest positive value a profile quantity may take.
+const PROFILE_MIN: f64 = 1e-6;
+/// Largest value a profile quantity may take.
+const PROFILE_MAX: f64 = 1e9;
 
 const BUILTIN: [(&str, &str); 2] = [
     (
@@ -251,20 +261,28 @@ impl HwProfile {
 
     /// Checks that every quantity is usable (positive, multipliers ≥ 1, ...).
     pub fn check(&self) -> std::result::Result<(), String> {
+        // Bounds far outside any real device, so that no derived time overflows.
         let pos = |what: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
+            if v.is_finite() && (PROFILE_MIN..=PROFILE_MAX).contains(&v) {
                 Ok(())
             } else {
-                Err(format!("{what} must be positive, got {v}"))
+                Err(format!(
+                    "{what} must be positive, between {PROFILE_MIN:e} and {PROFILE_MAX:e}, got {v}"
+                ))
             }
         };
         let nonneg = |what: &str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
+            if v.is_finite() && (0.0..=PROFILE_MAX).contains(&v) {
                 Ok(())
             } else {
-                Err(format!("{what} must be zero or more, got {v}"))
+                Err(format!(
+                    "{what} must be between 0 and {PROFILE_MAX:e}, got {v}"
+                ))
             }
         };
+        if let Some(gb) = self.memory_gb {
+            pos("memory_gb", gb)?;
+        }
         if self.sm_count == 0 {
             return Err("sm_count must be positive".into());
         }
@@ -342,6 +360,7 @@ impl HwProfile {
             return Err("reduce.full_bw_sms must be positive".into());
         }
         nonneg("reduce.launch_us", self.reduce.launch_us)?;
+        pos("shaped_gemm_slowdown", self.shaped_gemm_slowdown)?;
         let c = &self.contention;
         for (what, v) in [
             ("contention.gemm_slowdown_nccl", c.gemm_slowdown_nccl),
@@ -350,11 +369,35 @@ impl HwProfile {
             ("contention.copy_slowdown_gemm", c.copy_slowdown_gemm),
             ("contention.gemm_slowdown_gemm", c.gemm_slowdown_gemm),
         ] {
-            if !(v.is_finite() && v >= 1.0) {
+            if !(v.is_finite() && (1.0..=PROFILE_MAX).contains(&v)) {
                 return Err(format!(
-                    "{what} is a time multiplier and must be at least 1, got {v}"
+                    "{what} is a time multiplier and must be between 1 and {PROFILE_MAX:e}, got {v}"
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checks that one rank's buffers of `problem`'s sequential plan (its
+    /// inputs, the collective's buffer and the output) fit in one GPU's
+    /// memory (`memory_gb`; no check when the profile has none).
+    pub fn check_fits(&self, problem: &Problem) -> Result<()> {
+        let Some(gb) = self.memory_gb else {
+            return Ok(());
+        };
+        let plan = crate::plan::lower::lower(problem, &crate::space::Schedule::SEQ)?;
+        let need = plan
+            .ranks
+            .iter()
+            .map(|r| r.buffers.iter().map(|b| b.bytes() as f64).sum::<f64>())
+            .fold(0.0, f64::max);
+        if need > gb * 1e9 {
+            return Err(Error::Shape(format!(
+                "{}: one GPU's buffers need {:.1} GB, more than the {gb} GB of hardware profile '{}' (memory_gb)",
+                problem.label(),
+                need / 1e9,
+                self.name
+            )));
         }
         Ok(())
     }

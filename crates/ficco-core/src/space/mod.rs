@@ -163,6 +163,9 @@ pub const SHAPED_TILE: usize = 128;
 /// K step of ficco's shaped GEMM kernel.
 pub const SHAPED_K: usize = 32;
 
+/// Most blocks per SM of `-occB` (Hopper runs at most 32 blocks per SM).
+pub const MAX_OCCUPANCY: usize = 32;
+
 /// Chunk counts of `fine(c)` in the enumerated space.
 pub const FINE_CHUNKS: [usize; 3] = [2, 4, 8];
 
@@ -333,6 +336,10 @@ impl Schedule {
                 && !(self.engine == Engine::Nccl && self.order == Order::All)
                 && !(self.engine == Engine::Copy && self.nccl_ctas.is_some());
         }
+        // Copy engines make no NCCL calls whose CTAs could be limited.
+        if self.engine == Engine::Copy && self.nccl_ctas.is_some() {
+            return false;
+        }
         // gemm-ar over NCCL has only per-chunk all-reduce; "all" would be the same plan.
         let ar_nccl = op == Op::GemmAr && self.engine == Engine::Nccl;
         if ar_nccl && self.order == Order::All {
@@ -347,6 +354,64 @@ impl Schedule {
         }
         // Only the pairwise lowerings end with a reduce to fuse.
         !(self.fused_reduce && (op == Op::AgGemm || ar_nccl || rs_nccl_all))
+    }
+
+    /// Why this schedule is outside the design space of `op` on a device of
+    /// `space.sm_count` SMs, or `None` when it is inside. Names are parsed
+    /// without a device; this is where their options meet one:
+    ///
+    /// * `fineC` needs C in [`FINE_CHUNKS`] (the chunk counts the space
+    ///   enumerates; other counts are not modelled or tested);
+    /// * `-smN` needs 1 ≤ N ≤ the SM count; `-gcN` a multiple of
+    ///   [`GREEN_SM_GRANULE`] below the SM count (the rest runs communication);
+    /// * `-ctaN` needs NCCL (copy-engine schedules make no NCCL calls) and
+    ///   N ≤ the SM count; `-occB` needs 1 ≤ B ≤ [`MAX_OCCUPANCY`];
+    /// * and the schedule must exist for `op` ([`Schedule::applies_to`]).
+    pub fn outside(&self, op: Op, space: SpaceOptions) -> Option<String> {
+        if self.engine == Engine::Copy && self.nccl_ctas.is_some() {
+            return Some("-ctaN: copy-engine schedules make no NCCL calls to limit".to_string());
+        }
+        if !self.applies_to(op) {
+            return Some(format!("{op} has no such schedule"));
+        }
+        if let Granularity::Fine(c) = self.granularity {
+            if !FINE_CHUNKS.contains(&c) {
+                return Some(format!(
+                    "fine{c}: the chunk count must be one of {FINE_CHUNKS:?}"
+                ));
+            }
+        }
+        let sms = space.sm_count;
+        if let Some(n) = self.sm_target {
+            if n == 0 || n > sms {
+                return Some(format!(
+                    "-sm{n}: the SM target must be 1 to {sms} (the device's SMs)"
+                ));
+            }
+        }
+        if let Some(n) = self.green_sms {
+            if n % GREEN_SM_GRANULE != 0 || n == 0 || n >= sms {
+                return Some(format!(
+                    "-gc{n}: the green context must be a multiple of {GREEN_SM_GRANULE} SMs below {sms} (the device's SMs)"
+                ));
+            }
+        }
+        if let Some(n) = self.nccl_ctas {
+            if self.engine == Engine::Copy {
+                return Some(format!(
+                    "-cta{n}: copy-engine schedules make no NCCL calls to limit"
+                ));
+            }
+            if n > sms {
+                return Some(format!("-cta{n}: at most {sms} CTAs (the device's SMs)"));
+            }
+        }
+        if let Some(b) = self.occupancy {
+            if b > MAX_OCCUPANCY {
+                return Some(format!("-occ{b}: at most {MAX_OCCUPANCY} blocks per SM"));
+            }
+        }
+        None
     }
 
     /// Why this schedule cannot run `problem`, or `None` when it fits.
