@@ -2,45 +2,13 @@
 //! and message.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 use std::time::Instant;
 
-fn ficco(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ficco"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run ficco")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Exit status 2, one line `error: ...` naming `want`, no panic.
-fn assert_fails(args: &[&str], want: &str) -> Output {
-    let o = ficco(args);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "{args:?}: one error line expected:\n{err}");
-    assert!(lines[0].contains(want), "{args:?}: {err}");
-    assert!(!err.contains("Error:"), "{args:?}: {err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("internal error"),
-        "{err}"
-    );
-    o
-}
+mod support;
+use support::{assert_fails, ficco, stderr, stdout};
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ficco-bad-input-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    support::tmp("bad-input", name)
 }
 
 fn shape(gpus: &str) -> Vec<&str> {
