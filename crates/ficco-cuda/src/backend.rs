@@ -61,6 +61,18 @@ impl std::fmt::Debug for GpuBackend {
     }
 }
 
+/// Asks the driver for its most hardware work queues per device
+/// (`CUDA_DEVICE_MAX_CONNECTIONS=32`, default 8) unless the user set it.
+/// A stream waiting on a signal flag blocks its hardware queue; streams that
+/// share a queue then wait behind it, which deadlocks when the signal's
+/// producer is one of them (all ranks' streams share one device in loopback).
+/// Must run before the driver is initialised to take effect.
+fn hardware_queues() {
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+}
+
 /// Median of a non-empty list (0 when empty).
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -80,6 +92,7 @@ impl GpuBackend {
     /// access, compiles the kernels and creates the NCCL communicators.
     /// Fails with `LibraryMissing`, `NoGpu` or `NotEnoughGpus`; never panics.
     pub fn open(gpus: usize) -> Result<Self> {
+        hardware_queues();
         crate::loader::require()?;
         let found = info::device_count()?;
         if gpus == 0 || gpus > found {
@@ -121,6 +134,7 @@ impl GpuBackend {
     /// comm-only), which run in their copy form ([`exec::copy_reference`]).
     /// Reports name the device "1x <GPU> (loopback, P ranks)".
     pub fn open_loopback(ranks: usize) -> Result<Self> {
+        hardware_queues();
         crate::loader::require()?;
         let found = info::device_count()?;
         if found == 0 {
@@ -160,7 +174,13 @@ impl GpuBackend {
         Ok(None)
     }
 
-    fn run(&mut self, plan: &Plan, ptrs: &[Vec<DevicePtr>], spec: RunSpec) -> Result<Vec<exec::run::RankTimes>> {
+    /// In loopback, reference plans run in their copy form (see [`Self::runnable`]).
+    fn run(
+        &mut self,
+        plan: &Plan,
+        ptrs: &[Vec<DevicePtr>],
+        spec: RunSpec,
+    ) -> Result<Vec<exec::run::RankTimes>> {
         exec::run_plan_with(&mut self.ranks, plan, ptrs, spec, self.run_opts)
     }
 
@@ -215,6 +235,8 @@ impl GpuBackend {
         plan: &Plan,
         init: &[Vec<Option<Vec<u16>>>],
     ) -> Result<Vec<Vec<Vec<u16>>>> {
+        let copy_form = self.runnable(plan)?;
+        let plan = copy_form.as_ref().unwrap_or(plan);
         let ptrs = self.bind(plan)?;
         for (r, rp) in plan.ranks.iter().enumerate() {
             self.ranks[r].synchronize()?;
@@ -528,7 +550,9 @@ impl Backend for GpuBackend {
         check: bool,
         timeline: bool,
     ) -> Result<Measured, BackendError> {
-        Ok(self.measure_plan(plan, check, timeline).map_err(to_backend)?)
+        Ok(self
+            .measure_plan(plan, check, timeline)
+            .map_err(to_backend)?)
     }
 }
 

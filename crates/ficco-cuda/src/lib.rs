@@ -70,7 +70,7 @@ mod tests_gpu_controls;
 
 pub use backend::{GpuBackend, MeasureConfig};
 pub use error::CudaError;
+pub use exec::{RunOpts, DEFAULT_WATCHDOG_MS};
 pub use info::{info, SystemInfo};
 pub use loader::{nccl_soname_shim, Libraries};
-pub use exec::{RunOpts, DEFAULT_WATCHDOG_MS};
 pub use open::{open, open_loopback, BackendChoice, GpuBackends, Opened};

@@ -11,7 +11,7 @@
 
 mod common;
 use common::{b2f, no_gpu, rand, rel_err};
-use ficco_core::plan::lower::lower;
+use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::run::{skip_reason, Backend};
@@ -88,6 +88,21 @@ fn every_copy_schedule_is_exact_in_loopback() {
             // The reference itself, timed (it runs in its copy form).
             let r = be.measure(&seq, true, false).expect("seq in copy form");
             assert!(r.correct, "{}: seq against itself", problem.label());
+            // What explore measures besides: gemm-only and comm-only (in copy form).
+            let g = be
+                .measure(&gemm_only(&problem), false, false)
+                .expect("gemm-only");
+            let c = be
+                .measure(&comm_only(&problem), false, false)
+                .expect("comm-only (copy form)");
+            eprintln!(
+                "REF P={p} {}: seq {:.3} ms launch {:.1} us, gemm-only {:.3} ms, comm-only {:.3} ms",
+                problem.label(),
+                r.time_ms,
+                r.launch_us.unwrap_or(f64::NAN),
+                g.time_ms,
+                c.time_ms
+            );
             for s in copy_schedules(op) {
                 let plan = match lower(&problem, &s) {
                     Ok(plan) => plan,
@@ -116,11 +131,7 @@ fn every_copy_schedule_is_exact_in_loopback() {
                         s.name(),
                         r.max_rel_err
                     )),
-                    Err(e) => failures.push(format!(
-                        "P={p} {} {}: {e}",
-                        problem.label(),
-                        s.name()
-                    )),
+                    Err(e) => failures.push(format!("P={p} {} {}: {e}", problem.label(), s.name())),
                 }
             }
             // One NCCL schedule: skipped with the loopback reason.
@@ -129,7 +140,9 @@ fn every_copy_schedule_is_exact_in_loopback() {
                 .find(|s| s.engine == Engine::Nccl && !s.is_seq())
             {
                 if let Ok(plan) = lower(&problem, &s) {
-                    let e = be.measure(&plan, true, false).expect_err("NCCL in loopback");
+                    let e = be
+                        .measure(&plan, true, false)
+                        .expect_err("NCCL in loopback");
                     let reason = skip_reason(&e).expect("a Skip");
                     assert!(reason.contains("NCCL cannot run several ranks on one GPU"));
                 }
@@ -215,7 +228,10 @@ fn copy_form_reference_matches_host() {
                 let o = role(&seq, r, BufferRole::Output);
                 let got: Vec<f32> = out[r][o].iter().map(|&h| b2f(h)).collect();
                 let e = rel_err(&got, &expect);
-                eprintln!("reference P={p} {} rank {r}: rel err {e:.2e}", problem.label());
+                eprintln!(
+                    "reference P={p} {} rank {r}: rel err {e:.2e}",
+                    problem.label()
+                );
                 assert!(e < 1e-2, "P={p} {} rank {r}: rel err {e}", problem.label());
             }
         }
@@ -231,7 +247,9 @@ fn watchdog_ends_a_missing_signal() {
     let Some(mut be) = open(test, 2) else {
         return;
     };
-    let problem = Problem::new(Op::AgGemm, 128, 64, 64, 2).expect("problem");
+    // gemm-rs on copy engines: each rank pushes its partials into the
+    // peer's slots, and the peer's reduce depends on those pushes.
+    let problem = Problem::new(Op::GemmRs, 128, 64, 64, 2).expect("problem");
     let s: Schedule = "shard-copy-ring".parse().expect("schedule");
     let plan = lower(&problem, &s).expect("plan");
     // The first cross-rank dependency: drop its producer's signal.
@@ -260,7 +278,10 @@ fn watchdog_ends_a_missing_signal() {
     let t0 = Instant::now();
     let res = be.run_host(&plan, &init);
     let took = t0.elapsed().as_secs_f64() * 1e3;
-    eprintln!("watchdog: {took:.0} ms (bound {bound_ms} ms): {res:?}", res = res.as_ref().err());
+    eprintln!(
+        "watchdog: {took:.0} ms (bound {bound_ms} ms): {res:?}",
+        res = res.as_ref().err()
+    );
     match res {
         Err(CudaError::Hang {
             rank,

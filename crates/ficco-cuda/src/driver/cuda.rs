@@ -710,10 +710,7 @@ pub(crate) fn stream_create_nonblocking() -> Result<sys::CUstream> {
     let mut s = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the driver reports an error without a context.
     check("cuStreamCreate", unsafe {
-        sys::cuStreamCreate(
-            &mut s,
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-        )
+        sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
     })?;
     Ok(s)
 }
@@ -730,7 +727,12 @@ pub(crate) unsafe fn memcpy_dtoh_async(
 ) -> Result<()> {
     check(
         "cuMemcpyDtoHAsync",
-        sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src.raw(), dst.len(), stream),
+        sys::cuMemcpyDtoHAsync_v2(
+            dst.as_mut_ptr() as *mut c_void,
+            src.raw(),
+            dst.len(),
+            stream,
+        ),
     )
 }
 
@@ -763,4 +765,16 @@ pub(crate) fn mem_host_alloc_mapped(bytes: usize) -> Result<(*mut c_void, Device
 /// `p` came from [`mem_host_alloc_mapped`], is freed once, and no device work uses it.
 pub(crate) unsafe fn mem_free_host(p: *mut c_void) {
     let _ = sys::cuMemFreeHost(p);
+}
+
+/// Whether all work of `stream` is done (`cuStreamQuery`), without blocking.
+///
+/// # Safety
+/// `stream` must be live.
+pub(crate) unsafe fn stream_done(stream: sys::CUstream) -> Result<bool> {
+    let r = sys::cuStreamQuery(stream);
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check("cuStreamQuery", r).map(|_| true)
 }

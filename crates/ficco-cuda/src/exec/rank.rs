@@ -225,7 +225,10 @@ impl Rank {
         let words = words.max(1);
         if self.flags.as_ref().is_none_or(|f| f.bytes() < words * 4) {
             // Grow in powers of two so plans of similar size reuse it.
-            self.flags = Some(DeviceBuffer::alloc(&self.ctx, words.next_power_of_two() * 4)?);
+            self.flags = Some(DeviceBuffer::alloc(
+                &self.ctx,
+                words.next_power_of_two() * 4,
+            )?);
         }
         let f = self.flags.as_ref().map(|f| (f.ptr(), f.bytes() / 4));
         let Some((ptr, n)) = f else {

@@ -14,9 +14,7 @@
 //! results agree bit for bit across ranks.
 
 use crate::error::{CudaError, Result};
-use ficco_core::plan::{
-    Buffer, BufferRole, NcclOp, Plan, RankView, Task, TaskId, TaskKind, View,
-};
+use ficco_core::plan::{Buffer, BufferRole, NcclOp, Plan, RankView, Task, TaskId, TaskKind, View};
 
 /// `plan` with every collective replaced as described in the module doc.
 /// Plans without NCCL tasks come back unchanged; grouped send/recv is refused.
@@ -70,10 +68,7 @@ pub fn copy_reference(plan: &Plan) -> Result<Plan> {
         for t in &rp.tasks {
             let deps: Vec<TaskId> = t.deps.iter().map(map).collect();
             let TaskKind::Nccl { group, op } = &t.kind else {
-                tasks.push(Task {
-                    deps,
-                    ..t.clone()
-                });
+                tasks.push(Task { deps, ..t.clone() });
                 continue;
             };
             // The rendezvous: every member's dependencies.
@@ -124,7 +119,10 @@ pub fn copy_reference(plan: &Plan) -> Result<Plan> {
                         let dst = recv.rows(q * send.rows, send.rows);
                         tasks.push(copy(
                             format!("ag-ref from {q}"),
-                            RankView { rank: q, view: send },
+                            RankView {
+                                rank: q,
+                                view: send,
+                            },
                             dst,
                             rdv.clone(),
                         ));
@@ -213,7 +211,8 @@ mod tests {
                     comm_only(&problem),
                 ] {
                     let c = copy_reference(&plan).expect("copy form");
-                    validate(&c).unwrap_or_else(|e| panic!("{} {}: {e}", problem.label(), plan.name));
+                    validate(&c)
+                        .unwrap_or_else(|e| panic!("{} {}: {e}", problem.label(), plan.name));
                     assert!(c.ranks.iter().all(|rp| rp
                         .tasks
                         .iter()

@@ -157,7 +157,13 @@ pub(crate) struct Shared<'a> {
 
 impl Shared<'_> {
     /// Makes `stream` of rank `r` wait until `producer`'s flag on `r` is >= `epoch`.
-    fn wait_signal(&self, r: usize, stream: &CudaStream, producer: Point, epoch: u32) -> Result<()> {
+    fn wait_signal(
+        &self,
+        r: usize,
+        stream: &CudaStream,
+        producer: Point,
+        epoch: u32,
+    ) -> Result<()> {
         let w = self.layout.slot(producer, r).ok_or_else(|| {
             CudaError::Plan(format!("no signal flag for {producer:?} on rank {r}"))
         })?;
@@ -357,9 +363,11 @@ pub(crate) const NCCL_IN_LOOPBACK: &str = "NCCL cannot run several ranks on one 
 /// flags to find the first unsatisfied wait, then writes `u32::MAX` into
 /// every flag of the run from a side stream: every wait is satisfied, the
 /// streams drain, the rank threads return, and the run fails with
-/// [`CudaError::Hang`] naming the rank and plan point. A kernel or NCCL call
-/// that never ends cannot be released this way (the watchdog keeps
-/// releasing the flags every bound and the run stays stuck).
+/// [`CudaError::Hang`] naming the rank and plan point. Its side work never
+/// blocks (polled for at most a second). When the device does not drain
+/// after [`GIVE_UP_ROUNDS`] releases, one bound apart (a kernel or NCCL call
+/// that never ends), no thread can be joined, and the watchdog ends the
+/// process with status [`HANG_EXIT_CODE`] after printing the hang.
 pub fn run_plan_with(
     ranks: &mut [Rank],
     plan: &Plan,
@@ -375,10 +383,11 @@ pub fn run_plan_with(
         )));
     }
     let loopback = is_loopback(ranks);
-    let has_nccl = plan
-        .ranks
-        .iter()
-        .any(|rp| rp.tasks.iter().any(|t| matches!(t.kind, TaskKind::Nccl { .. })));
+    let has_nccl = plan.ranks.iter().any(|rp| {
+        rp.tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
+    });
     if loopback && has_nccl {
         return Err(CudaError::Skipped(NCCL_IN_LOOPBACK.into()));
     }
@@ -419,7 +428,10 @@ pub fn run_plan_with(
         set.warm()?;
         set.comms().iter().map(|c| CommHandle(c.raw())).collect()
     };
-    ranks[0].ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    ranks[0]
+        .ctx
+        .bind_to_thread()
+        .map_err(drv("cuCtxSetCurrent"))?;
     let progress = HostWords::new(ranks.len())?;
     let start = std::sync::Barrier::new(ranks.len());
     let events = same_rank_events(plan);
@@ -474,6 +486,12 @@ pub fn run_plan_with(
     Ok(out)
 }
 
+/// Releases the watchdog tries before it ends the process.
+const GIVE_UP_ROUNDS: u32 = 3;
+
+/// Exit status of a process the watchdog ends (EX_SOFTWARE).
+pub const HANG_EXIT_CODE: i32 = 70;
+
 /// The watchdog loop (see [`run_plan_with`]): returns the hang, if one was found.
 fn watchdog(
     sh: &Shared<'_>,
@@ -489,11 +507,12 @@ fn watchdog(
     let mut last_change = Instant::now();
     let mut hang = None;
     let mut released_on_failure = false;
+    let mut rounds = 0;
     while finished.load(Ordering::Acquire) < n {
         std::thread::sleep(Duration::from_micros(100));
         if failed.load(Ordering::Acquire) && !released_on_failure {
             // A rank failed to issue: its consumers would wait forever.
-            release_all(sh, ctxs);
+            let _ = release_all(sh, ctxs);
             released_on_failure = true;
             continue;
         }
@@ -515,41 +534,69 @@ fn watchdog(
                 waited_ms,
             });
         }
-        release_all(sh, ctxs);
+        let released = release_all(sh, ctxs);
+        rounds += 1;
+        if rounds >= GIVE_UP_ROUNDS {
+            // The device does not drain even with every wait released (a
+            // kernel or an NCCL call never ends, or the watchdog's own side
+            // streams cannot run): no thread of this process can be joined.
+            eprintln!(
+                "ficco: watchdog: {} and the device did not drain after {rounds} releases \
+                 (flag writes completed: {released}); exiting",
+                hang.as_ref().map(|h| h.to_string()).unwrap_or_default()
+            );
+            std::process::exit(HANG_EXIT_CODE);
+        }
         last_change = Instant::now();
     }
     hang
 }
 
-/// Runs `f` with a fresh non-blocking stream of `ctx`, synchronized and
-/// destroyed after.
+/// How long the watchdog waits for its own side work (a flag read or release).
+const SIDE_WORK_MS: u64 = 1000;
+
+/// Runs `f` on a fresh non-blocking stream of `ctx` and polls it for at most
+/// [`SIDE_WORK_MS`]. Returns whether the work finished; the stream is
+/// destroyed either way (the driver frees it once its work is done). Never
+/// blocks on a stuck device.
 fn on_side_stream(
     ctx: &Arc<CudaContext>,
     f: impl FnOnce(cudarc::driver::sys::CUstream) -> Result<()>,
-) -> Result<()> {
+) -> Result<bool> {
     ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
     let s = cu::stream_create_nonblocking()?;
     let res = f(s);
-    // SAFETY: `s` was created above and is destroyed once, after its work.
-    unsafe {
-        let sync = cu::stream_synchronize(s);
-        cu::stream_destroy(s);
-        res.and(sync)
+    let deadline = Instant::now() + Duration::from_millis(SIDE_WORK_MS);
+    let mut done = false;
+    while res.is_ok() && Instant::now() < deadline {
+        // SAFETY: `s` is live until destroyed below.
+        if unsafe { cu::stream_done(s)? } {
+            done = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(100));
     }
+    // SAFETY: created above, destroyed once; pending work still completes.
+    unsafe { cu::stream_destroy(s) };
+    res.map(|_| done)
 }
 
 /// Writes `u32::MAX` into every flag of the run: every wait is satisfied.
-fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) {
+/// Returns whether every write was seen to complete.
+fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
+    let mut all = true;
     for (r, ctx) in ctxs.iter().enumerate() {
         let words = sh.layout.words[r];
         if words == 0 {
             continue;
         }
-        let _ = on_side_stream(ctx, |s| {
+        let done = on_side_stream(ctx, |s| {
             // SAFETY: rank r's live flag buffer holds `words` words.
             unsafe { cu::memset_d32_async(sh.flags[r], u32::MAX, words, s) }
         });
+        all &= matches!(done, Ok(true));
     }
+    all
 }
 
 /// The first wait (task waits before barrier waits) whose flag is below its
@@ -566,21 +613,22 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
     let mut values: Vec<Vec<u32>> = vec![];
     for (r, ctx) in ctxs.iter().enumerate() {
         let words = sh.layout.words[r];
-        let mut bytes = vec![0u8; words * 4];
-        let res = on_side_stream(ctx, |s| {
-            // SAFETY: rank r's live flag buffer holds `words` words; the host
-            // buffer lives until the stream is synchronized (on_side_stream).
-            unsafe { cu::memcpy_dtoh_async(&mut bytes, sh.flags[r], s) }
-        });
-        let v = if res.is_ok() {
-            bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        } else {
-            vec![u32::MAX; words]
+        let Ok(host) = HostWords::new(words) else {
+            values.push(vec![u32::MAX; words]);
+            continue;
         };
-        values.push(v);
+        let res = on_side_stream(ctx, |s| {
+            // SAFETY: rank r's live flag buffer holds `words` words and so
+            // does the mapped host buffer (leaked below unless the copy ended).
+            unsafe { cu::memcpy_dtod_async(host.device(0), sh.flags[r], words * 4, s) }
+        });
+        if matches!(res, Ok(true)) {
+            values.push((0..words).map(|i| host.get(i)).collect());
+        } else {
+            // The copy may still land: keep its destination alive.
+            std::mem::forget(host);
+            values.push(vec![u32::MAX; words]);
+        }
     }
     let unsatisfied = |r: usize, producer: Point, epoch: u32| {
         sh.layout
@@ -622,7 +670,10 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
             if epoch > 1 && unsatisfied(r, end, epoch - 1) {
                 return (
                     r,
-                    format!("start of iteration {epoch}, waiting for rank {q}'s end of iteration {}", epoch - 1),
+                    format!(
+                        "start of iteration {epoch}, waiting for rank {q}'s end of iteration {}",
+                        epoch - 1
+                    ),
                 );
             }
         }
