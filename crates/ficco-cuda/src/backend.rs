@@ -66,10 +66,16 @@ impl std::fmt::Debug for GpuBackend {
 /// A stream waiting on a signal flag blocks its hardware queue; streams that
 /// share a queue then wait behind it, which deadlocks when the signal's
 /// producer is one of them (all ranks' streams share one device in loopback).
-/// Must run before the driver is initialised to take effect.
+/// Likewise `CUDA_MODULE_LOADING=EAGER`: a lazily loaded kernel can wait for
+/// the device to go idle, which never happens while a stream waits on a
+/// signal the loading thread has yet to issue. Must run before the driver is
+/// initialised to take effect.
 fn hardware_queues() {
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
     }
 }
 
@@ -541,7 +547,7 @@ impl Backend for GpuBackend {
     }
 
     fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError> {
-        Ok(self.prepare_plan(seq).map_err(to_backend)?)
+        self.prepare_plan(seq).map_err(to_backend)
     }
 
     fn measure(
@@ -550,9 +556,7 @@ impl Backend for GpuBackend {
         check: bool,
         timeline: bool,
     ) -> Result<Measured, BackendError> {
-        Ok(self
-            .measure_plan(plan, check, timeline)
-            .map_err(to_backend)?)
+        self.measure_plan(plan, check, timeline).map_err(to_backend)
     }
 }
 

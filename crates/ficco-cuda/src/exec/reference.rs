@@ -36,11 +36,8 @@ pub fn copy_reference(plan: &Plan) -> Result<Plan> {
                         ));
                     }
                     group_task.insert((r, *group), i);
-                    if matches!(op, NcclOp::AllGather { .. }) {
-                        p
-                    } else {
-                        p // P-1 copies and a reduce
-                    }
+                    // All-gather: P copies; the others: P-1 copies and a reduce.
+                    p
                 }
                 _ => 1,
             };

@@ -147,6 +147,8 @@ pub(crate) struct Shared<'a> {
     pub flags: &'a [DevicePtr],
     /// Per rank, the last iteration its control stream finished.
     pub progress: &'a HostWords,
+    /// Where the watchdog reads a rank's flags (as many words as the largest rank's).
+    pub diag: &'a HostWords,
     /// Per rank per task: another stream of the same rank waits for it.
     pub events: &'a [Vec<bool>],
     pub spec: RunSpec,
@@ -360,7 +362,7 @@ pub(crate) const NCCL_IN_LOOPBACK: &str = "NCCL cannot run several ranks on one 
 /// **Watchdog.** The calling thread watches each rank's finished iteration
 /// (a mapped host word its control stream writes). When no rank finishes an
 /// iteration for `opts.watchdog_ms`, or a rank thread failed, it reads the
-/// flags to find the first unsatisfied wait, then writes `u32::MAX` into
+/// flags to find the first unsatisfied wait, then writes `RELEASED` (2^30) into
 /// every flag of the run from a side stream: every wait is satisfied, the
 /// streams drain, the rank threads return, and the run fails with
 /// [`CudaError::Hang`] naming the rank and plan point. Its side work never
@@ -433,6 +435,7 @@ pub fn run_plan_with(
         .bind_to_thread()
         .map_err(drv("cuCtxSetCurrent"))?;
     let progress = HostWords::new(ranks.len())?;
+    let diag = HostWords::new(layout.words.iter().copied().max().unwrap_or(1))?;
     let start = std::sync::Barrier::new(ranks.len());
     let events = same_rank_events(plan);
     let sh = Shared {
@@ -443,6 +446,7 @@ pub fn run_plan_with(
         layout: &layout,
         flags: &flags,
         progress: &progress,
+        diag: &diag,
         events: &events,
         spec,
         opts,
@@ -570,7 +574,7 @@ fn on_side_stream(
     let mut done = false;
     while res.is_ok() && Instant::now() < deadline {
         // SAFETY: `s` is live until destroyed below.
-        if unsafe { cu::stream_done(s)? } {
+        if unsafe { cu::stream_done(s) }.unwrap_or(true) {
             done = true;
             break;
         }
@@ -581,7 +585,12 @@ fn on_side_stream(
     res.map(|_| done)
 }
 
-/// Writes `u32::MAX` into every flag of the run: every wait is satisfied.
+/// The value the watchdog writes into every flag. `CU_STREAM_WAIT_VALUE_GEQ`
+/// compares `(int32_t)(*addr - value) >= 0`, so `u32::MAX` would satisfy no
+/// wait; 2^30 satisfies every epoch below 2^30.
+const RELEASED: u32 = 1 << 30;
+
+/// Writes [`RELEASED`] into every flag of the run: every wait is satisfied.
 /// Returns whether every write was seen to complete.
 fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
     let mut all = true;
@@ -592,7 +601,7 @@ fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
         }
         let done = on_side_stream(ctx, |s| {
             // SAFETY: rank r's live flag buffer holds `words` words.
-            unsafe { cu::memset_d32_async(sh.flags[r], u32::MAX, words, s) }
+            unsafe { cu::memset_d32_async(sh.flags[r], RELEASED, words, s) }
         });
         all &= matches!(done, Ok(true));
     }
@@ -612,21 +621,19 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
     };
     let mut values: Vec<Vec<u32>> = vec![];
     for (r, ctx) in ctxs.iter().enumerate() {
+        // No pinned allocation or free here: cuMemFreeHost synchronizes the
+        // device, which is what is stuck. `sh.diag` lives until the run ends,
+        // after the device drained.
         let words = sh.layout.words[r];
-        let Ok(host) = HostWords::new(words) else {
-            values.push(vec![u32::MAX; words]);
-            continue;
-        };
+        let host = sh.diag;
         let res = on_side_stream(ctx, |s| {
-            // SAFETY: rank r's live flag buffer holds `words` words and so
-            // does the mapped host buffer (leaked below unless the copy ended).
+            // SAFETY: rank r's live flag buffer holds `words` words and the
+            // mapped diagnostic buffer at least as many (run_plan_with).
             unsafe { cu::memcpy_dtod_async(host.device(0), sh.flags[r], words * 4, s) }
         });
         if matches!(res, Ok(true)) {
             values.push((0..words).map(|i| host.get(i)).collect());
         } else {
-            // The copy may still land: keep its destination alive.
-            std::mem::forget(host);
             values.push(vec![u32::MAX; words]);
         }
     }
