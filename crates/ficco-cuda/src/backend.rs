@@ -1,14 +1,14 @@
 //! [`GpuBackend`]: opens the GPUs and implements `ficco_core::run::Backend`.
 
 use crate::error::{drv, CudaError, Result};
-use crate::exec::{self, Rank, RunSpec};
+use crate::exec::{self, Rank, RunOpts, RunSpec};
 use crate::info::{self, SystemInfo};
 use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer, DevicePtr};
 use cudarc::driver::CudaContext;
 use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
 use ficco_core::run::timeline::{Span, Timeline};
-use ficco_core::run::{Backend, BackendError, Measured};
+use ficco_core::run::{Backend, BackendError, Measured, Skip};
 
 /// Iteration counts and tolerance of measurements.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,11 +49,33 @@ pub struct GpuBackend {
     info: SystemInfo,
     pub config: MeasureConfig,
     prepared: Option<Prepared>,
+    /// Every rank on GPU 0 ([`GpuBackend::open_loopback`]).
+    loopback: bool,
+    /// Watchdog and test hooks of every run (see [`RunOpts`]).
+    pub run_opts: RunOpts,
 }
 
 impl std::fmt::Debug for GpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "GpuBackend({})", self.device_name())
+    }
+}
+
+/// Asks the driver for its most hardware work queues per device
+/// (`CUDA_DEVICE_MAX_CONNECTIONS=32`, default 8) unless the user set it.
+/// A stream waiting on a signal flag blocks its hardware queue; streams that
+/// share a queue then wait behind it, which deadlocks when the signal's
+/// producer is one of them (all ranks' streams share one device in loopback).
+/// Likewise `CUDA_MODULE_LOADING=EAGER`: a lazily loaded kernel can wait for
+/// the device to go idle, which never happens while a stream waits on a
+/// signal the loading thread has yet to issue. Must run before the driver is
+/// initialised to take effect.
+fn hardware_queues() {
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
     }
 }
 
@@ -76,6 +98,7 @@ impl GpuBackend {
     /// access, compiles the kernels and creates the NCCL communicators.
     /// Fails with `LibraryMissing`, `NoGpu` or `NotEnoughGpus`; never panics.
     pub fn open(gpus: usize) -> Result<Self> {
+        hardware_queues();
         crate::loader::require()?;
         let found = info::device_count()?;
         if gpus == 0 || gpus > found {
@@ -105,7 +128,66 @@ impl GpuBackend {
             info,
             config: MeasureConfig::default(),
             prepared: None,
+            loopback: false,
+            run_opts: RunOpts::default(),
         })
+    }
+
+    /// Opens `ranks` ranks on GPU 0 alone (loopback): each rank has its own
+    /// buffers, streams and signal flags on the one device, and copies are
+    /// device-local. NCCL cannot run there: plans with NCCL tasks fail with
+    /// [`CudaError::Skipped`], except the reference plans (`seq`,
+    /// comm-only), which run in their copy form ([`exec::copy_reference`]).
+    /// Reports name the device "1x <GPU> (loopback, P ranks)".
+    pub fn open_loopback(ranks: usize) -> Result<Self> {
+        hardware_queues();
+        crate::loader::require()?;
+        let found = info::device_count()?;
+        if found == 0 {
+            return Err(CudaError::NotEnoughGpus { wanted: 1, found });
+        }
+        if ranks == 0 {
+            return Err(CudaError::Plan("loopback needs at least one rank".into()));
+        }
+        let info = info::info();
+        let ctx = CudaContext::new(0).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        let mut rs = Vec::with_capacity(ranks);
+        for r in 0..ranks {
+            rs.push(Rank::new(r, ctx.clone())?);
+        }
+        Ok(GpuBackend {
+            ranks: rs,
+            info,
+            config: MeasureConfig::default(),
+            prepared: None,
+            loopback: true,
+            run_opts: RunOpts::default(),
+        })
+    }
+
+    /// Whether every rank runs on one GPU.
+    pub fn is_loopback(&self) -> bool {
+        self.loopback
+    }
+
+    /// The plan that runs for `plan`: in loopback, reference plans (no
+    /// schedule, or `seq`) run their collectives as copies.
+    fn runnable(&self, plan: &Plan) -> Result<Option<Plan>> {
+        let reference = plan.schedule.as_ref().is_none_or(|s| s.is_seq());
+        if self.loopback && reference {
+            return exec::copy_reference(plan).map(Some);
+        }
+        Ok(None)
+    }
+
+    /// In loopback, reference plans run in their copy form (see [`Self::runnable`]).
+    fn run(
+        &mut self,
+        plan: &Plan,
+        ptrs: &[Vec<DevicePtr>],
+        spec: RunSpec,
+    ) -> Result<Vec<exec::run::RankTimes>> {
+        exec::run_plan_with(&mut self.ranks, plan, ptrs, spec, self.run_opts)
     }
 
     /// The machine description gathered at open.
@@ -125,6 +207,9 @@ impl GpuBackend {
             .first()
             .map(|g| g.name.clone())
             .unwrap_or_else(|| "GPU".into());
+        if self.loopback {
+            return format!("1x {name} (loopback, {} ranks)", self.ranks.len());
+        }
         format!("{}x {}", self.ranks.len(), name)
     }
 
@@ -156,6 +241,8 @@ impl GpuBackend {
         plan: &Plan,
         init: &[Vec<Option<Vec<u16>>>],
     ) -> Result<Vec<Vec<Vec<u16>>>> {
+        let copy_form = self.runnable(plan)?;
+        let plan = copy_form.as_ref().unwrap_or(plan);
         let ptrs = self.bind(plan)?;
         for (r, rp) in plan.ranks.iter().enumerate() {
             self.ranks[r].synchronize()?;
@@ -174,7 +261,7 @@ impl GpuBackend {
             }
         }
         self.sync_all()?;
-        exec::run_plan(&mut self.ranks, plan, &ptrs, RunSpec::ONCE)?;
+        self.run(plan, &ptrs, RunSpec::ONCE)?;
         let mut out = vec![];
         for (r, rp) in plan.ranks.iter().enumerate() {
             let mut bufs = vec![];
@@ -254,6 +341,8 @@ impl GpuBackend {
     /// as the reference for `plan.problem`.
     #[allow(clippy::needless_range_loop)]
     pub fn prepare_plan(&mut self, seq: &Plan) -> Result<()> {
+        let copy_form = self.runnable(seq)?;
+        let seq = copy_form.as_ref().unwrap_or(seq);
         self.prepared = None;
         self.config.seed = self
             .config
@@ -292,7 +381,7 @@ impl GpuBackend {
             reference: vec![],
         });
         self.load_inputs(seq, &ptrs, true, true)?;
-        exec::run_plan(&mut self.ranks, seq, &ptrs, RunSpec::ONCE)?;
+        self.run(seq, &ptrs, RunSpec::ONCE)?;
         let mut reference = vec![];
         for r in 0..self.ranks.len() {
             let o = Self::output_of(seq, r)?;
@@ -316,6 +405,8 @@ impl GpuBackend {
 
     /// Checks (when `check`) and times `plan`; see [`Backend::measure`].
     pub fn measure_plan(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
+        let copy_form = self.runnable(plan)?;
+        let plan = copy_form.as_ref().unwrap_or(plan);
         let ptrs = self.bind(plan)?;
         let mut max_rel_err = None;
         let mut correct = true;
@@ -328,15 +419,14 @@ impl GpuBackend {
                 return Err(CudaError::NotPrepared(plan.problem.label()));
             }
             self.load_inputs(plan, &ptrs, true, true)?;
-            exec::run_plan(&mut self.ranks, plan, &ptrs, RunSpec::ONCE)?;
+            self.run(plan, &ptrs, RunSpec::ONCE)?;
             let (err, ok) = self.check_outputs(plan, &ptrs)?;
             max_rel_err = Some(err);
             correct = ok;
         } else {
             self.load_inputs(plan, &ptrs, false, false)?;
         }
-        let times = exec::run_plan(
-            &mut self.ranks,
+        let times = self.run(
             plan,
             &ptrs,
             RunSpec {
@@ -457,7 +547,7 @@ impl Backend for GpuBackend {
     }
 
     fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError> {
-        Ok(self.prepare_plan(seq)?)
+        self.prepare_plan(seq).map_err(to_backend)
     }
 
     fn measure(
@@ -466,7 +556,16 @@ impl Backend for GpuBackend {
         check: bool,
         timeline: bool,
     ) -> Result<Measured, BackendError> {
-        Ok(self.measure_plan(plan, check, timeline)?)
+        self.measure_plan(plan, check, timeline).map_err(to_backend)
+    }
+}
+
+/// A [`CudaError::Skipped`] becomes the core's [`Skip`] (reports show its
+/// reason as the skip reason); every other error stays typed.
+fn to_backend(e: CudaError) -> BackendError {
+    match e {
+        CudaError::Skipped(reason) => Box::new(Skip(reason)),
+        e => Box::new(e),
     }
 }
 

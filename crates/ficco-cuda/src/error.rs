@@ -47,6 +47,21 @@ pub enum CudaError {
     /// `measure` was called before `prepare` for this problem.
     #[error("no reference prepared for {0}; call prepare with the sequential plan first")]
     NotPrepared(String),
+    /// The plan cannot run on this backend by design (not a failure): e.g.
+    /// NCCL tasks in loopback. Reports list the schedule as skipped with
+    /// this reason.
+    #[error("{0}")]
+    Skipped(String),
+    /// The watchdog ended a run: no rank finished an iteration for
+    /// `waited_ms` (`FICCO_WATCHDOG_MS`, default 10 s). `point` names the plan
+    /// point rank `rank` was waiting at; every signal flag was then released
+    /// so the streams drained and nothing is left running.
+    #[error("run hung: rank {rank} stuck at {point}; no progress for {waited_ms} ms (watchdog, FICCO_WATCHDOG_MS); all waits were released and the run aborted")]
+    Hang {
+        rank: usize,
+        point: String,
+        waited_ms: u64,
+    },
     /// A host thread driving a GPU died.
     #[error("GPU worker thread for rank {0} panicked")]
     Worker(usize),

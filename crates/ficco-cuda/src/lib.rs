@@ -4,7 +4,8 @@
 //! per GPU.
 //!
 //! The main design choices: all cross-rank ordering goes through one seam,
-//! [`sync::CrossRankSync`] (in-process events now; IPC handles later), and
+//! `signal`: flags in device memory that the producer's stream writes and
+//! the consumer's stream waits on (no host thread waits for another rank), and
 //! nothing in cudarc's implicit machinery is relied on: its per-buffer event
 //! tracking is off, buffers are plain `cuMemAlloc` (pool memory copies
 //! peer-to-peer at a tenth of NVLink speed), every dependency is an explicit
@@ -23,7 +24,7 @@
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`error`] | [`CudaError`] |
 //! | `exec` | the executor: `exec::rank` resources, `exec::check` host checks and output comparison, `exec::issue` one function per task kind, `exec::run` the run loop |
-//! | `sync` | the cross-rank synchronisation seam |
+//! | `signal` | the cross-rank synchronisation seam: device signal flags, epochs, progress words |
 //! | `comm` | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |
 //! | `gemm` | cuBLASLt bf16 GEMM with row-major views, cached descriptors, measured algorithm choice |
 //! | `shaped` | ficco's tensor-core bf16 GEMM and bias+GELU, with shared-memory occupancy shaping |
@@ -46,7 +47,7 @@ pub mod loader;
 pub mod mem;
 pub(crate) mod nvrtc;
 pub mod open;
-pub(crate) mod sync;
+pub(crate) mod signal;
 
 // The resource-control toolkit and the FFI layer are complete APIs of which
 // the executor uses a part today; the rest (priority probes, SM-id probe,
@@ -71,6 +72,7 @@ mod tests_gpu_controls;
 
 pub use backend::{GpuBackend, MeasureConfig};
 pub use error::CudaError;
+pub use exec::{RunOpts, DEFAULT_WATCHDOG_MS};
 pub use info::{info, SystemInfo};
 pub use loader::{nccl_soname_shim, Libraries};
-pub use open::{open, BackendChoice, GpuBackends, Opened};
+pub use open::{open, open_loopback, BackendChoice, GpuBackends, Opened};

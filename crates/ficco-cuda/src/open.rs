@@ -20,6 +20,10 @@ pub enum BackendChoice {
     Sim,
     /// The GPUs (an error when there are none).
     Gpu,
+    /// Every rank on GPU 0 (loopback, see [`GpuBackend::open_loopback`]):
+    /// copy-engine schedules run and are checked on one GPU; NCCL schedules
+    /// are skipped; reports say "loopback".
+    Loopback,
 }
 
 /// An opened backend.
@@ -53,6 +57,10 @@ pub fn open(choice: BackendChoice, gpus: usize, hw: &HwProfile) -> Result<Opened
             backend: Box::new(GpuBackends::open(gpus)?),
             fallback: None,
         }),
+        BackendChoice::Loopback => Ok(Opened {
+            backend: Box::new(GpuBackends::open_loopback(gpus)?),
+            fallback: None,
+        }),
         BackendChoice::Auto => match GpuBackends::open(gpus) {
             Ok(b) => Ok(Opened {
                 backend: Box::new(b),
@@ -71,16 +79,36 @@ pub fn open(choice: BackendChoice, gpus: usize, hw: &HwProfile) -> Result<Opened
 pub struct GpuBackends {
     by_count: BTreeMap<usize, GpuBackend>,
     current: usize,
+    /// Every count runs as that many ranks on GPU 0.
+    loopback: bool,
 }
 
 impl GpuBackends {
     pub fn open(gpus: usize) -> Result<Self, CudaError> {
-        let first = GpuBackend::open(gpus)?;
+        Self::open_with(gpus, false)
+    }
+
+    /// Plans of any rank count, each run as that many ranks on GPU 0.
+    pub fn open_loopback(ranks: usize) -> Result<Self, CudaError> {
+        Self::open_with(ranks, true)
+    }
+
+    fn open_one(gpus: usize, loopback: bool) -> Result<GpuBackend, CudaError> {
+        if loopback {
+            GpuBackend::open_loopback(gpus)
+        } else {
+            GpuBackend::open(gpus)
+        }
+    }
+
+    fn open_with(gpus: usize, loopback: bool) -> Result<Self, CudaError> {
+        let first = Self::open_one(gpus, loopback)?;
         let mut by_count = BTreeMap::new();
         by_count.insert(gpus, first);
         Ok(GpuBackends {
             by_count,
             current: gpus,
+            loopback,
         })
     }
 
@@ -88,14 +116,24 @@ impl GpuBackends {
         self.current = gpus;
         Ok(match self.by_count.entry(gpus) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(GpuBackend::open(gpus)?),
+            Entry::Vacant(e) => e.insert(Self::open_one(gpus, self.loopback)?),
         })
     }
 }
 
+/// The loopback backend for plans of `ranks` ranks (see
+/// [`BackendChoice::Loopback`]).
+pub fn open_loopback(ranks: usize) -> Result<GpuBackends, CudaError> {
+    GpuBackends::open_loopback(ranks)
+}
+
 impl Backend for GpuBackends {
     fn name(&self) -> &str {
-        "gpu"
+        if self.loopback {
+            "gpu-loopback"
+        } else {
+            "gpu"
+        }
     }
 
     fn device(&self) -> String {

@@ -300,7 +300,10 @@ pub fn explore(
                     launch_us,
                     ..ScheduleResult::ran(&sname, time_ms, pred.total_ms, max_rel_err, !correct)
                 },
-                Err(e) => ScheduleResult::skipped(&sname, format!("measurement failed: {e}")),
+                Err(e) => match crate::run::skip_reason(&e) {
+                    Some(reason) => ScheduleResult::skipped(&sname, reason.to_string()),
+                    None => ScheduleResult::skipped(&sname, format!("measurement failed: {e}")),
+                },
             },
         };
         let ok = row.skipped.is_none();

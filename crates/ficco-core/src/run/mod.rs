@@ -31,6 +31,25 @@ pub struct Measured {
 /// Error type of backends (a backend's own typed error, boxed).
 pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// A backend's answer that a plan cannot run there by design (not a
+/// failure), e.g. NCCL schedules when every rank is on one GPU (loopback).
+/// Reports list the schedule as skipped with this reason as it stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skip(pub String);
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Skip {}
+
+/// The skip reason of a backend error, when it is a [`Skip`].
+pub fn skip_reason(e: &BackendError) -> Option<&str> {
+    e.downcast_ref::<Skip>().map(|s| s.0.as_str())
+}
+
 /// Runs plans: simulated or on hardware.
 pub trait Backend {
     /// Short backend name for reports ("sim", "gpu").

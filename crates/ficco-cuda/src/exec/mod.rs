@@ -2,23 +2,28 @@
 //!
 //! Per rank: a context (cudarc event tracking off), streams created with the
 //! plan's priorities, an event per task, a control stream that starts and ends
-//! each iteration. Dependencies go through [`crate::sync::CrossRankSync`];
-//! between iterations every rank's streams wait for every rank's end of the
-//! previous iteration, so pushes into a peer's buffers cannot overrun.
+//! each iteration. Cross-rank dependencies are signal flags written and waited
+//! on by the streams ([`crate::signal`]); same-rank cross-stream ones are
+//! events. Between iterations every rank's streams wait for every rank's end
+//! of the previous iteration, so pushes into a peer's buffers cannot overrun.
+//! The calling thread is a watchdog that ends a hung run.
 //!
 //! | module | role |
 //! |---|---|
 //! | [`rank`] | [`Rank`]: one GPU's resources kept between plans (streams, buffer pool, GEMM handles, green splits) |
 //! | [`check`] | host-side checks before anything is issued, view addresses, output comparison |
 //! | [`issue`] | enqueues one task, one function per task kind |
-//! | [`run`] | [`run_plan`]: communicators, rank threads, the iteration loop, timing |
+//! | [`run`] | [`run_plan_with`]: communicators, rank threads, the iteration loop, timing, watchdog |
+//! | [`reference`] | the loopback form of a sequential plan: collectives as copies and reduces |
 
 pub(crate) mod check;
 pub(crate) mod issue;
 pub(crate) mod rank;
+pub(crate) mod reference;
 pub(crate) mod run;
 
 #[cfg_attr(not(test), allow(unused_imports))]
 pub use check::{compare, copy_d2d, poison};
 pub use rank::Rank;
-pub use run::{open_comms, run_plan, RunSpec};
+pub use reference::copy_reference;
+pub use run::{open_comms, run_plan_with, RunOpts, RunSpec, DEFAULT_WATCHDOG_MS};

@@ -51,6 +51,8 @@ pub struct Rank {
     pub(super) shaped: Option<ShapedGemm>,
     /// Green-context splits by compute SM count.
     green: HashMap<usize, GreenSet>,
+    /// This rank's signal flags (u32 words peers write, see [`crate::signal`]).
+    flags: Option<DeviceBuffer>,
 }
 
 impl Rank {
@@ -78,6 +80,7 @@ impl Rank {
             warmed: Default::default(),
             shaped: None,
             green: HashMap::new(),
+            flags: None,
             ctx,
         })
     }
@@ -214,6 +217,29 @@ impl Rank {
             self.shaped = Some(ShapedGemm::load(&self.ctx)?);
         }
         Ok(())
+    }
+
+    /// This rank's flag buffer with at least `words` words, all zeroed
+    /// (synchronously: call only while nothing runs on the rank).
+    pub(super) fn reset_flags(&mut self, words: usize) -> Result<DevicePtr> {
+        let words = words.max(1);
+        if self.flags.as_ref().is_none_or(|f| f.bytes() < words * 4) {
+            // Grow in powers of two so plans of similar size reuse it.
+            self.flags = Some(DeviceBuffer::alloc(
+                &self.ctx,
+                words.next_power_of_two() * 4,
+            )?);
+        }
+        let f = self.flags.as_ref().map(|f| (f.ptr(), f.bytes() / 4));
+        let Some((ptr, n)) = f else {
+            return Ok(DevicePtr::NULL);
+        };
+        // SAFETY: the buffer holds n words on this device; the control stream is live.
+        unsafe { cu::memset_d32_async(ptr, 0, n, self.control.cu_stream())? };
+        self.control
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))?;
+        Ok(ptr)
     }
 
     pub fn synchronize(&self) -> Result<()> {

@@ -1,22 +1,39 @@
-//! The run loop: [`run_plan`] picks the plan's communicators, prepares every
-//! rank (streams, GEMM warm-up, shaped GEMM), then runs one host thread per
-//! rank through warm-up, timed and timeline iterations ([`run_rank`]), with
-//! cross-rank dependencies through [`CrossRankSync`] and per-iteration times
-//! from CUDA events.
+//! The run loop: [`run_plan_with`] picks the plan's communicators, prepares every
+//! rank (streams, GEMM warm-up, shaped GEMM, signal flags), then runs one host
+//! thread per rank through warm-up, timed and timeline iterations
+//! ([`run_rank`]). Cross-rank dependencies are device-side signals
+//! ([`crate::signal`]): host threads only issue, and the calling thread is the
+//! watchdog that ends a hung run (see [`run_plan_with`]).
 
 use super::check::precheck;
 use super::issue::issue;
 use super::rank::Rank;
 use crate::comm::{CommCache, CommSet, NcclLimits};
+use crate::driver::cuda as cu;
 use crate::driver::nccl::RawComm;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::DevicePtr;
-use crate::sync::{CrossRankSync, InProcessSync, Point};
+use crate::signal::{word, HostWords, Point, SignalLayout};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use ficco_core::plan::graph::Graph;
-use ficco_core::plan::Plan;
+use ficco_core::plan::{Plan, TaskKind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Default watchdog bound: a run in which no rank finishes an iteration for
+/// this long is ended with [`CudaError::Hang`]. `FICCO_WATCHDOG_MS` overrides it.
+pub const DEFAULT_WATCHDOG_MS: u64 = 10_000;
+
+/// The watchdog bound: `FICCO_WATCHDOG_MS` when set to a positive integer,
+/// else [`DEFAULT_WATCHDOG_MS`].
+pub(crate) fn watchdog_ms() -> u64 {
+    std::env::var("FICCO_WATCHDOG_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(DEFAULT_WATCHDOG_MS)
+}
 
 /// How to run a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +55,25 @@ impl RunSpec {
     };
 }
 
+/// Run-wide options that are not about timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOpts {
+    /// Watchdog bound in ms (see [`watchdog_ms`]).
+    pub watchdog_ms: u64,
+    /// Test hook: the producer of this point never writes its signal flags,
+    /// so its consumers wait forever (the watchdog test).
+    pub drop_signal: Option<(usize, usize)>,
+}
+
+impl Default for RunOpts {
+    fn default() -> Self {
+        RunOpts {
+            watchdog_ms: watchdog_ms(),
+            drop_signal: None,
+        }
+    }
+}
+
 /// What one rank's thread measured.
 #[derive(Debug, Clone, Default)]
 pub struct RankTimes {
@@ -46,18 +82,29 @@ pub struct RankTimes {
     /// Per task (start, end) in ms from the iteration start, when asked.
     pub tasks: Vec<(f64, f64)>,
     /// Per timed iteration, host µs this thread spent issuing the plan: every
-    /// launch, copy, event record and cross-rank wait, from the start event
-    /// to the end event (no CUDA graphs).
+    /// launch, copy, event record, signal write and signal wait, from the
+    /// start event to the end event (no CUDA graphs).
     pub host_us: Vec<f64>,
 }
 
-/// The tasks whose completion another stream or rank waits for. Dependencies
-/// on an earlier task of the same stream are already kept by stream order, so
-/// neither their record nor their wait is issued: each costs host time on
-/// every launch of the plan. The plan's one dependency graph says which.
-pub fn cross_stream_points(plan: &Plan) -> Result<Vec<Vec<bool>>> {
-    let g = Graph::new(plan).map_err(|e| CudaError::Plan(e.to_string()))?;
-    Ok(g.cross_stream_points(plan))
+/// Per rank per task: a task of another stream *of the same rank* waits for
+/// it, so it records an event (other ranks wait on signal flags).
+fn same_rank_events(plan: &Plan) -> Vec<Vec<bool>> {
+    plan.ranks
+        .iter()
+        .enumerate()
+        .map(|(r, rp)| {
+            let mut need = vec![false; rp.tasks.len()];
+            for t in &rp.tasks {
+                for d in t.deps.iter().filter(|d| d.rank == r) {
+                    if rp.tasks.get(d.index).is_some_and(|p| p.stream != t.stream) {
+                        need[d.index] = true;
+                    }
+                }
+            }
+            need
+        })
+        .collect()
 }
 
 /// The communicators of `ranks`' GPUs under `limits` (created once per
@@ -91,24 +138,72 @@ pub(crate) struct Shared<'a> {
     pub ptrs: &'a [Vec<DevicePtr>],
     /// Raw context of each rank (peer copies name both).
     pub ctxs: &'a [Arc<CudaContext>],
-    pub sync: &'a dyn CrossRankSync,
-    /// Each rank's communicator for this plan (its NCCL limits).
+    /// Each rank's communicator for this plan (its NCCL limits); empty in
+    /// loopback (no NCCL task runs there).
     pub comms: &'a [CommHandle],
-    /// Per rank per task: another stream (of any rank) waits for it, so its
-    /// completion must be recorded. See [`cross_stream_points`].
-    pub recorded: &'a [Vec<bool>],
+    /// Where every signal flag is.
+    pub layout: &'a SignalLayout,
+    /// Base of each rank's flag buffer.
+    pub flags: &'a [DevicePtr],
+    /// Per rank, the last iteration its control stream finished.
+    pub progress: &'a HostWords,
+    /// Where the watchdog reads a rank's flags (as many words as the largest rank's).
+    pub diag: &'a HostWords,
+    /// Per rank per task: another stream of the same rank waits for it.
+    pub events: &'a [Vec<bool>],
     pub spec: RunSpec,
+    pub opts: RunOpts,
     /// Every rank thread passes it once its events exist.
     pub start: &'a std::sync::Barrier,
 }
 
-/// Runs one rank's share of `warmup + timed (+1)` iterations. Iteration numbers
-/// start at `first_iter` (> 0) and are the generations of the sync points.
+impl Shared<'_> {
+    /// Makes `stream` of rank `r` wait until `producer`'s flag on `r` is >= `epoch`.
+    fn wait_signal(
+        &self,
+        r: usize,
+        stream: &CudaStream,
+        producer: Point,
+        epoch: u32,
+    ) -> Result<()> {
+        let w = self.layout.slot(producer, r).ok_or_else(|| {
+            CudaError::Plan(format!("no signal flag for {producer:?} on rank {r}"))
+        })?;
+        // SAFETY: the flag word is inside rank r's live flag buffer (sized
+        // to the layout), on the stream's device.
+        unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), word(self.flags[r], w), epoch) }
+    }
+
+    /// Writes `epoch` into every consumer's flag for `point` after the work
+    /// on `stream` so far.
+    fn signal(&self, stream: &CudaStream, point: Point, epoch: u32) -> Result<()> {
+        if self.opts.drop_signal == Some((point.rank, point.index)) {
+            return Ok(());
+        }
+        let Some(consumers) = self
+            .layout
+            .signals
+            .get(point.rank)
+            .and_then(|s| s.get(point.index))
+        else {
+            return Ok(());
+        };
+        for &(q, w) in consumers {
+            // SAFETY: the word is inside rank q's live flag buffer; peer
+            // access is enabled between the devices (or it is the same device).
+            unsafe { cu::stream_write_value32(stream.cu_stream(), word(self.flags[q], w), epoch)? };
+        }
+        Ok(())
+    }
+}
+
+/// Runs one rank's share of `warmup + timed (+1)` iterations: issues
+/// everything without waiting for any other rank, then waits for its own
+/// device work (which the watchdog releases if it hangs).
 pub(crate) fn run_rank(
     rank: &mut Rank,
     sh: &Shared<'_>,
     streams: Vec<Arc<CudaStream>>,
-    first_iter: u64,
 ) -> Result<RankTimes> {
     let r = rank.rank;
     let bound = rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"));
@@ -141,30 +236,31 @@ pub(crate) fn run_rank(
         let go = plain_ev()?;
         let stream_done: Vec<CudaEvent> =
             streams.iter().map(|_| plain_ev()).collect::<Result<_>>()?;
-
-        Ok((starts, ends, task_ev, go, stream_done))
+        let point_ev: Vec<Option<CudaEvent>> = sh.events[r]
+            .iter()
+            .map(|&need| need.then(plain_ev).transpose())
+            .collect::<Result<_>>()?;
+        Ok((starts, ends, task_ev, go, stream_done, point_ev))
     })();
     sh.start.wait();
-    let (starts, ends, task_ev, go, stream_done) = prep?;
+    let (starts, ends, task_ev, go, stream_done, point_ev) = prep?;
     let mut host_us = Vec::with_capacity(spec.timed);
+    let control = rank.control().clone();
     for it in 0..total {
-        let iter = first_iter + it as u64;
-        let control = rank.control().clone();
-        // Barrier: wait for every rank's end of the previous iteration.
+        let epoch = (it + 1) as u32;
+        // Barrier: wait for every other rank's end of the previous iteration
+        // (this rank's own end is earlier on this control stream).
         if it > 0 {
-            for q in 0..n_ranks {
-                sh.sync.wait(
-                    &control,
-                    Point {
-                        rank: q,
-                        index: sh.plan.ranks[q].tasks.len(),
-                    },
-                    iter - 1,
-                )?;
+            for q in (0..n_ranks).filter(|&q| q != r) {
+                let end = Point {
+                    rank: q,
+                    index: sh.plan.ranks[q].tasks.len(),
+                };
+                sh.wait_signal(r, &control, end, epoch - 1)?;
             }
         }
         let timed_slot = it.checked_sub(spec.warmup);
-        let issue_start = std::time::Instant::now();
+        let issue_start = Instant::now();
         if let Some(k) = timed_slot {
             starts[k].record(&control).map_err(drv("cuEventRecord"))?;
         }
@@ -177,22 +273,21 @@ pub(crate) fn run_rank(
             let stream = streams.get(task.stream).ok_or_else(|| {
                 CudaError::Plan(format!("task {i} of rank {r} names stream {}", task.stream))
             })?;
-            for d in task.deps.iter().filter(|d| {
-                // Stream order already keeps a dependency on the same stream.
-                !(d.rank == r
-                    && sh.plan.ranks[r]
-                        .tasks
-                        .get(d.index)
-                        .is_some_and(|t| t.stream == task.stream))
-            }) {
-                sh.sync.wait(
-                    stream,
-                    Point {
+            for d in &task.deps {
+                if d.rank == r {
+                    // Stream order already keeps a dependency on the same stream.
+                    if let Some(ev) = point_ev.get(d.index).and_then(|e| e.as_ref()) {
+                        if rp.tasks[d.index].stream != task.stream {
+                            stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+                        }
+                    }
+                } else {
+                    let p = Point {
                         rank: d.rank,
                         index: d.index,
-                    },
-                    iter,
-                )?;
+                    };
+                    sh.wait_signal(r, stream, p, epoch)?;
+                }
             }
             if in_timeline {
                 task_ev[i].0.record(stream).map_err(drv("cuEventRecord"))?;
@@ -201,15 +296,10 @@ pub(crate) fn run_rank(
             if in_timeline {
                 task_ev[i].1.record(stream).map_err(drv("cuEventRecord"))?;
             }
-            let waited_on = sh
-                .recorded
-                .get(r)
-                .and_then(|v| v.get(i))
-                .copied()
-                .unwrap_or(true);
-            if waited_on {
-                sh.sync.record(Point { rank: r, index: i }, stream, iter)?;
+            if let Some(Some(ev)) = point_ev.get(i) {
+                ev.record(stream).map_err(drv("cuEventRecord"))?;
             }
+            sh.signal(stream, Point { rank: r, index: i }, epoch)?;
         }
         for (s, ev) in streams.iter().zip(&stream_done) {
             ev.record(s).map_err(drv("cuEventRecord"))?;
@@ -217,18 +307,22 @@ pub(crate) fn run_rank(
         }
         if let Some(k) = timed_slot {
             ends[k].record(&control).map_err(drv("cuEventRecord"))?;
-            if k < spec.timed {
-                host_us.push(issue_start.elapsed().as_secs_f64() * 1e6);
-            }
         }
-        sh.sync.record(
+        sh.signal(
+            &control,
             Point {
                 rank: r,
                 index: n_tasks,
             },
-            &control,
-            iter,
+            epoch,
         )?;
+        // SAFETY: word r of the run's live mapped host words.
+        unsafe { cu::stream_write_value32(control.cu_stream(), sh.progress.device(r), epoch)? };
+        if let Some(k) = timed_slot {
+            if k < spec.timed {
+                host_us.push(issue_start.elapsed().as_secs_f64() * 1e6);
+            }
+        }
     }
     rank.synchronize()?;
     let mut out = RankTimes {
@@ -254,14 +348,34 @@ pub(crate) fn run_rank(
     Ok(out)
 }
 
-/// Runs `plan` on every rank, one host thread per GPU. `first_iter` must be
-/// greater than any iteration number used before with the same sync object
-/// (a fresh sync is made here, so any value > 0 works).
-pub fn run_plan(
+/// Whether two ranks share a GPU (loopback: P ranks on one device).
+pub(crate) fn is_loopback(ranks: &[Rank]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    !ranks.iter().all(|r| seen.insert(r.ctx.ordinal()))
+}
+
+/// Why a plan cannot run in loopback, if it cannot.
+pub(crate) const NCCL_IN_LOOPBACK: &str = "NCCL cannot run several ranks on one GPU (loopback)";
+
+/// Runs `plan` on every rank, one host thread per rank that only issues.
+///
+/// **Watchdog.** The calling thread watches each rank's finished iteration
+/// (a mapped host word its control stream writes). When no rank finishes an
+/// iteration for `opts.watchdog_ms`, or a rank thread failed, it reads the
+/// flags to find the first unsatisfied wait, then writes `RELEASED` (2^30) into
+/// every flag of the run from a side stream: every wait is satisfied, the
+/// streams drain, the rank threads return, and the run fails with
+/// [`CudaError::Hang`] naming the rank and plan point. Its side work never
+/// blocks (polled for at most a second). When the device does not drain
+/// after [`GIVE_UP_ROUNDS`] releases, one bound apart (a kernel or NCCL call
+/// that never ends), no thread can be joined, and the watchdog ends the
+/// process with status [`HANG_EXIT_CODE`] after printing the hang.
+pub fn run_plan_with(
     ranks: &mut [Rank],
     plan: &Plan,
     ptrs: &[Vec<DevicePtr>],
     spec: RunSpec,
+    opts: RunOpts,
 ) -> Result<Vec<RankTimes>> {
     if plan.ranks.len() != ranks.len() {
         return Err(CudaError::Plan(format!(
@@ -269,6 +383,15 @@ pub fn run_plan(
             plan.ranks.len(),
             ranks.len()
         )));
+    }
+    let loopback = is_loopback(ranks);
+    let has_nccl = plan.ranks.iter().any(|rp| {
+        rp.tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
+    });
+    if loopback && has_nccl {
+        return Err(CudaError::Skipped(NCCL_IN_LOOPBACK.into()));
     }
     for (r, rp) in plan.ranks.iter().enumerate() {
         if rp.streams.is_empty() && !rp.tasks.is_empty() {
@@ -280,117 +403,299 @@ pub fn run_plan(
     // The one validator (ficco_core::plan::validate) accepted every plan
     // that reaches here; only the binding to device memory is checked.
     precheck(plan, ptrs)?;
+    let layout = SignalLayout::new(plan);
     // All allocation and kernel loading happens here, before any rank issues
     // work (either can wait for a device to go idle).
     let mut all_streams = vec![];
+    let mut flags = vec![];
     for (r, rank) in ranks.iter_mut().enumerate() {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &ptrs[r])?;
         rank.prepare_shaped(&plan.ranks[r])?;
+        flags.push(rank.reset_flags(layout.words[r])?);
     }
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
     // The communicators under the plan's NCCL limits (default limits when
     // the plan sets none): one set per limits, cached for the process and
-    // warmed up at first use.
-    let limits = NcclLimits {
-        max_ctas: plan.resources.nccl_ctas.map(|c| c as u32),
-        ..NcclLimits::default()
+    // warmed up at first use. None in loopback.
+    let comms: Vec<CommHandle> = if loopback {
+        vec![]
+    } else {
+        let limits = NcclLimits {
+            max_ctas: plan.resources.nccl_ctas.map(|c| c as u32),
+            ..NcclLimits::default()
+        };
+        let set = comm_set(ranks, limits)?;
+        set.warm()?;
+        set.comms().iter().map(|c| CommHandle(c.raw())).collect()
     };
-    let set = comm_set(ranks, limits)?;
-    set.warm()?;
-    let comms: Vec<CommHandle> = set.comms().iter().map(|c| CommHandle(c.raw())).collect();
+    ranks[0]
+        .ctx
+        .bind_to_thread()
+        .map_err(drv("cuCtxSetCurrent"))?;
+    let progress = HostWords::new(ranks.len())?;
+    let diag = HostWords::new(layout.words.iter().copied().max().unwrap_or(1))?;
     let start = std::sync::Barrier::new(ranks.len());
-    let points: Vec<usize> = plan.ranks.iter().map(|rp| rp.tasks.len() + 1).collect();
-    let sync = InProcessSync::new(&ctxs, &points)?;
-    let recorded = cross_stream_points(plan)?;
+    let events = same_rank_events(plan);
     let sh = Shared {
-        recorded: &recorded,
         plan,
         ptrs,
         ctxs: &ctxs,
-        sync: &sync,
         comms: &comms,
+        layout: &layout,
+        flags: &flags,
+        progress: &progress,
+        diag: &diag,
+        events: &events,
         spec,
+        opts,
         start: &start,
     };
+    let total = (spec.warmup + spec.timed + usize::from(spec.timeline)) as u32;
+    let finished = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let mut hang: Option<CudaError> = None;
     let results: Vec<Result<RankTimes>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter_mut()
             .zip(all_streams)
             .map(|(rank, streams)| {
-                let sh = &sh;
+                let (sh, finished, failed) = (&sh, &finished, &failed);
                 s.spawn(move || {
-                    let res = run_rank(rank, sh, streams, 1);
+                    let res = run_rank(rank, sh, streams);
                     if res.is_err() {
-                        sh.sync.abort();
+                        failed.store(true, Ordering::Release);
                         let _ = rank.synchronize();
                     }
+                    finished.fetch_add(1, Ordering::AcqRel);
                     res
                 })
             })
             .collect();
+        hang = watchdog(&sh, &ctxs, &finished, &failed, total);
         handles
             .into_iter()
             .enumerate()
             .map(|(r, h)| h.join().unwrap_or(Err(CudaError::Worker(r))))
             .collect()
     });
-    // Report the root cause: a rank's own error before "another rank failed".
+    if let Some(h) = hang {
+        return Err(h);
+    }
     let mut out = Vec::with_capacity(results.len());
-    let mut first_err: Option<CudaError> = None;
     for res in results {
-        match res {
-            Ok(t) => out.push(t),
-            Err(e) => {
-                let secondary = matches!(&e, CudaError::Plan(m) if m == "another rank failed");
-                if first_err.is_none()
-                    || (!secondary
-                        && matches!(&first_err, Some(CudaError::Plan(m)) if m == "another rank failed"))
-                {
-                    first_err = Some(e);
-                }
-            }
-        }
+        out.push(res?);
     }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use ficco_core::plan::lower::lower;
-    use ficco_core::problem::workload::{Op, Problem};
-    use ficco_core::space::{enumerate, SpaceOptions};
+/// Releases the watchdog tries before it ends the process.
+const GIVE_UP_ROUNDS: u32 = 3;
 
-    /// Every task another stream waits for is recorded; tasks only their own
-    /// stream follows are not (fine-grained plans have many of those).
-    #[test]
-    fn only_cross_stream_dependencies_are_recorded() {
-        let mut skipped = 0;
-        for gpus in [2, 4, 8] {
-            for op in Op::ALL {
-                let problem = Problem::new(op, 4096, 1024, 1024, gpus).expect("problem");
-                for s in enumerate(op, SpaceOptions::default()) {
-                    let Ok(plan) = lower(&problem, &s) else {
-                        continue;
-                    };
-                    let rec = super::cross_stream_points(&plan).expect("graph");
-                    for (r, rp) in plan.ranks.iter().enumerate() {
-                        for t in &rp.tasks {
-                            for d in &t.deps {
-                                let producer = &plan.ranks[d.rank].tasks[d.index];
-                                let cross = d.rank != r || producer.stream != t.stream;
-                                assert!(!cross || rec[d.rank][d.index], "{}", plan.name);
-                            }
-                        }
-                        skipped += rec[r].iter().filter(|x| !**x).count();
-                    }
+/// Exit status of a process the watchdog ends (EX_SOFTWARE).
+pub const HANG_EXIT_CODE: i32 = 70;
+
+/// The watchdog loop (see [`run_plan_with`]): returns the hang, if one was found.
+fn watchdog(
+    sh: &Shared<'_>,
+    ctxs: &[Arc<CudaContext>],
+    finished: &AtomicUsize,
+    failed: &AtomicBool,
+    total: u32,
+) -> Option<CudaError> {
+    let n = ctxs.len();
+    let bound = Duration::from_millis(sh.opts.watchdog_ms);
+    let snapshot = || (0..n).map(|r| sh.progress.get(r)).collect::<Vec<u32>>();
+    let mut last = snapshot();
+    let mut last_change = Instant::now();
+    let mut hang = None;
+    let mut released_on_failure = false;
+    let mut rounds = 0;
+    while finished.load(Ordering::Acquire) < n {
+        std::thread::sleep(Duration::from_micros(100));
+        if failed.load(Ordering::Acquire) && !released_on_failure {
+            // A rank failed to issue: its consumers would wait forever.
+            let _ = release_all(sh, ctxs);
+            released_on_failure = true;
+            continue;
+        }
+        let now = snapshot();
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+            continue;
+        }
+        if last.iter().all(|&p| p >= total) || last_change.elapsed() < bound {
+            continue;
+        }
+        if hang.is_none() {
+            let waited_ms = last_change.elapsed().as_millis() as u64;
+            let (rank, point) = diagnose(sh, ctxs, &last);
+            hang = Some(CudaError::Hang {
+                rank,
+                point,
+                waited_ms,
+            });
+        }
+        let released = release_all(sh, ctxs);
+        rounds += 1;
+        if rounds >= GIVE_UP_ROUNDS {
+            // The device does not drain even with every wait released (a
+            // kernel or an NCCL call never ends, or the watchdog's own side
+            // streams cannot run): no thread of this process can be joined.
+            eprintln!(
+                "ficco: watchdog: {} and the device did not drain after {rounds} releases \
+                 (flag writes completed: {released}); exiting",
+                hang.as_ref().map(|h| h.to_string()).unwrap_or_default()
+            );
+            std::process::exit(HANG_EXIT_CODE);
+        }
+        last_change = Instant::now();
+    }
+    hang
+}
+
+/// How long the watchdog waits for its own side work (a flag read or release).
+const SIDE_WORK_MS: u64 = 1000;
+
+/// Runs `f` on a fresh non-blocking stream of `ctx` and polls it for at most
+/// [`SIDE_WORK_MS`]. Returns whether the work finished; the stream is
+/// destroyed either way (the driver frees it once its work is done). Never
+/// blocks on a stuck device.
+fn on_side_stream(
+    ctx: &Arc<CudaContext>,
+    f: impl FnOnce(cudarc::driver::sys::CUstream) -> Result<()>,
+) -> Result<bool> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let s = cu::stream_create_nonblocking()?;
+    let res = f(s);
+    let deadline = Instant::now() + Duration::from_millis(SIDE_WORK_MS);
+    let mut done = false;
+    while res.is_ok() && Instant::now() < deadline {
+        // SAFETY: `s` is live until destroyed below.
+        if unsafe { cu::stream_done(s) }.unwrap_or(true) {
+            done = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    // SAFETY: created above, destroyed once; pending work still completes.
+    unsafe { cu::stream_destroy(s) };
+    res.map(|_| done)
+}
+
+/// The value the watchdog writes into every flag. `CU_STREAM_WAIT_VALUE_GEQ`
+/// compares `(int32_t)(*addr - value) >= 0`, so `u32::MAX` would satisfy no
+/// wait; 2^30 satisfies every epoch below 2^30.
+const RELEASED: u32 = 1 << 30;
+
+/// Writes [`RELEASED`] into every flag of the run: every wait is satisfied.
+/// Returns whether every write was seen to complete.
+fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
+    let mut all = true;
+    for (r, ctx) in ctxs.iter().enumerate() {
+        let words = sh.layout.words[r];
+        if words == 0 {
+            continue;
+        }
+        let done = on_side_stream(ctx, |s| {
+            // SAFETY: rank r's live flag buffer holds `words` words.
+            unsafe { cu::memset_d32_async(sh.flags[r], RELEASED, words, s) }
+        });
+        all &= matches!(done, Ok(true));
+    }
+    all
+}
+
+/// The first wait (task waits before barrier waits) whose flag is below its
+/// epoch, as (rank, description).
+fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (usize, String) {
+    let plan = sh.plan;
+    let label = |p: Point| {
+        plan.ranks[p.rank]
+            .tasks
+            .get(p.index)
+            .map(|t| format!("task {} '{}'", p.index, t.label))
+            .unwrap_or_else(|| "end of iteration".into())
+    };
+    let mut values: Vec<Vec<u32>> = vec![];
+    for (r, ctx) in ctxs.iter().enumerate() {
+        // No pinned allocation or free here: cuMemFreeHost synchronizes the
+        // device, which is what is stuck. `sh.diag` lives until the run ends,
+        // after the device drained.
+        let words = sh.layout.words[r];
+        let host = sh.diag;
+        let res = on_side_stream(ctx, |s| {
+            // SAFETY: rank r's live flag buffer holds `words` words and the
+            // mapped diagnostic buffer at least as many (run_plan_with).
+            unsafe { cu::memcpy_dtod_async(host.device(0), sh.flags[r], words * 4, s) }
+        });
+        if matches!(res, Ok(true)) {
+            values.push((0..words).map(|i| host.get(i)).collect());
+        } else {
+            values.push(vec![u32::MAX; words]);
+        }
+    }
+    let unsatisfied = |r: usize, producer: Point, epoch: u32| {
+        sh.layout
+            .slot(producer, r)
+            .is_some_and(|w| values[r].get(w).is_some_and(|&v| v < epoch))
+    };
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        if progress[r] >= (sh.spec.warmup + sh.spec.timed + usize::from(sh.spec.timeline)) as u32 {
+            continue;
+        }
+        let epoch = progress[r] + 1;
+        for (i, t) in rp.tasks.iter().enumerate() {
+            for d in t.deps.iter().filter(|d| d.rank != r) {
+                let p = Point {
+                    rank: d.rank,
+                    index: d.index,
+                };
+                if unsatisfied(r, p, epoch) {
+                    return (
+                        r,
+                        format!(
+                            "task {i} '{}' (iteration {epoch}) waiting for the signal of rank {} {}",
+                            t.label,
+                            d.rank,
+                            label(p)
+                        ),
+                    );
                 }
             }
         }
-        assert!(skipped > 0);
     }
+    for (r, _) in plan.ranks.iter().enumerate() {
+        let epoch = progress[r] + 1;
+        for q in (0..plan.ranks.len()).filter(|&q| q != r) {
+            let end = Point {
+                rank: q,
+                index: plan.ranks[q].tasks.len(),
+            };
+            if epoch > 1 && unsatisfied(r, end, epoch - 1) {
+                return (
+                    r,
+                    format!(
+                        "start of iteration {epoch}, waiting for rank {q}'s end of iteration {}",
+                        epoch - 1
+                    ),
+                );
+            }
+        }
+    }
+    let r = progress
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, &p)| p)
+        .map(|(r, _)| r)
+        .unwrap_or(0);
+    (
+        r,
+        format!(
+            "iteration {}: no unsatisfied signal wait (a kernel, copy or NCCL call does not finish)",
+            progress.get(r).copied().unwrap_or(0) + 1
+        ),
+    )
 }
