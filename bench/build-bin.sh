@@ -8,7 +8,8 @@ cargo build --release
 mkdir -p .bin
 rm -f .bin/test-*
 cp target/release/ficco .bin/
-cargo test --release --no-run -p ficco-cuda --message-format=json 2>/dev/null |
+{ cargo test --release --no-run -p ficco-cuda --message-format=json
+  cargo test --release --no-run --test gpu_cli --message-format=json; } 2>/dev/null |
   python3 -c '
 import json, shutil, sys
 for line in sys.stdin:

@@ -4,6 +4,7 @@
 # GPU machine from the repo root: bash bench/gpu-tests.sh OUTDIR
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 FICCO_REQUIRE_GPU=1
+export FICCO_BIN=${FICCO_BIN:-$PWD/.bin/ficco}
 out=${1:-/tmp/ficco-gpu-tests}
 mkdir -p "$out"
 status=0

@@ -92,6 +92,10 @@ pub enum BackendArg {
     Sim,
     /// Measure on GPUs (error when there are none).
     Gpu,
+    /// Every rank on GPU 0 (loopback): copy-engine schedules run and are
+    /// checked on one GPU, NCCL schedules are skipped, times are labelled
+    /// loopback.
+    Loopback,
 }
 
 impl From<BackendArg> for ficco_cuda::BackendChoice {
@@ -100,6 +104,7 @@ impl From<BackendArg> for ficco_cuda::BackendChoice {
             BackendArg::Auto => ficco_cuda::BackendChoice::Auto,
             BackendArg::Sim => ficco_cuda::BackendChoice::Sim,
             BackendArg::Gpu => ficco_cuda::BackendChoice::Gpu,
+            BackendArg::Loopback => ficco_cuda::BackendChoice::Loopback,
         }
     }
 }

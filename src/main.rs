@@ -24,6 +24,10 @@ use output::one_line;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Issue every GPU iteration call by call instead of replaying it from a
+    /// CUDA graph (graphs are the default where capture works).
+    #[arg(long, global = true)]
+    no_graph: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -102,6 +106,10 @@ fn run() -> Result<()> {
             bail!("{}", paragraph.trim_start_matches("error: "));
         }
     };
+    if cli.no_graph {
+        // Read by the GPU executor's run options; set before any thread starts.
+        std::env::set_var(ficco_cuda::GRAPHS_ENV, "0");
+    }
     match cli.command {
         Command::Schedules(args) => cmd::schedules::run(args),
         Command::Explore(args) => cmd::explore::run(*args),

@@ -53,6 +53,9 @@ pub struct GpuBackend {
     loopback: bool,
     /// Watchdog and test hooks of every run (see [`RunOpts`]).
     pub run_opts: RunOpts,
+    /// Whether the last measured plan's timed iterations were replayed from
+    /// CUDA graphs (None before the first measurement).
+    pub last_graphed: Option<bool>,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -130,6 +133,7 @@ impl GpuBackend {
             prepared: None,
             loopback: false,
             run_opts: RunOpts::default(),
+            last_graphed: None,
         })
     }
 
@@ -162,6 +166,7 @@ impl GpuBackend {
             prepared: None,
             loopback: true,
             run_opts: RunOpts::default(),
+            last_graphed: None,
         })
     }
 
@@ -207,10 +212,15 @@ impl GpuBackend {
             .first()
             .map(|g| g.name.clone())
             .unwrap_or_else(|| "GPU".into());
+        let launch = if self.run_opts.graphs {
+            "CUDA graphs"
+        } else {
+            "no graphs"
+        };
         if self.loopback {
-            return format!("1x {name} (loopback, {} ranks)", self.ranks.len());
+            return format!("1x {name} (loopback, {} ranks; {launch})", self.ranks.len());
         }
-        format!("{}x {}", self.ranks.len(), name)
+        format!("{}x {} ({launch})", self.ranks.len(), name)
     }
 
     fn bind(&mut self, plan: &Plan) -> Result<Vec<Vec<DevicePtr>>> {
@@ -435,6 +445,7 @@ impl GpuBackend {
                 timeline,
             },
         )?;
+        self.last_graphed = Some(times.iter().all(|t| t.graphed));
         let iters = self.config.iters.max(1);
         let per_iter: Vec<f64> = (0..iters)
             .map(|k| times.iter().map(|t| t.iters[k]).fold(0.0, f64::max))

@@ -62,6 +62,10 @@ pub enum CudaError {
         point: String,
         waited_ms: u64,
     },
+    /// An issuing thread stopped because the run was already failing (the
+    /// watchdog's abort); the run reports the first real failure instead.
+    #[error("run aborted after another rank failed or hung")]
+    Aborted,
     /// A host thread driving a GPU died.
     #[error("GPU worker thread for rank {0} panicked")]
     Worker(usize),

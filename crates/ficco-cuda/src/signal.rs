@@ -2,26 +2,36 @@
 //!
 //! A task may depend on a task of another rank. That dependency is a 32-bit
 //! flag in the *consumer's* device memory: after the producer task, the
-//! producer's stream writes the iteration's epoch into the flag
-//! (`cuStreamWriteValue32`, default flags: a system-scope release fence comes
-//! first, so the consumer sees the producer's data once it sees the flag),
-//! and the consumer's stream waits until the flag is >= that epoch
-//! (`cuStreamWaitValue32`, `GEQ`). The waiter polls local memory; only the
-//! write crosses NVLink. No host thread ever waits for another rank: host
-//! threads only issue work.
+//! producer's stream writes 1 into the flag (`cuStreamWriteValue32`, default
+//! flags: a system-scope release fence comes first, so the consumer sees the
+//! producer's data once it sees the flag), and the consumer's stream waits
+//! until the flag is >= 1 (`cuStreamWaitValue32`, `GEQ`). The waiter polls
+//! local memory; only the write crosses NVLink. No host thread ever waits for
+//! another rank: host threads only issue work.
 //!
-//! **Layout.** Each (producer point, consumer rank) pair has its own word
-//! ([`SignalLayout`]): a point is a task, or the end of a rank's iteration
-//! (the inter-iteration barrier: every rank's streams wait for every rank's
-//! end of the previous iteration, so pushes into a peer's buffers cannot
-//! overrun). Same-rank dependencies between streams stay CUDA events.
+//! **Layout.** Each (producer task, consumer rank) pair has its own word
+//! ([`SignalLayout`]), words `0..task_words` of the consumer's buffer. After
+//! them come the barrier words: every rank's end of iteration signals every
+//! other rank (so pushes into a peer's buffers cannot overrun), in two banks
+//! by iteration parity.
 //!
-//! **Epochs.** The epoch of iteration `i` of a run is `i` (1, 2, ...). Flags
-//! only grow during a run, so nothing is ever reset under a waiter: a flag >=
-//! e means the point of iteration e (or, later, of e+1) is done, and by stream
-//! order e+1 done implies e done. A producer cannot get two iterations ahead of
-//! a consumer (the barrier). Flags are zeroed at the start of each run while
-//! nothing runs on any rank.
+//! **Constant values, consumer resets.** The values written and waited for
+//! are constants (1), not epochs, because a CUDA graph bakes them in: one
+//! captured iteration must be replayable. A consumer clears its own flags
+//! when nobody can touch them:
+//! * task words at the end of its iteration, after its streams joined (every
+//!   wait of the iteration passed, so every producer's write landed), before
+//!   it signals its end; a producer writes again only in the next iteration,
+//!   which it starts after seeing that end signal;
+//! * barrier words of bank `b` at the start of an iteration of parity `1-b`,
+//!   right after waiting on them; the peer writes bank `b` again only at the
+//!   end of its next iteration but one, which needs this rank's next end.
+//!
+//! Two banks are needed because a peer may finish the iteration after the
+//! one waited for before this rank cleared the bank (it only needs this
+//! rank's end of the one before). So a rank has two captured graphs, one per
+//! parity. Bank 1 starts at 1 (as if an iteration -1 had ended), so every
+//! iteration, the first included, waits the same way.
 //!
 //! **Memory.** Each rank keeps one peer-accessible plain `cuMemAlloc` buffer
 //! of flags (grown when a plan needs more words). Plain `cuMemAlloc` with peer
@@ -32,8 +42,9 @@
 //! multicast.
 //!
 //! **Progress.** Each rank's control stream also writes its finished
-//! iteration into a word of pinned, mapped host memory ([`HostWords`]); the
-//! watchdog in [`crate::exec::run_plan`] reads it without any CUDA call.
+//! iteration count into a word of pinned, mapped host memory
+//! ([`HostWords`]), outside any graph; the watchdog reads it without any
+//! CUDA call.
 
 use crate::driver::cuda as cu;
 use crate::error::Result;
@@ -42,40 +53,45 @@ use ficco_core::plan::Plan;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// A point of a rank's iteration: task `index` done, or, for
-/// `index == tasks.len()`, the end of the rank's iteration.
+/// The value a producer writes and a consumer waits for.
+pub const SET: u32 = 1;
+
+/// A task of a rank's iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Point {
     pub rank: usize,
     pub index: usize,
 }
 
-/// Where every flag of a plan lives: one word per (producer point, consumer
-/// rank), in the consumer rank's flag buffer.
+/// Where every flag of a plan lives, in the consumer rank's flag buffer.
 #[derive(Debug, Clone, Default)]
 pub struct SignalLayout {
-    /// (producer point, consumer rank) -> word index in the consumer's buffer.
+    /// (producer task, consumer rank) -> word index in the consumer's buffer.
     slots: HashMap<(Point, usize), usize>,
-    /// Words used per rank.
+    /// Task words per rank (the barrier banks follow them).
+    pub task_words: Vec<usize>,
+    /// Words used per rank: task words, then two banks of `ranks` words.
     pub words: Vec<usize>,
-    /// Per rank per point (tasks + end): the consumers to signal, as
-    /// (consumer rank, word index).
+    /// Per rank per task: the consumers to signal, as (consumer rank, word).
     pub signals: Vec<Vec<Vec<(usize, usize)>>>,
+    ranks: usize,
 }
 
 impl SignalLayout {
     /// The flags of `plan`: one per cross-rank dependency's (producer,
-    /// consumer rank) and one per (rank end, other rank) for the barrier.
+    /// consumer rank), then the two barrier banks of every rank.
     pub fn new(plan: &Plan) -> Self {
         let p = plan.ranks.len();
         let mut l = SignalLayout {
             slots: HashMap::new(),
+            task_words: vec![0; p],
             words: vec![0; p],
             signals: plan
                 .ranks
                 .iter()
-                .map(|rp| vec![vec![]; rp.tasks.len() + 1])
+                .map(|rp| vec![vec![]; rp.tasks.len()])
                 .collect(),
+            ranks: p,
         };
         for (r, rp) in plan.ranks.iter().enumerate() {
             for t in &rp.tasks {
@@ -90,16 +106,8 @@ impl SignalLayout {
                 }
             }
         }
-        for q in 0..p {
-            for r in (0..p).filter(|&r| r != q) {
-                l.add(
-                    Point {
-                        rank: q,
-                        index: plan.ranks[q].tasks.len(),
-                    },
-                    r,
-                );
-            }
+        for r in 0..p {
+            l.words[r] = l.task_words[r] + 2 * p;
         }
         l
     }
@@ -108,8 +116,8 @@ impl SignalLayout {
         if self.slots.contains_key(&(producer, consumer)) {
             return;
         }
-        let w = self.words[consumer];
-        self.words[consumer] += 1;
+        let w = self.task_words[consumer];
+        self.task_words[consumer] += 1;
         self.slots.insert((producer, consumer), w);
         if let Some(v) = self
             .signals
@@ -123,6 +131,17 @@ impl SignalLayout {
     /// The word `consumer` waits on for `producer`.
     pub fn slot(&self, producer: Point, consumer: usize) -> Option<usize> {
         self.slots.get(&(producer, consumer)).copied()
+    }
+
+    /// The word of `consumer`'s barrier bank `bank` that `producer`'s end
+    /// of iteration sets.
+    pub fn end_slot(&self, producer: usize, consumer: usize, bank: usize) -> usize {
+        self.task_words[consumer] + (bank % 2) * self.ranks + producer
+    }
+
+    /// First word and length of `rank`'s barrier bank `bank`.
+    pub fn bank(&self, rank: usize, bank: usize) -> (usize, usize) {
+        (self.task_words[rank] + (bank % 2) * self.ranks, self.ranks)
     }
 }
 
@@ -186,7 +205,7 @@ mod tests {
     use ficco_core::space::{enumerate, SpaceOptions};
 
     /// Every cross-rank dependency has its own word on the consumer, and
-    /// every rank's end signals every other rank.
+    /// every other rank's end has a word in each barrier bank.
     #[test]
     fn every_cross_rank_dependency_has_one_word() {
         for gpus in [2, 4] {
@@ -211,23 +230,16 @@ mod tests {
                                 seen.insert((r, w));
                             }
                         }
-                        let ends: usize = (0..gpus)
-                            .filter(|&q| q != r)
-                            .filter(|&q| {
-                                l.slot(
-                                    Point {
-                                        rank: q,
-                                        index: plan.ranks[q].tasks.len(),
-                                    },
-                                    r,
-                                )
-                                .is_some()
-                            })
-                            .count();
-                        assert_eq!(ends, gpus - 1);
+                        for q in (0..gpus).filter(|&q| q != r) {
+                            for bank in 0..2 {
+                                let w = l.end_slot(q, r, bank);
+                                assert!(w >= l.task_words[r] && w < l.words[r]);
+                                assert!(seen.insert((r, w)), "barrier word reused");
+                            }
+                        }
                     }
                     let total: usize = l.words.iter().sum();
-                    assert_eq!(total, seen.len() + gpus * (gpus - 1), "{}", plan.name);
+                    assert_eq!(total, seen.len() + 2 * gpus, "{}", plan.name);
                 }
             }
         }

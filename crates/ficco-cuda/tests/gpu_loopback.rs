@@ -69,6 +69,8 @@ fn every_copy_schedule_is_exact_in_loopback() {
     let test = "every_copy_schedule_is_exact_in_loopback";
     let mut failures = vec![];
     let (mut passed, mut misfit) = (0, 0);
+    // (fine8, [direct µs, graph µs]) per schedule.
+    let mut launches: Vec<(bool, [f64; 2])> = vec![];
     for p in [2, 4] {
         let Some(mut be) = open(test, p) else {
             return;
@@ -111,29 +113,58 @@ fn every_copy_schedule_is_exact_in_loopback() {
                         continue;
                     }
                 };
-                let t0 = Instant::now();
-                match be.measure(&plan, true, false) {
-                    Ok(r) if r.correct && r.max_rel_err.is_some_and(|e| e <= 1e-2) => {
-                        passed += 1;
-                        eprintln!(
-                            "PASS P={p} {} {:<28} err {:.1e} time {:.3} ms launch {:.1} us ({:.0} ms wall)",
+                // The same plan issued directly and replayed from graphs,
+                // side by side: both exact, and their launch costs.
+                let mut launch = [f64::NAN; 2];
+                for (k, graphs) in [false, true].into_iter().enumerate() {
+                    be.run_opts.graphs = graphs;
+                    let t0 = Instant::now();
+                    match be.measure(&plan, true, false) {
+                        Ok(r) if r.correct && r.max_rel_err.is_some_and(|e| e <= 1e-2) => {
+                            passed += 1;
+                            launch[k] = r.launch_us.unwrap_or(f64::NAN);
+                            let graphed = be.last_graphed == Some(true);
+                            if graphs && !graphed && plan.resources.green_sms.is_none() {
+                                failures.push(format!(
+                                    "P={p} {} {}: graph capture failed",
+                                    problem.label(),
+                                    s.name()
+                                ));
+                            }
+                            eprintln!(
+                                "PASS P={p} {} {:<28} {} err {:.1e} time {:.3} ms launch {:.1} us ({:.0} ms wall)",
+                                problem.label(),
+                                s.name(),
+                                if graphed { "graph " } else { "direct" },
+                                r.max_rel_err.unwrap_or(f64::NAN),
+                                r.time_ms,
+                                launch[k],
+                                t0.elapsed().as_secs_f64() * 1e3
+                            );
+                        }
+                        Ok(r) => failures.push(format!(
+                            "P={p} {} {} (graphs {graphs}): wrong output, err {:?}",
                             problem.label(),
                             s.name(),
-                            r.max_rel_err.unwrap_or(f64::NAN),
-                            r.time_ms,
-                            r.launch_us.unwrap_or(f64::NAN),
-                            t0.elapsed().as_secs_f64() * 1e3
-                        );
+                            r.max_rel_err
+                        )),
+                        Err(e) => failures.push(format!(
+                            "P={p} {} {} (graphs {graphs}): {e}",
+                            problem.label(),
+                            s.name()
+                        )),
                     }
-                    Ok(r) => failures.push(format!(
-                        "P={p} {} {}: wrong output, err {:?}",
-                        problem.label(),
-                        s.name(),
-                        r.max_rel_err
-                    )),
-                    Err(e) => failures.push(format!("P={p} {} {}: {e}", problem.label(), s.name())),
                 }
+                eprintln!(
+                    "LAUNCH P={p} op={} schedule={} direct_us={:.1} graph_us={:.1}",
+                    op.name(),
+                    s.name(),
+                    launch[0],
+                    launch[1]
+                );
+                launches.push((s.granularity.chunks() >= 8, launch));
             }
+            be.run_opts.graphs = true;
             // One NCCL schedule: skipped with the loopback reason.
             if let Some(s) = enumerate(op, SpaceOptions::default())
                 .into_iter()
@@ -150,8 +181,24 @@ fn every_copy_schedule_is_exact_in_loopback() {
         }
     }
     eprintln!(
-        "loopback copy schedules: {passed} passed, {} failed, {misfit} do not fit",
+        "loopback copy schedules: {passed} runs passed, {} failed, {misfit} do not fit",
         failures.len()
+    );
+    let median = |fine8: bool, k: usize| {
+        let mut v: Vec<f64> = launches
+            .iter()
+            .filter(|(f, l)| *f == fine8 && l[k].is_finite())
+            .map(|(_, l)| l[k])
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    eprintln!(
+        "LAUNCH-SUMMARY host launch per rank, median us: other schedules direct {:.1} graph {:.1}; fine8 direct {:.1} graph {:.1}",
+        median(false, 0),
+        median(false, 1),
+        median(true, 0),
+        median(true, 1)
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(passed > 0);
@@ -266,35 +313,38 @@ fn watchdog_ends_a_missing_signal() {
         })
         .expect("a cross-rank dependency");
     let bound_ms = 2000;
-    be.run_opts = RunOpts {
-        watchdog_ms: bound_ms,
-        drop_signal: Some(producer),
-    };
     let init: Vec<Vec<Option<Vec<u16>>>> = plan
         .ranks
         .iter()
         .map(|rp| vec![None; rp.buffers.len()])
         .collect();
-    let t0 = Instant::now();
-    let res = be.run_host(&plan, &init);
-    let took = t0.elapsed().as_secs_f64() * 1e3;
-    eprintln!(
-        "watchdog: {took:.0} ms (bound {bound_ms} ms): {res:?}",
-        res = res.as_ref().err()
-    );
-    match res {
-        Err(CudaError::Hang {
-            rank,
-            point,
-            waited_ms,
-        }) => {
-            assert_eq!(rank, consumer, "{point}");
-            assert!(point.contains(&format!("rank {}", producer.0)), "{point}");
-            assert!(waited_ms >= bound_ms);
+    for graphs in [false, true] {
+        be.run_opts = RunOpts {
+            watchdog_ms: bound_ms,
+            drop_signal: Some(producer),
+            graphs,
+        };
+        let t0 = Instant::now();
+        let res = be.run_host(&plan, &init);
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        eprintln!(
+            "watchdog (graphs {graphs}): {took:.0} ms (bound {bound_ms} ms): {res:?}",
+            res = res.as_ref().err()
+        );
+        match res {
+            Err(CudaError::Hang {
+                rank,
+                point,
+                waited_ms,
+            }) => {
+                assert_eq!(rank, consumer, "{point}");
+                assert!(point.contains(&format!("rank {}", producer.0)), "{point}");
+                assert!(waited_ms >= bound_ms);
+            }
+            other => panic!("expected Hang, got {other:?}"),
         }
-        other => panic!("expected Hang, got {other:?}"),
+        assert!(took < (bound_ms + 3000) as f64, "took {took} ms");
     }
-    assert!(took < (bound_ms + 3000) as f64, "took {took} ms");
     be.run_opts = RunOpts::default();
     be.run_host(&plan, &init)
         .expect("the backend runs again after a released hang");

@@ -219,9 +219,14 @@ impl Rank {
         Ok(())
     }
 
-    /// This rank's flag buffer with at least `words` words, all zeroed
+    /// This rank's flag buffer with at least `words` words, all zeroed but
+    /// `preset` (first word, count), which is set to [`crate::signal::SET`]
     /// (synchronously: call only while nothing runs on the rank).
-    pub(super) fn reset_flags(&mut self, words: usize) -> Result<DevicePtr> {
+    pub(super) fn reset_flags(
+        &mut self,
+        words: usize,
+        preset: (usize, usize),
+    ) -> Result<DevicePtr> {
         let words = words.max(1);
         if self.flags.as_ref().is_none_or(|f| f.bytes() < words * 4) {
             // Grow in powers of two so plans of similar size reuse it.
@@ -236,6 +241,17 @@ impl Rank {
         };
         // SAFETY: the buffer holds n words on this device; the control stream is live.
         unsafe { cu::memset_d32_async(ptr, 0, n, self.control.cu_stream())? };
+        if preset.1 > 0 && preset.0 + preset.1 <= n {
+            // SAFETY: in bounds, checked above.
+            unsafe {
+                cu::memset_d32_async(
+                    crate::signal::word(ptr, preset.0),
+                    crate::signal::SET,
+                    preset.1,
+                    self.control.cu_stream(),
+                )?
+            };
+        }
         self.control
             .synchronize()
             .map_err(drv("cuStreamSynchronize"))?;

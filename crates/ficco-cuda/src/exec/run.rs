@@ -1,25 +1,29 @@
 //! The run loop: [`run_plan_with`] picks the plan's communicators, prepares every
-//! rank (streams, GEMM warm-up, shaped GEMM, signal flags), then runs one host
-//! thread per rank through warm-up, timed and timeline iterations
-//! ([`run_rank`]). Cross-rank dependencies are device-side signals
-//! ([`crate::signal`]): host threads only issue, and the calling thread is the
-//! watchdog that ends a hung run (see [`run_plan_with`]).
+//! rank (streams, GEMM warm-up, shaped GEMM, signal flags), then issues the
+//! warm-up, timed and timeline iterations: one host thread per rank, or in
+//! loopback one thread for every rank ([`run_loopback`]). Each iteration is
+//! issued call by call or replayed from a CUDA graph ([`super::iter`]).
+//! Cross-rank dependencies are device-side signals ([`crate::signal`]): host
+//! threads only issue, and the calling thread is the watchdog that ends a
+//! hung run ([`super::watchdog`]).
 
 use super::check::precheck;
-use super::issue::issue;
+use super::iter::{capture, CrossEvents, RankIssue};
 use super::rank::Rank;
+use super::watchdog::watchdog;
 use crate::comm::{CommCache, CommSet, NcclLimits};
 use crate::driver::cuda as cu;
 use crate::driver::nccl::RawComm;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::DevicePtr;
-use crate::signal::{word, HostWords, Point, SignalLayout};
+use crate::signal::{HostWords, SignalLayout};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
+use ficco_core::plan::graph::{topo, Graph};
 use ficco_core::plan::{Plan, TaskKind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Default watchdog bound: a run in which no rank finishes an iteration for
 /// this long is ended with [`CudaError::Hang`]. `FICCO_WATCHDOG_MS` overrides it.
@@ -63,13 +67,29 @@ pub struct RunOpts {
     /// Test hook: the producer of this point never writes its signal flags,
     /// so its consumers wait forever (the watchdog test).
     pub drop_signal: Option<(usize, usize)>,
+    /// Replay each iteration from a CUDA graph captured once per plan and
+    /// parity (where capture works: not under green contexts, whose streams
+    /// belong to other contexts). `--no-graph` turns it off.
+    pub graphs: bool,
 }
+
+/// Test hook for a whole process (the CLI hang test):
+/// `FICCO_TEST_DROP_SIGNAL=RANK,TASK` drops that task's signals in every run.
+fn drop_signal_hook() -> Option<(usize, usize)> {
+    let v = std::env::var("FICCO_TEST_DROP_SIGNAL").ok()?;
+    let (r, i) = v.split_once(',')?;
+    Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
+}
+
+/// Environment variable that turns CUDA graphs off when `0` (`--no-graph`).
+pub const GRAPHS_ENV: &str = "FICCO_GRAPHS";
 
 impl Default for RunOpts {
     fn default() -> Self {
         RunOpts {
             watchdog_ms: watchdog_ms(),
-            drop_signal: None,
+            drop_signal: drop_signal_hook(),
+            graphs: std::env::var(GRAPHS_ENV).map_or(true, |v| v.trim() != "0"),
         }
     }
 }
@@ -81,10 +101,13 @@ pub struct RankTimes {
     pub iters: Vec<f64>,
     /// Per task (start, end) in ms from the iteration start, when asked.
     pub tasks: Vec<(f64, f64)>,
-    /// Per timed iteration, host µs this thread spent issuing the plan: every
-    /// launch, copy, event record, signal write and signal wait, from the
-    /// start event to the end event (no CUDA graphs).
+    /// Per timed iteration, host µs spent issuing this rank's part of the
+    /// operator: every launch, copy, event, signal write and wait, or the one
+    /// graph launch. In loopback one thread issues every rank: the total
+    /// divided by the ranks.
     pub host_us: Vec<f64>,
+    /// The timed iterations were replayed from a CUDA graph.
+    pub graphed: bool,
 }
 
 /// Per rank per task: a task of another stream *of the same rank* waits for
@@ -131,7 +154,7 @@ unsafe impl Send for CommHandle {}
 // SAFETY: as above; the handle is only read.
 unsafe impl Sync for CommHandle {}
 
-/// Everything the rank threads share for one run.
+/// Everything the issuing threads share for one run.
 pub(crate) struct Shared<'a> {
     pub plan: &'a Plan,
     /// Base pointers per rank per buffer.
@@ -145,7 +168,7 @@ pub(crate) struct Shared<'a> {
     pub layout: &'a SignalLayout,
     /// Base of each rank's flag buffer.
     pub flags: &'a [DevicePtr],
-    /// Per rank, the last iteration its control stream finished.
+    /// Per rank, the iterations its control stream finished.
     pub progress: &'a HostWords,
     /// Where the watchdog reads a rank's flags (as many words as the largest rank's).
     pub diag: &'a HostWords,
@@ -153,52 +176,98 @@ pub(crate) struct Shared<'a> {
     pub events: &'a [Vec<bool>],
     pub spec: RunSpec,
     pub opts: RunOpts,
-    /// Every rank thread passes it once its events exist.
+    /// Every issuing thread passes it once its events and graphs exist.
     pub start: &'a std::sync::Barrier,
+    /// Set by the watchdog: stop issuing iterations.
+    pub abort: &'a AtomicBool,
 }
 
 impl Shared<'_> {
-    /// Makes `stream` of rank `r` wait until `producer`'s flag on `r` is >= `epoch`.
-    fn wait_signal(
-        &self,
-        r: usize,
-        stream: &CudaStream,
-        producer: Point,
-        epoch: u32,
-    ) -> Result<()> {
-        let w = self.layout.slot(producer, r).ok_or_else(|| {
-            CudaError::Plan(format!("no signal flag for {producer:?} on rank {r}"))
-        })?;
-        // SAFETY: the flag word is inside rank r's live flag buffer (sized
-        // to the layout), on the stream's device.
-        unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), word(self.flags[r], w), epoch) }
+    fn total(&self) -> usize {
+        self.spec.warmup + self.spec.timed + usize::from(self.spec.timeline)
     }
 
-    /// Writes `epoch` into every consumer's flag for `point` after the work
-    /// on `stream` so far.
-    fn signal(&self, stream: &CudaStream, point: Point, epoch: u32) -> Result<()> {
-        if self.opts.drop_signal == Some((point.rank, point.index)) {
-            return Ok(());
-        }
-        let Some(consumers) = self
-            .layout
-            .signals
-            .get(point.rank)
-            .and_then(|s| s.get(point.index))
-        else {
-            return Ok(());
-        };
-        for &(q, w) in consumers {
-            // SAFETY: the word is inside rank q's live flag buffer; peer
-            // access is enabled between the devices (or it is the same device).
-            unsafe { cu::stream_write_value32(stream.cu_stream(), word(self.flags[q], w), epoch)? };
-        }
-        Ok(())
+    /// Whether iterations are replayed from graphs for this plan.
+    fn graphs(&self) -> bool {
+        self.opts.graphs && self.plan.resources.green_sms.is_none()
     }
 }
 
-/// Runs one rank's share of `warmup + timed (+1)` iterations: issues
-/// everything without waiting for any other rank, then waits for its own
+/// Timing events of a run: a start and an end per timed (and timeline) iteration.
+struct Clock {
+    starts: Vec<CudaEvent>,
+    ends: Vec<CudaEvent>,
+}
+
+impl Clock {
+    fn new(rank: &Rank, spec: RunSpec) -> Result<Self> {
+        let ev = || {
+            rank.ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv("cuEventCreate"))
+        };
+        let n = spec.timed + usize::from(spec.timeline);
+        Ok(Clock {
+            starts: (0..n).map(|_| ev()).collect::<Result<_>>()?,
+            ends: (0..n).map(|_| ev()).collect::<Result<_>>()?,
+        })
+    }
+
+    /// Per timed iteration, ms between its events (after a synchronize).
+    fn iters(&self, timed: usize) -> Result<Vec<f64>> {
+        (0..timed)
+            .map(|k| {
+                self.starts[k]
+                    .elapsed_ms(&self.ends[k])
+                    .map(|t| t as f64)
+                    .map_err(drv("cuEventElapsedTime"))
+            })
+            .collect()
+    }
+
+    /// Per task (start, end) of the timeline iteration.
+    fn tasks(&self, timed: usize, task_ev: &[(CudaEvent, CudaEvent)]) -> Result<Vec<(f64, f64)>> {
+        let st = &self.starts[timed];
+        task_ev
+            .iter()
+            .map(|(a, b)| {
+                Ok((
+                    st.elapsed_ms(a).map_err(drv("cuEventElapsedTime"))? as f64,
+                    st.elapsed_ms(b).map_err(drv("cuEventElapsedTime"))? as f64,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Records the iteration's start event (timed iterations only).
+fn clock_start(clock: &Clock, spec: RunSpec, it: usize, s: &CudaStream) -> Result<()> {
+    if let Some(k) = it.checked_sub(spec.warmup) {
+        clock.starts[k].record(s).map_err(drv("cuEventRecord"))?;
+    }
+    Ok(())
+}
+
+/// Records the iteration's end event and writes `ranks`' finished count.
+fn clock_end(
+    sh: &Shared<'_>,
+    clock: &Clock,
+    it: usize,
+    s: &CudaStream,
+    ranks: impl Iterator<Item = usize>,
+) -> Result<()> {
+    if let Some(k) = it.checked_sub(sh.spec.warmup) {
+        clock.ends[k].record(s).map_err(drv("cuEventRecord"))?;
+    }
+    for r in ranks {
+        // SAFETY: word r of the run's live mapped host words.
+        unsafe { cu::stream_write_value32(s.cu_stream(), sh.progress.device(r), it as u32 + 1)? };
+    }
+    Ok(())
+}
+
+/// Runs one rank's share of every iteration on its own thread (one GPU per
+/// rank): issues without waiting for any other rank, then waits for its own
 /// device work (which the watchdog releases if it hangs).
 pub(crate) fn run_rank(
     rank: &mut Rank,
@@ -207,145 +276,216 @@ pub(crate) fn run_rank(
 ) -> Result<RankTimes> {
     let r = rank.rank;
     let bound = rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"));
-    let rp = &sh.plan.ranks[r];
-    let n_ranks = sh.plan.ranks.len();
-    let n_tasks = rp.tasks.len();
-    let ctx = rank.ctx.clone();
-    let timed_ev = || {
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(drv("cuEventCreate"))
-    };
-    let plain_ev = || ctx.new_event(None).map_err(drv("cuEventCreate"));
     let spec = sh.spec;
-    let total = spec.warmup + spec.timed + usize::from(spec.timeline);
-    // Create every event before any rank issues work, then start together.
+    let n_tasks = sh.plan.ranks[r].tasks.len();
+    // Events and graphs exist before any rank issues work.
     let prep = (|| -> Result<_> {
         bound?;
-        let mut starts: Vec<CudaEvent> = vec![];
-        let mut ends: Vec<CudaEvent> = vec![];
-        for _ in 0..spec.timed + usize::from(spec.timeline) {
-            starts.push(timed_ev()?);
-            ends.push(timed_ev()?);
-        }
-        let mut task_ev: Vec<(CudaEvent, CudaEvent)> = vec![];
-        if spec.timeline {
-            for _ in 0..n_tasks {
-                task_ev.push((timed_ev()?, timed_ev()?));
-            }
-        }
-        let go = plain_ev()?;
-        let stream_done: Vec<CudaEvent> =
-            streams.iter().map(|_| plain_ev()).collect::<Result<_>>()?;
-        let point_ev: Vec<Option<CudaEvent>> = sh.events[r]
-            .iter()
-            .map(|&need| need.then(plain_ev).transpose())
-            .collect::<Result<_>>()?;
-        Ok((starts, ends, task_ev, go, stream_done, point_ev))
-    })();
-    sh.start.wait();
-    let (starts, ends, task_ev, go, stream_done, point_ev) = prep?;
-    let mut host_us = Vec::with_capacity(spec.timed);
-    let control = rank.control().clone();
-    for it in 0..total {
-        let epoch = (it + 1) as u32;
-        // Barrier: wait for every other rank's end of the previous iteration
-        // (this rank's own end is earlier on this control stream).
-        if it > 0 {
-            for q in (0..n_ranks).filter(|&q| q != r) {
-                let end = Point {
-                    rank: q,
-                    index: sh.plan.ranks[q].tasks.len(),
-                };
-                sh.wait_signal(r, &control, end, epoch - 1)?;
-            }
-        }
-        let timed_slot = it.checked_sub(spec.warmup);
-        let issue_start = Instant::now();
-        if let Some(k) = timed_slot {
-            starts[k].record(&control).map_err(drv("cuEventRecord"))?;
-        }
-        go.record(&control).map_err(drv("cuEventRecord"))?;
-        for s in &streams {
-            s.wait(&go).map_err(drv("cuStreamWaitEvent"))?;
-        }
-        let in_timeline = spec.timeline && it + 1 == total;
-        for (i, task) in rp.tasks.iter().enumerate() {
-            let stream = streams.get(task.stream).ok_or_else(|| {
-                CudaError::Plan(format!("task {i} of rank {r} names stream {}", task.stream))
-            })?;
-            for d in &task.deps {
-                if d.rank == r {
-                    // Stream order already keeps a dependency on the same stream.
-                    if let Some(ev) = point_ev.get(d.index).and_then(|e| e.as_ref()) {
-                        if rp.tasks[d.index].stream != task.stream {
-                            stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
-                        }
+        let iss = RankIssue::new(rank, sh, streams, spec.timeline)?;
+        let clock = Clock::new(rank, spec)?;
+        let mut graphs: Vec<CudaGraph> = vec![];
+        if sh.graphs() {
+            for parity in 0..2 {
+                let g = capture(&iss.control, || {
+                    iss.begin(sh, parity)?;
+                    for i in 0..n_tasks {
+                        iss.task(rank, sh, i, false, None)?;
                     }
-                } else {
-                    let p = Point {
-                        rank: d.rank,
-                        index: d.index,
-                    };
-                    sh.wait_signal(r, stream, p, epoch)?;
+                    iss.end(sh, parity)
+                });
+                match g {
+                    Ok(g) => graphs.push(g),
+                    // Capture does not work for this plan: issue directly.
+                    Err(_) => {
+                        graphs.clear();
+                        break;
+                    }
                 }
             }
-            if in_timeline {
-                task_ev[i].0.record(stream).map_err(drv("cuEventRecord"))?;
-            }
-            issue(rank, sh, stream, task.stream, &task.kind)?;
-            if in_timeline {
-                task_ev[i].1.record(stream).map_err(drv("cuEventRecord"))?;
-            }
-            if let Some(Some(ev)) = point_ev.get(i) {
-                ev.record(stream).map_err(drv("cuEventRecord"))?;
-            }
-            sh.signal(stream, Point { rank: r, index: i }, epoch)?;
         }
-        for (s, ev) in streams.iter().zip(&stream_done) {
-            ev.record(s).map_err(drv("cuEventRecord"))?;
-            control.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+        Ok((iss, clock, graphs))
+    })();
+    sh.start.wait();
+    let (iss, clock, graphs) = prep?;
+    let mut host_us = Vec::with_capacity(spec.timed);
+    let total = sh.total();
+    for it in 0..total {
+        if sh.abort.load(Ordering::Acquire) {
+            return Err(CudaError::Aborted);
         }
-        if let Some(k) = timed_slot {
-            ends[k].record(&control).map_err(drv("cuEventRecord"))?;
-        }
-        sh.signal(
-            &control,
-            Point {
-                rank: r,
-                index: n_tasks,
-            },
-            epoch,
-        )?;
-        // SAFETY: word r of the run's live mapped host words.
-        unsafe { cu::stream_write_value32(control.cu_stream(), sh.progress.device(r), epoch)? };
-        if let Some(k) = timed_slot {
-            if k < spec.timed {
-                host_us.push(issue_start.elapsed().as_secs_f64() * 1e6);
+        let parity = it % 2;
+        let timeline = spec.timeline && it + 1 == total;
+        clock_start(&clock, spec, it, &iss.control)?;
+        let t0 = Instant::now();
+        match graphs.get(parity) {
+            Some(g) if !timeline => g.launch().map_err(drv("cuGraphLaunch"))?,
+            _ => {
+                iss.begin(sh, parity)?;
+                for i in 0..n_tasks {
+                    iss.task(rank, sh, i, timeline, None)?;
+                }
+                iss.end(sh, parity)?;
             }
         }
+        let took = t0.elapsed().as_secs_f64() * 1e6;
+        if it >= spec.warmup && it < spec.warmup + spec.timed {
+            host_us.push(took);
+        }
+        clock_end(sh, &clock, it, &iss.control, std::iter::once(r))?;
     }
     rank.synchronize()?;
-    let mut out = RankTimes {
+    Ok(RankTimes {
+        iters: clock.iters(spec.timed)?,
+        tasks: if spec.timeline {
+            clock.tasks(spec.timed, &iss.task_ev)?
+        } else {
+            vec![]
+        },
         host_us,
-        ..RankTimes::default()
+        graphed: !graphs.is_empty(),
+    })
+}
+
+/// Every (rank, task) of the plan in one order that respects stream order
+/// and every dependency, also across ranks.
+fn global_order(plan: &Plan) -> Result<Vec<(usize, usize)>> {
+    let graph = Graph::new(plan).map_err(|e| CudaError::Plan(e.to_string()))?;
+    let preds: Vec<Vec<usize>> = (0..graph.len()).map(|v| graph.preds(v)).collect();
+    let order = topo(graph.len(), &preds)
+        .map_err(|v| CudaError::Plan(format!("the plan has a dependency cycle at node {v}")))?;
+    Ok(order
+        .into_iter()
+        .map(|v| {
+            let id = graph.id(v);
+            (id.rank, id.index)
+        })
+        .collect())
+}
+
+/// Runs every rank of a loopback plan (all on one GPU) from this one thread.
+///
+/// Ranks share the device's hardware queues, so a stream blocked on a flag
+/// can hold up the producer of that flag queued behind it, which a thread per
+/// rank issuing in any interleaving can cause. Issued directly, every task
+/// goes out in one global order that respects every dependency: then a
+/// flag's producer is always queued before any waiter of it, and no queue
+/// sharing can deadlock. Captured, all ranks' iteration is one graph in that
+/// order, and each cross-rank dependency is also a graph edge (an event), so
+/// the driver keeps the order. Iterations are timed on rank 0's control
+/// stream, which forks and joins every rank's.
+fn run_loopback(
+    ranks: &mut [Rank],
+    sh: &Shared<'_>,
+    all_streams: Vec<Vec<Arc<CudaStream>>>,
+) -> Result<Vec<RankTimes>> {
+    let spec = sh.spec;
+    let p = ranks.len();
+    let prep = (|| -> Result<_> {
+        ranks[0]
+            .ctx
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))?;
+        let order = global_order(sh.plan)?;
+        let mut iss = vec![];
+        for (rank, streams) in ranks.iter().zip(all_streams) {
+            iss.push(RankIssue::new(rank, sh, streams, spec.timeline)?);
+        }
+        let clock = Clock::new(&ranks[0], spec)?;
+        let plain = || ranks[0].ctx.new_event(None).map_err(drv("cuEventCreate"));
+        let fork = plain()?;
+        let joins: Vec<CudaEvent> = (0..p).map(|_| plain()).collect::<Result<_>>()?;
+        Ok((order, iss, clock, fork, joins))
+    })();
+    sh.start.wait();
+    let (order, iss, clock, fork, joins) = prep?;
+    let control = iss[0].control.clone();
+    let whole = |ranks: &mut [Rank],
+                 parity: usize,
+                 timeline: bool,
+                 cross: Option<&CrossEvents>|
+     -> Result<()> {
+        fork.record(&control).map_err(drv("cuEventRecord"))?;
+        for i in &iss[1..] {
+            i.control.wait(&fork).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        for i in &iss {
+            i.begin(sh, parity)?;
+        }
+        for &(r, t) in &order {
+            iss[r].task(&mut ranks[r], sh, t, timeline, cross)?;
+        }
+        for i in &iss {
+            i.end(sh, parity)?;
+        }
+        for (i, ev) in iss[1..].iter().zip(&joins) {
+            ev.record(&i.control).map_err(drv("cuEventRecord"))?;
+            control.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        Ok(())
     };
-    for k in 0..spec.timed {
-        out.iters.push(
-            starts[k]
-                .elapsed_ms(&ends[k])
-                .map_err(drv("cuEventElapsedTime"))? as f64,
-        );
-    }
-    if spec.timeline {
-        let st = &starts[spec.timed];
-        for (a, b) in &task_ev {
-            out.tasks.push((
-                st.elapsed_ms(a).map_err(drv("cuEventElapsedTime"))? as f64,
-                st.elapsed_ms(b).map_err(drv("cuEventElapsedTime"))? as f64,
-            ));
+    let mut graphs: Vec<CudaGraph> = vec![];
+    if sh.graphs() {
+        let cross: CrossEvents = sh
+            .layout
+            .signals
+            .iter()
+            .map(|per_task| {
+                per_task
+                    .iter()
+                    .map(|consumers| {
+                        (!consumers.is_empty())
+                            .then(|| ranks[0].ctx.new_event(None).map_err(drv("cuEventCreate")))
+                            .transpose()
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
+        for parity in 0..2 {
+            match capture(&control, || whole(ranks, parity, false, Some(&cross))) {
+                Ok(g) => graphs.push(g),
+                Err(_) => {
+                    graphs.clear();
+                    break;
+                }
+            }
         }
     }
-    Ok(out)
+    let mut host_us = Vec::with_capacity(spec.timed);
+    let total = sh.total();
+    for it in 0..total {
+        if sh.abort.load(Ordering::Acquire) {
+            return Err(CudaError::Aborted);
+        }
+        let parity = it % 2;
+        let timeline = spec.timeline && it + 1 == total;
+        clock_start(&clock, spec, it, &control)?;
+        let t0 = Instant::now();
+        match graphs.get(parity) {
+            Some(g) if !timeline => g.launch().map_err(drv("cuGraphLaunch"))?,
+            _ => whole(ranks, parity, timeline, None)?,
+        }
+        let took = t0.elapsed().as_secs_f64() * 1e6 / p as f64;
+        if it >= spec.warmup && it < spec.warmup + spec.timed {
+            host_us.push(took);
+        }
+        clock_end(sh, &clock, it, &control, 0..p)?;
+    }
+    ranks[0].synchronize()?;
+    let iters = clock.iters(spec.timed)?;
+    iss.iter()
+        .map(|i| {
+            Ok(RankTimes {
+                iters: iters.clone(),
+                tasks: if spec.timeline {
+                    clock.tasks(spec.timed, &i.task_ev)?
+                } else {
+                    vec![]
+                },
+                host_us: host_us.clone(),
+                graphed: !graphs.is_empty(),
+            })
+        })
+        .collect()
 }
 
 /// Whether two ranks share a GPU (loopback: P ranks on one device).
@@ -357,19 +497,11 @@ pub(crate) fn is_loopback(ranks: &[Rank]) -> bool {
 /// Why a plan cannot run in loopback, if it cannot.
 pub(crate) const NCCL_IN_LOOPBACK: &str = "NCCL cannot run several ranks on one GPU (loopback)";
 
-/// Runs `plan` on every rank, one host thread per rank that only issues.
-///
-/// **Watchdog.** The calling thread watches each rank's finished iteration
-/// (a mapped host word its control stream writes). When no rank finishes an
-/// iteration for `opts.watchdog_ms`, or a rank thread failed, it reads the
-/// flags to find the first unsatisfied wait, then writes `RELEASED` (2^30) into
-/// every flag of the run from a side stream: every wait is satisfied, the
-/// streams drain, the rank threads return, and the run fails with
-/// [`CudaError::Hang`] naming the rank and plan point. Its side work never
-/// blocks (polled for at most a second). When the device does not drain
-/// after [`GIVE_UP_ROUNDS`] releases, one bound apart (a kernel or NCCL call
-/// that never ends), no thread can be joined, and the watchdog ends the
-/// process with status [`HANG_EXIT_CODE`] after printing the hang.
+/// Runs `plan` on every rank: one host thread per rank that only issues, or
+/// in loopback one thread for all ranks ([`run_loopback`]). The calling
+/// thread is the watchdog ([`super::watchdog`]): a run in which no rank
+/// finishes an iteration for `opts.watchdog_ms` fails with
+/// [`CudaError::Hang`] naming the rank and plan point.
 pub fn run_plan_with(
     ranks: &mut [Rank],
     plan: &Plan,
@@ -413,7 +545,7 @@ pub fn run_plan_with(
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &ptrs[r])?;
         rank.prepare_shaped(&plan.ranks[r])?;
-        flags.push(rank.reset_flags(layout.words[r])?);
+        flags.push(rank.reset_flags(layout.words[r], layout.bank(r, 1))?);
     }
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
     // The communicators under the plan's NCCL limits (default limits when
@@ -436,8 +568,10 @@ pub fn run_plan_with(
         .map_err(drv("cuCtxSetCurrent"))?;
     let progress = HostWords::new(ranks.len())?;
     let diag = HostWords::new(layout.words.iter().copied().max().unwrap_or(1))?;
-    let start = std::sync::Barrier::new(ranks.len());
+    let threads = if loopback { 1 } else { ranks.len() };
+    let start = std::sync::Barrier::new(threads);
     let events = same_rank_events(plan);
+    let abort = AtomicBool::new(false);
     let sh = Shared {
         plan,
         ptrs,
@@ -451,251 +585,64 @@ pub fn run_plan_with(
         spec,
         opts,
         start: &start,
+        abort: &abort,
     };
-    let total = (spec.warmup + spec.timed + usize::from(spec.timeline)) as u32;
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let mut hang: Option<CudaError> = None;
     let results: Vec<Result<RankTimes>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter_mut()
-            .zip(all_streams)
-            .map(|(rank, streams)| {
-                let (sh, finished, failed) = (&sh, &finished, &failed);
-                s.spawn(move || {
-                    let res = run_rank(rank, sh, streams);
-                    if res.is_err() {
-                        failed.store(true, Ordering::Release);
-                        let _ = rank.synchronize();
-                    }
-                    finished.fetch_add(1, Ordering::AcqRel);
-                    res
+        let (sh, finished, failed) = (&sh, &finished, &failed);
+        let done = |ok: bool, ranks: &[Rank]| {
+            if !ok {
+                failed.store(true, Ordering::Release);
+                for rank in ranks {
+                    let _ = rank.synchronize();
+                }
+            }
+            finished.fetch_add(1, Ordering::AcqRel);
+        };
+        let handles: Vec<_> = if loopback {
+            vec![s.spawn(move || {
+                let res = run_loopback(ranks, sh, all_streams);
+                done(res.is_ok(), ranks);
+                match res {
+                    Ok(v) => v.into_iter().map(Ok).collect(),
+                    Err(e) => vec![Err(e)],
+                }
+            })]
+        } else {
+            ranks
+                .iter_mut()
+                .zip(all_streams)
+                .map(|(rank, streams)| {
+                    s.spawn(move || {
+                        let res = run_rank(rank, sh, streams);
+                        done(res.is_ok(), std::slice::from_ref(rank));
+                        vec![res]
+                    })
                 })
-            })
-            .collect();
-        hang = watchdog(&sh, &ctxs, &finished, &failed, total);
+                .collect()
+        };
+        hang = watchdog(sh, &ctxs, finished, failed, threads);
         handles
             .into_iter()
             .enumerate()
-            .map(|(r, h)| h.join().unwrap_or(Err(CudaError::Worker(r))))
+            .flat_map(|(r, h)| h.join().unwrap_or_else(|_| vec![Err(CudaError::Worker(r))]))
             .collect()
     });
     if let Some(h) = hang {
         return Err(h);
     }
-    let mut out = Vec::with_capacity(results.len());
-    for res in results {
-        out.push(res?);
-    }
-    Ok(out)
-}
-
-/// Releases the watchdog tries before it ends the process.
-const GIVE_UP_ROUNDS: u32 = 3;
-
-/// Exit status of a process the watchdog ends (EX_SOFTWARE).
-pub const HANG_EXIT_CODE: i32 = 70;
-
-/// The watchdog loop (see [`run_plan_with`]): returns the hang, if one was found.
-fn watchdog(
-    sh: &Shared<'_>,
-    ctxs: &[Arc<CudaContext>],
-    finished: &AtomicUsize,
-    failed: &AtomicBool,
-    total: u32,
-) -> Option<CudaError> {
-    let n = ctxs.len();
-    let bound = Duration::from_millis(sh.opts.watchdog_ms);
-    let snapshot = || (0..n).map(|r| sh.progress.get(r)).collect::<Vec<u32>>();
-    let mut last = snapshot();
-    let mut last_change = Instant::now();
-    let mut hang = None;
-    let mut released_on_failure = false;
-    let mut rounds = 0;
-    while finished.load(Ordering::Acquire) < n {
-        std::thread::sleep(Duration::from_micros(100));
-        if failed.load(Ordering::Acquire) && !released_on_failure {
-            // A rank failed to issue: its consumers would wait forever.
-            let _ = release_all(sh, ctxs);
-            released_on_failure = true;
-            continue;
-        }
-        let now = snapshot();
-        if now != last {
-            last = now;
-            last_change = Instant::now();
-            continue;
-        }
-        if last.iter().all(|&p| p >= total) || last_change.elapsed() < bound {
-            continue;
-        }
-        if hang.is_none() {
-            let waited_ms = last_change.elapsed().as_millis() as u64;
-            let (rank, point) = diagnose(sh, ctxs, &last);
-            hang = Some(CudaError::Hang {
-                rank,
-                point,
-                waited_ms,
-            });
-        }
-        let released = release_all(sh, ctxs);
-        rounds += 1;
-        if rounds >= GIVE_UP_ROUNDS {
-            // The device does not drain even with every wait released (a
-            // kernel or an NCCL call never ends, or the watchdog's own side
-            // streams cannot run): no thread of this process can be joined.
-            eprintln!(
-                "ficco: watchdog: {} and the device did not drain after {rounds} releases \
-                 (flag writes completed: {released}); exiting",
-                hang.as_ref().map(|h| h.to_string()).unwrap_or_default()
-            );
-            std::process::exit(HANG_EXIT_CODE);
-        }
-        last_change = Instant::now();
-    }
-    hang
-}
-
-/// How long the watchdog waits for its own side work (a flag read or release).
-const SIDE_WORK_MS: u64 = 1000;
-
-/// Runs `f` on a fresh non-blocking stream of `ctx` and polls it for at most
-/// [`SIDE_WORK_MS`]. Returns whether the work finished; the stream is
-/// destroyed either way (the driver frees it once its work is done). Never
-/// blocks on a stuck device.
-fn on_side_stream(
-    ctx: &Arc<CudaContext>,
-    f: impl FnOnce(cudarc::driver::sys::CUstream) -> Result<()>,
-) -> Result<bool> {
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-    let s = cu::stream_create_nonblocking()?;
-    let res = f(s);
-    let deadline = Instant::now() + Duration::from_millis(SIDE_WORK_MS);
-    let mut done = false;
-    while res.is_ok() && Instant::now() < deadline {
-        // SAFETY: `s` is live until destroyed below.
-        if unsafe { cu::stream_done(s) }.unwrap_or(true) {
-            done = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    // SAFETY: created above, destroyed once; pending work still completes.
-    unsafe { cu::stream_destroy(s) };
-    res.map(|_| done)
-}
-
-/// The value the watchdog writes into every flag. `CU_STREAM_WAIT_VALUE_GEQ`
-/// compares `(int32_t)(*addr - value) >= 0`, so `u32::MAX` would satisfy no
-/// wait; 2^30 satisfies every epoch below 2^30.
-const RELEASED: u32 = 1 << 30;
-
-/// Writes [`RELEASED`] into every flag of the run: every wait is satisfied.
-/// Returns whether every write was seen to complete.
-fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
-    let mut all = true;
-    for (r, ctx) in ctxs.iter().enumerate() {
-        let words = sh.layout.words[r];
-        if words == 0 {
-            continue;
-        }
-        let done = on_side_stream(ctx, |s| {
-            // SAFETY: rank r's live flag buffer holds `words` words.
-            unsafe { cu::memset_d32_async(sh.flags[r], RELEASED, words, s) }
-        });
-        all &= matches!(done, Ok(true));
-    }
-    all
-}
-
-/// The first wait (task waits before barrier waits) whose flag is below its
-/// epoch, as (rank, description).
-fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (usize, String) {
-    let plan = sh.plan;
-    let label = |p: Point| {
-        plan.ranks[p.rank]
-            .tasks
-            .get(p.index)
-            .map(|t| format!("task {} '{}'", p.index, t.label))
-            .unwrap_or_else(|| "end of iteration".into())
-    };
-    let mut values: Vec<Vec<u32>> = vec![];
-    for (r, ctx) in ctxs.iter().enumerate() {
-        // No pinned allocation or free here: cuMemFreeHost synchronizes the
-        // device, which is what is stuck. `sh.diag` lives until the run ends,
-        // after the device drained.
-        let words = sh.layout.words[r];
-        let host = sh.diag;
-        let res = on_side_stream(ctx, |s| {
-            // SAFETY: rank r's live flag buffer holds `words` words and the
-            // mapped diagnostic buffer at least as many (run_plan_with).
-            unsafe { cu::memcpy_dtod_async(host.device(0), sh.flags[r], words * 4, s) }
-        });
-        if matches!(res, Ok(true)) {
-            values.push((0..words).map(|i| host.get(i)).collect());
-        } else {
-            values.push(vec![u32::MAX; words]);
-        }
-    }
-    let unsatisfied = |r: usize, producer: Point, epoch: u32| {
-        sh.layout
-            .slot(producer, r)
-            .is_some_and(|w| values[r].get(w).is_some_and(|&v| v < epoch))
-    };
-    for (r, rp) in plan.ranks.iter().enumerate() {
-        if progress[r] >= (sh.spec.warmup + sh.spec.timed + usize::from(sh.spec.timeline)) as u32 {
-            continue;
-        }
-        let epoch = progress[r] + 1;
-        for (i, t) in rp.tasks.iter().enumerate() {
-            for d in t.deps.iter().filter(|d| d.rank != r) {
-                let p = Point {
-                    rank: d.rank,
-                    index: d.index,
-                };
-                if unsatisfied(r, p, epoch) {
-                    return (
-                        r,
-                        format!(
-                            "task {i} '{}' (iteration {epoch}) waiting for the signal of rank {} {}",
-                            t.label,
-                            d.rank,
-                            label(p)
-                        ),
-                    );
-                }
-            }
-        }
-    }
-    for (r, _) in plan.ranks.iter().enumerate() {
-        let epoch = progress[r] + 1;
-        for q in (0..plan.ranks.len()).filter(|&q| q != r) {
-            let end = Point {
-                rank: q,
-                index: plan.ranks[q].tasks.len(),
-            };
-            if epoch > 1 && unsatisfied(r, end, epoch - 1) {
-                return (
-                    r,
-                    format!(
-                        "start of iteration {epoch}, waiting for rank {q}'s end of iteration {}",
-                        epoch - 1
-                    ),
-                );
-            }
-        }
-    }
-    let r = progress
+    // The first real failure, not the ranks that stopped because of it.
+    if let Some(pos) = results
         .iter()
-        .enumerate()
-        .min_by_key(|(_, &p)| p)
-        .map(|(r, _)| r)
-        .unwrap_or(0);
-    (
-        r,
-        format!(
-            "iteration {}: no unsatisfied signal wait (a kernel, copy or NCCL call does not finish)",
-            progress.get(r).copied().unwrap_or(0) + 1
-        ),
-    )
+        .position(|r| matches!(r, Err(e) if !matches!(e, CudaError::Aborted)))
+    {
+        return Err(results
+            .into_iter()
+            .nth(pos)
+            .and_then(|r| r.err())
+            .unwrap_or(CudaError::Aborted));
+    }
+    results.into_iter().collect()
 }

@@ -1,0 +1,214 @@
+//! One rank's iteration, issued call by call: the barrier
+//! ([`RankIssue::begin`]), each task with its waits and signals
+//! ([`RankIssue::task`]) and the end ([`RankIssue::end`]). The same calls
+//! either run directly or are captured once per parity into a CUDA graph
+//! ([`capture`]) that each iteration replays: the flag protocol of
+//! [`crate::signal`] uses constant values, so a captured iteration is
+//! replayable.
+
+use super::issue::issue;
+use super::rank::Rank;
+use super::run::Shared;
+use crate::driver::cuda as cu;
+use crate::error::{drv, CudaError, Result};
+use crate::signal::{word, Point, SET};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
+use std::sync::Arc;
+
+/// Per rank per task: an event recorded after the task when another rank
+/// waits for it. Only for a loopback capture, where every rank is in one
+/// graph: the event turns each cross-rank dependency into a graph edge, so
+/// the driver orders producer before consumer on the device's shared
+/// hardware queues (the flag wait stays in the graph too).
+pub(crate) type CrossEvents = Vec<Vec<Option<CudaEvent>>>;
+
+/// The events and streams one rank issues an iteration with.
+pub(crate) struct RankIssue {
+    pub r: usize,
+    pub streams: Vec<Arc<CudaStream>>,
+    pub control: Arc<CudaStream>,
+    go: CudaEvent,
+    stream_done: Vec<CudaEvent>,
+    /// Per task: another stream of this rank waits for it.
+    point_ev: Vec<Option<CudaEvent>>,
+    /// Per task (start, end) timing events, when a timeline is asked for.
+    pub task_ev: Vec<(CudaEvent, CudaEvent)>,
+}
+
+impl RankIssue {
+    /// Creates every event up front (no creation while issuing).
+    pub fn new(
+        rank: &Rank,
+        sh: &Shared<'_>,
+        streams: Vec<Arc<CudaStream>>,
+        timeline: bool,
+    ) -> Result<Self> {
+        let r = rank.rank;
+        let plain = || rank.ctx.new_event(None).map_err(drv("cuEventCreate"));
+        let timed = || {
+            rank.ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv("cuEventCreate"))
+        };
+        let n_tasks = sh.plan.ranks[r].tasks.len();
+        let mut task_ev = vec![];
+        if timeline {
+            for _ in 0..n_tasks {
+                task_ev.push((timed()?, timed()?));
+            }
+        }
+        Ok(RankIssue {
+            r,
+            go: plain()?,
+            stream_done: streams.iter().map(|_| plain()).collect::<Result<_>>()?,
+            point_ev: sh.events[r]
+                .iter()
+                .map(|&need| need.then(plain).transpose())
+                .collect::<Result<_>>()?,
+            task_ev,
+            control: rank.control().clone(),
+            streams,
+        })
+    }
+
+    /// Start of an iteration of `parity`: wait for every other rank's end of
+    /// the previous iteration (barrier bank `1 - parity`), clear that bank,
+    /// then fork every plan stream from the control stream.
+    pub fn begin(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+        let r = self.r;
+        let bank = 1 - parity % 2;
+        let c = self.control.cu_stream();
+        for q in (0..sh.plan.ranks.len()).filter(|&q| q != r) {
+            let w = sh.layout.end_slot(q, r, bank);
+            // SAFETY: the word is inside rank r's live flag buffer (sized to the layout).
+            unsafe { cu::stream_wait_value32_geq(c, word(sh.flags[r], w), SET)? };
+        }
+        let (first, n) = sh.layout.bank(r, bank);
+        // SAFETY: as above; every writer of this bank is done (see crate::signal).
+        unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c)? };
+        self.go
+            .record(&self.control)
+            .map_err(drv("cuEventRecord"))?;
+        for s in &self.streams {
+            s.wait(&self.go).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+
+    /// Task `i`: its waits (events within the rank, flags across ranks, and
+    /// the `cross` events of a loopback capture), the task itself, its event
+    /// and its signals.
+    pub fn task(
+        &self,
+        rank: &mut Rank,
+        sh: &Shared<'_>,
+        i: usize,
+        timeline: bool,
+        cross: Option<&CrossEvents>,
+    ) -> Result<()> {
+        let r = self.r;
+        let rp = &sh.plan.ranks[r];
+        let task = &rp.tasks[i];
+        let stream = self.streams.get(task.stream).ok_or_else(|| {
+            CudaError::Plan(format!("task {i} of rank {r} names stream {}", task.stream))
+        })?;
+        for d in &task.deps {
+            if d.rank == r {
+                // Stream order already keeps a dependency on the same stream.
+                if let Some(ev) = self.point_ev.get(d.index).and_then(|e| e.as_ref()) {
+                    if rp.tasks[d.index].stream != task.stream {
+                        stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+                    }
+                }
+                continue;
+            }
+            if let Some(ev) = cross.and_then(|c| c.get(d.rank)?.get(d.index)?.as_ref()) {
+                stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+            }
+            let p = Point {
+                rank: d.rank,
+                index: d.index,
+            };
+            let w = sh
+                .layout
+                .slot(p, r)
+                .ok_or_else(|| CudaError::Plan(format!("no signal flag for {p:?} on rank {r}")))?;
+            // SAFETY: the word is inside rank r's live flag buffer, on the stream's device.
+            unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), word(sh.flags[r], w), SET)? };
+        }
+        if timeline {
+            self.task_ev[i]
+                .0
+                .record(stream)
+                .map_err(drv("cuEventRecord"))?;
+        }
+        issue(rank, sh, stream, task.stream, &task.kind)?;
+        if timeline {
+            self.task_ev[i]
+                .1
+                .record(stream)
+                .map_err(drv("cuEventRecord"))?;
+        }
+        if let Some(Some(ev)) = self.point_ev.get(i) {
+            ev.record(stream).map_err(drv("cuEventRecord"))?;
+        }
+        if let Some(ev) = cross.and_then(|c| c.get(r)?.get(i)?.as_ref()) {
+            ev.record(stream).map_err(drv("cuEventRecord"))?;
+        }
+        if sh.opts.drop_signal == Some((r, i)) {
+            return Ok(());
+        }
+        for &(q, w) in sh.layout.signals[r].get(i).into_iter().flatten() {
+            // SAFETY: the word is inside rank q's live flag buffer; peer
+            // access is enabled between the devices (or it is the same device).
+            unsafe { cu::stream_write_value32(stream.cu_stream(), word(sh.flags[q], w), SET)? };
+        }
+        Ok(())
+    }
+
+    /// End of an iteration of `parity`: join every stream into the control
+    /// stream, clear this rank's task flags (every wait passed), and set this
+    /// rank's word in every other rank's barrier bank `parity`.
+    pub fn end(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+        let r = self.r;
+        let c = self.control.cu_stream();
+        for (s, ev) in self.streams.iter().zip(&self.stream_done) {
+            ev.record(s).map_err(drv("cuEventRecord"))?;
+            self.control.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        let tw = sh.layout.task_words[r];
+        if tw > 0 {
+            // SAFETY: the task words are the first `tw` of rank r's live flag buffer.
+            unsafe { cu::memset_d32_async(sh.flags[r], 0, tw, c)? };
+        }
+        for q in (0..sh.plan.ranks.len()).filter(|&q| q != r) {
+            let w = sh.layout.end_slot(r, q, parity);
+            // SAFETY: the word is inside rank q's live flag buffer.
+            unsafe { cu::stream_write_value32(c, word(sh.flags[q], w), SET)? };
+        }
+        Ok(())
+    }
+}
+
+/// Captures what `f` issues on `control` (and on the streams it forks from
+/// it) into an instantiated CUDA graph that replays on `control`. The
+/// capture is always ended, also when `f` fails, so the streams stay usable.
+pub(crate) fn capture(
+    control: &Arc<CudaStream>,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<CudaGraph> {
+    control
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(drv("cuStreamBeginCapture"))?;
+    let issued = f();
+    // Node priorities keep `-hi` streams' priority inside the graph.
+    let graph = control
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
+    issued?;
+    let graph = graph.map_err(drv("cuStreamEndCapture"))?;
+    let graph =
+        graph.ok_or_else(|| CudaError::Plan("stream capture produced an empty graph".into()))?;
+    graph.upload().map_err(drv("cuGraphUpload"))?;
+    Ok(graph)
+}

@@ -1,0 +1,246 @@
+//! The watchdog: the thread that starts a run watches each rank's finished
+//! iterations (a word of pinned, mapped host memory each rank's control
+//! stream writes). When no rank finishes an iteration for
+//! `opts.watchdog_ms`, or an issuing thread failed, it
+//! 1. reads the flags (on a side stream, polled at most a second) and names
+//!    the first unset wait: the rank, task, iteration and the producer it
+//!    waits for;
+//! 2. tells the issuing threads to stop, and writes [`RELEASED`] into every
+//!    flag of the run from a fresh side stream, again every
+//!    [`RELEASE_EVERY_MS`] (consumers clear their flags at each iteration's
+//!    end, and iterations already queued wait again) until every thread
+//!    returned: the streams drain and nothing is left running;
+//! 3. fails the run with [`CudaError::Hang`].
+//!
+//! When the device does not drain within another bound (a kernel or NCCL
+//! call that never ends), no thread can be joined: it prints the hang and
+//! ends the process with [`HANG_EXIT_CODE`]. Its own work never blocks on
+//! the device: every side operation is polled with a deadline.
+
+use super::run::Shared;
+use crate::driver::cuda as cu;
+use crate::error::{drv, CudaError, Result};
+use crate::signal::{Point, SET};
+use cudarc::driver::CudaContext;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Exit status of a process the watchdog ends (EX_SOFTWARE).
+pub const HANG_EXIT_CODE: i32 = 70;
+
+/// How often a stuck run's flags are released again while it drains.
+const RELEASE_EVERY_MS: u64 = 20;
+
+/// The watchdog loop: returns the hang, if one was found. `threads` is the
+/// number of issuing threads, each of which adds one to `finished` when done.
+pub(crate) fn watchdog(
+    sh: &Shared<'_>,
+    ctxs: &[Arc<CudaContext>],
+    finished: &AtomicUsize,
+    failed: &AtomicBool,
+    threads: usize,
+) -> Option<CudaError> {
+    let n = ctxs.len();
+    let bound = Duration::from_millis(sh.opts.watchdog_ms);
+    let total = (sh.spec.warmup + sh.spec.timed + usize::from(sh.spec.timeline)) as u32;
+    let snapshot = || (0..n).map(|r| sh.progress.get(r)).collect::<Vec<u32>>();
+    let mut last = snapshot();
+    let mut last_change = Instant::now();
+    let mut hang = None;
+    while finished.load(Ordering::Acquire) < threads {
+        std::thread::sleep(Duration::from_micros(100));
+        let stuck = if failed.load(Ordering::Acquire) {
+            // A thread failed to issue: its consumers would wait forever.
+            true
+        } else {
+            let now = snapshot();
+            if now != last {
+                last = now;
+                last_change = Instant::now();
+                continue;
+            }
+            !last.iter().all(|&p| p >= total) && last_change.elapsed() >= bound
+        };
+        if !stuck {
+            continue;
+        }
+        if !failed.load(Ordering::Acquire) {
+            let waited_ms = last_change.elapsed().as_millis() as u64;
+            let (rank, point) = diagnose(sh, ctxs, &last);
+            hang = Some(CudaError::Hang {
+                rank,
+                point,
+                waited_ms,
+            });
+        }
+        sh.abort.store(true, Ordering::Release);
+        drain(sh, ctxs, finished, threads, bound, hang.as_ref());
+        break;
+    }
+    hang
+}
+
+/// Releases every flag again and again until every issuing thread returned;
+/// ends the process when that takes longer than `bound` (at least 2 s).
+fn drain(
+    sh: &Shared<'_>,
+    ctxs: &[Arc<CudaContext>],
+    finished: &AtomicUsize,
+    threads: usize,
+    bound: Duration,
+    hang: Option<&CudaError>,
+) {
+    let deadline = Instant::now() + bound.max(Duration::from_secs(2));
+    let mut released = false;
+    while finished.load(Ordering::Acquire) < threads {
+        released |= release_all(sh, ctxs);
+        if Instant::now() > deadline {
+            eprintln!(
+                "ficco: watchdog: {} and the device did not drain (a flag release completed: \
+                 {released}); exiting",
+                hang.map(|h| h.to_string())
+                    .unwrap_or_else(|| "an issuing thread failed".into())
+            );
+            std::process::exit(HANG_EXIT_CODE);
+        }
+        std::thread::sleep(Duration::from_millis(RELEASE_EVERY_MS));
+    }
+}
+
+/// How long the watchdog waits for its own side work (a flag read or release).
+const SIDE_WORK_MS: u64 = 1000;
+
+/// Runs `f` on a fresh non-blocking stream of `ctx` and polls it for at most
+/// [`SIDE_WORK_MS`]. Returns whether the work finished; the stream is
+/// destroyed either way (the driver frees it once its work is done). Never
+/// blocks on a stuck device.
+fn on_side_stream(
+    ctx: &Arc<CudaContext>,
+    f: impl FnOnce(cudarc::driver::sys::CUstream) -> Result<()>,
+) -> Result<bool> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let s = cu::stream_create_nonblocking()?;
+    let res = f(s);
+    let deadline = Instant::now() + Duration::from_millis(SIDE_WORK_MS);
+    let mut done = false;
+    while res.is_ok() && Instant::now() < deadline {
+        // SAFETY: `s` is live until destroyed below.
+        if unsafe { cu::stream_done(s) }.unwrap_or(true) {
+            done = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    // SAFETY: created above, destroyed once; pending work still completes.
+    unsafe { cu::stream_destroy(s) };
+    res.map(|_| done)
+}
+
+/// The value the watchdog writes into every flag. `CU_STREAM_WAIT_VALUE_GEQ`
+/// compares `(int32_t)(*addr - value) >= 0`, so `u32::MAX` would satisfy no
+/// wait; 2^30 satisfies every wait for [`SET`].
+pub(crate) const RELEASED: u32 = 1 << 30;
+
+/// Writes [`RELEASED`] into every flag of the run: every wait is satisfied.
+/// Returns whether every write was seen to complete.
+fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
+    let mut all = true;
+    for (r, ctx) in ctxs.iter().enumerate() {
+        let words = sh.layout.words[r];
+        if words == 0 {
+            continue;
+        }
+        let done = on_side_stream(ctx, |s| {
+            // SAFETY: rank r's live flag buffer holds `words` words.
+            unsafe { cu::memset_d32_async(sh.flags[r], RELEASED, words, s) }
+        });
+        all &= matches!(done, Ok(true));
+    }
+    all
+}
+
+/// The first wait (task waits before barrier waits) whose flag is below its
+/// value, as (rank, description).
+fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (usize, String) {
+    let plan = sh.plan;
+    let label = |p: Point| {
+        plan.ranks[p.rank]
+            .tasks
+            .get(p.index)
+            .map(|t| format!("task {} '{}'", p.index, t.label))
+            .unwrap_or_else(|| "end of iteration".into())
+    };
+    let mut values: Vec<Vec<u32>> = vec![];
+    for (r, ctx) in ctxs.iter().enumerate() {
+        // No pinned allocation or free here: cuMemFreeHost synchronizes the
+        // device, which is what is stuck. `sh.diag` lives until the run ends,
+        // after the device drained.
+        let words = sh.layout.words[r];
+        let host = sh.diag;
+        let res = on_side_stream(ctx, |s| {
+            // SAFETY: rank r's live flag buffer holds `words` words and the
+            // mapped diagnostic buffer at least as many (run_plan_with).
+            unsafe { cu::memcpy_dtod_async(host.device(0), sh.flags[r], words * 4, s) }
+        });
+        if matches!(res, Ok(true)) {
+            values.push((0..words).map(|i| host.get(i)).collect());
+        } else {
+            values.push(vec![u32::MAX; words]);
+        }
+    }
+    let unset = |r: usize, w: usize| values[r].get(w).is_some_and(|&v| v < SET);
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        if progress[r] as usize >= sh.spec.warmup + sh.spec.timed + usize::from(sh.spec.timeline) {
+            continue;
+        }
+        let it = progress[r] + 1;
+        for (i, t) in rp.tasks.iter().enumerate() {
+            for d in t.deps.iter().filter(|d| d.rank != r) {
+                let p = Point {
+                    rank: d.rank,
+                    index: d.index,
+                };
+                if sh.layout.slot(p, r).is_some_and(|w| unset(r, w)) {
+                    return (
+                        r,
+                        format!(
+                            "task {i} '{}' (iteration {it}) waiting for the signal of rank {} {}",
+                            t.label,
+                            d.rank,
+                            label(p)
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    for (r, &done) in progress.iter().enumerate() {
+        // Iteration `done` (0-based) starts by waiting on bank 1 - done % 2.
+        let bank = 1 - done as usize % 2;
+        for q in (0..plan.ranks.len()).filter(|&q| q != r) {
+            if done > 0 && unset(r, sh.layout.end_slot(q, r, bank)) {
+                return (
+                    r,
+                    format!(
+                        "start of iteration {}, waiting for rank {q}'s end of iteration {done}",
+                        done + 1
+                    ),
+                );
+            }
+        }
+    }
+    let r = progress
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, &p)| p)
+        .map(|(r, _)| r)
+        .unwrap_or(0);
+    (
+        r,
+        format!(
+            "iteration {}: no unsatisfied signal wait (a kernel, copy or NCCL call does not finish)",
+            progress.get(r).copied().unwrap_or(0) + 1
+        ),
+    )
+}
