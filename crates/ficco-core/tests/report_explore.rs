@@ -403,7 +403,7 @@ fn names_lowering_to_one_plan_are_measured_once() {
     let table = r.table();
     assert!(table.contains("(same plan as shard-copy-ring)"), "{table}");
     assert!(
-        table.contains("# host launch per operator (no CUDA graphs): median 12.0 us"),
+        table.contains("# host launch per operator: median 12.0 us"),
         "{table}"
     );
     let json = serde_json::to_value(&r).unwrap();

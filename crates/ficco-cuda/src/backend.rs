@@ -56,6 +56,8 @@ pub struct GpuBackend {
     /// Whether the last measured plan's timed iterations were replayed from
     /// CUDA graphs (None before the first measurement).
     pub last_graphed: Option<bool>,
+    /// Why the last measured plan did not use graphs although asked to.
+    pub last_graph_error: Option<String>,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -134,6 +136,7 @@ impl GpuBackend {
             loopback: false,
             run_opts: RunOpts::default(),
             last_graphed: None,
+            last_graph_error: None,
         })
     }
 
@@ -167,6 +170,7 @@ impl GpuBackend {
             loopback: true,
             run_opts: RunOpts::default(),
             last_graphed: None,
+            last_graph_error: None,
         })
     }
 
@@ -446,6 +450,7 @@ impl GpuBackend {
             },
         )?;
         self.last_graphed = Some(times.iter().all(|t| t.graphed));
+        self.last_graph_error = times.iter().find_map(|t| t.graph_error.clone());
         let iters = self.config.iters.max(1);
         let per_iter: Vec<f64> = (0..iters)
             .map(|k| times.iter().map(|t| t.iters[k]).fold(0.0, f64::max))

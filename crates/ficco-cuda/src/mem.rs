@@ -123,11 +123,12 @@ pub struct CopyEnd {
 }
 
 /// Enqueues a copy of `rows` rows of `width` bytes from `src` to `dst` on
-/// `stream`, through the copy engines: `cuMemcpyPeerAsync` when both ends are
-/// contiguous (pitch == width or one row), else `cuMemcpy2DAsync`.
+/// `stream`, through the copy engines: `cuMemcpyAsync` (unified addressing)
+/// when both ends are contiguous (pitch == width or one row), else
+/// `cuMemcpy2DAsync`. Both can be captured into CUDA graphs
+/// (`cuMemcpyPeerAsync` cannot).
 ///
-/// See [cuMemcpyPeerAsync](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html#group__CUDA__MEM_1g82fcecb38018e64b98616a8ac30112f2)
-/// and [cuMemcpy2DAsync](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html#group__CUDA__MEM_1g4acf155faeb969d9d21f5433d3d0f274).
+/// See [cuMemcpy2DAsync](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html#group__CUDA__MEM_1g4acf155faeb969d9d21f5433d3d0f274).
 ///
 /// # Safety
 /// Both ends must name live device memory that holds `rows` rows of `width`
@@ -145,7 +146,7 @@ pub unsafe fn copy_2d_async(
     }
     let contiguous = rows == 1 || (src.pitch == width && dst.pitch == width);
     if contiguous {
-        return cu::memcpy_peer_async(dst.ptr, dst.ctx, src.ptr, src.ctx, width * rows, stream);
+        return cu::memcpy_async(dst.ptr, src.ptr, width * rows, stream);
     }
     cu::memcpy_2d_async(src.ptr, src.pitch, dst.ptr, dst.pitch, width, rows, stream)
 }

@@ -126,9 +126,10 @@ fn every_copy_schedule_is_exact_in_loopback() {
                             let graphed = be.last_graphed == Some(true);
                             if graphs && !graphed && plan.resources.green_sms.is_none() {
                                 failures.push(format!(
-                                    "P={p} {} {}: graph capture failed",
+                                    "P={p} {} {}: graph capture failed: {}",
                                     problem.label(),
-                                    s.name()
+                                    s.name(),
+                                    be.last_graph_error.as_deref().unwrap_or("?")
                                 ));
                             }
                             eprintln!(

@@ -50,7 +50,8 @@ pub struct ScheduleResult {
     /// The measured output was wrong (only serialized when true).
     #[serde(default, skip_serializing_if = "is_false")]
     pub wrong: bool,
-    /// Host-side cost of launching this schedule once (µs, no CUDA graphs);
+    /// Host-side cost of launching this schedule once (µs, per rank; whether
+    /// from CUDA graphs the report's device line says);
     /// GPU backend only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_us: Option<f64>,

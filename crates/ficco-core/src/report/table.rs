@@ -132,7 +132,7 @@ impl ScenarioReport {
         if let Some((median, max)) = self.launch_us() {
             let _ = writeln!(
                 s,
-                "# host launch per operator (no CUDA graphs): median {median:.1} us, max {max:.1} us over schedules"
+                "# host launch per operator: median {median:.1} us, max {max:.1} us over schedules"
             );
         }
         // Rows with an empty last column would end in spaces.

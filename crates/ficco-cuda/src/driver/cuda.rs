@@ -210,21 +210,22 @@ pub(crate) unsafe fn memcpy_dtod_async(
     )
 }
 
-/// Stream-ordered copy between two contexts' memory (copy engines).
+/// Stream-ordered copy between any two devices' memory (unified
+/// addressing, copy engines). Unlike `cuMemcpyPeerAsync`, which stream
+/// capture rejects, it can be captured into a CUDA graph.
 ///
 /// # Safety
-/// Both addresses hold `bytes` bytes in their (live) contexts; `stream` is live.
-pub(crate) unsafe fn memcpy_peer_async(
+/// Both addresses hold `bytes` bytes in live allocations, peer access is
+/// enabled between their devices; `stream` is live.
+pub(crate) unsafe fn memcpy_async(
     dst: DevicePtr,
-    dst_ctx: sys::CUcontext,
     src: DevicePtr,
-    src_ctx: sys::CUcontext,
     bytes: usize,
     stream: sys::CUstream,
 ) -> Result<()> {
     check(
-        "cuMemcpyPeerAsync",
-        sys::cuMemcpyPeerAsync(dst.raw(), dst_ctx, src.raw(), src_ctx, bytes, stream),
+        "cuMemcpyAsync",
+        sys::cuMemcpyAsync(dst.raw(), src.raw(), bytes, stream),
     )
 }
 

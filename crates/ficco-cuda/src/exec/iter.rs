@@ -196,10 +196,37 @@ impl RankIssue {
 /// capture is always ended, also when `f` fails, so the streams stay usable.
 pub(crate) fn capture(
     control: &Arc<CudaStream>,
-    f: impl FnOnce() -> Result<()>,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<CudaGraph> {
+    // Thread-local mode first (other threads may allocate meanwhile), then
+    // relaxed mode, which also admits calls that are unsafe under capture.
+    let first = capture_mode(
+        control,
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        &mut f,
+    );
+    match first {
+        Ok(g) => Ok(g),
+        Err(e) => capture_mode(
+            control,
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            &mut f,
+        )
+        .map_err(|e2| {
+            CudaError::Plan(format!(
+                "CUDA graph capture failed: {e}; relaxed mode: {e2}"
+            ))
+        }),
+    }
+}
+
+fn capture_mode(
+    control: &Arc<CudaStream>,
+    mode: CUstreamCaptureMode,
+    f: &mut impl FnMut() -> Result<()>,
 ) -> Result<CudaGraph> {
     control
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .begin_capture(mode)
         .map_err(drv("cuStreamBeginCapture"))?;
     let issued = f();
     // Node priorities keep `-hi` streams' priority inside the graph.

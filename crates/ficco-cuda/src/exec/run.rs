@@ -108,6 +108,8 @@ pub struct RankTimes {
     pub host_us: Vec<f64>,
     /// The timed iterations were replayed from a CUDA graph.
     pub graphed: bool,
+    /// Why graphs were asked for but not used (capture failed).
+    pub graph_error: Option<String>,
 }
 
 /// Per rank per task: a task of another stream *of the same rank* waits for
@@ -284,6 +286,7 @@ pub(crate) fn run_rank(
         let iss = RankIssue::new(rank, sh, streams, spec.timeline)?;
         let clock = Clock::new(rank, spec)?;
         let mut graphs: Vec<CudaGraph> = vec![];
+        let mut graph_error = None;
         if sh.graphs() {
             for parity in 0..2 {
                 let g = capture(&iss.control, || {
@@ -296,17 +299,18 @@ pub(crate) fn run_rank(
                 match g {
                     Ok(g) => graphs.push(g),
                     // Capture does not work for this plan: issue directly.
-                    Err(_) => {
+                    Err(e) => {
                         graphs.clear();
+                        graph_error = Some(e.to_string());
                         break;
                     }
                 }
             }
         }
-        Ok((iss, clock, graphs))
+        Ok((iss, clock, graphs, graph_error))
     })();
     sh.start.wait();
-    let (iss, clock, graphs) = prep?;
+    let (iss, clock, graphs, graph_error) = prep?;
     let mut host_us = Vec::with_capacity(spec.timed);
     let total = sh.total();
     for it in 0..total {
@@ -343,6 +347,7 @@ pub(crate) fn run_rank(
         },
         host_us,
         graphed: !graphs.is_empty(),
+        graph_error,
     })
 }
 
@@ -424,6 +429,7 @@ fn run_loopback(
         Ok(())
     };
     let mut graphs: Vec<CudaGraph> = vec![];
+    let mut graph_error = None;
     if sh.graphs() {
         let cross: CrossEvents = sh
             .layout
@@ -443,8 +449,9 @@ fn run_loopback(
         for parity in 0..2 {
             match capture(&control, || whole(ranks, parity, false, Some(&cross))) {
                 Ok(g) => graphs.push(g),
-                Err(_) => {
+                Err(e) => {
                     graphs.clear();
+                    graph_error = Some(e.to_string());
                     break;
                 }
             }
@@ -483,6 +490,7 @@ fn run_loopback(
                 },
                 host_us: host_us.clone(),
                 graphed: !graphs.is_empty(),
+                graph_error: graph_error.clone(),
             })
         })
         .collect()
