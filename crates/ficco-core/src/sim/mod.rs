@@ -54,9 +54,9 @@
 //!   run on the other partition, resident at once without taking SMs from
 //!   the GEMM. `-own`, `-smN`, `-occS` (the plan's GEMM engine is ficco's
 //!   kernel): each GEMM is the cuBLASLt wave model scaled by ficco's measured
-//!   time over cuBLASLt's on that shape ([`own`]); ficco's grid is
-//!   persistent but never wider than its work units, so a small GEMM leaves
-//!   the rest of the SMs free. `-occS` also multiplies by the stage count's
+//!   time over cuBLASLt's on that shape ([`own`]), on a persistent grid
+//!   (ficco's split-K fills the SMs of a short GEMM, like the profile's
+//!   `full_grid`). `-occS` also multiplies by the stage count's
 //!   slowdown, and NCCL kernels fit beside the GEMM's CTAs (the shared memory
 //!   the fewer stages free), resident at once. Copy engines take no SMs under
 //!   any control.
@@ -312,10 +312,11 @@ impl<'a> Sim<'a> {
                         } else {
                             cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap)
                         };
-                        // ficco's grid is min(work units, budget): never full when short.
-                        let full_grid = hw.gemm.full_grid && !own;
+                        // ficco's grid is persistent too, and its split-K
+                        // (chosen to fill the waves) spreads a short GEMM over
+                        // every SM it may use, as the profile says of cuBLASLt.
                         let (units, unit_tiles, long_units) = if hw.gemm.persistent || own {
-                            if full_grid && c.tiles < cap {
+                            if hw.gemm.full_grid && c.tiles < cap {
                                 // Every block runs the whole (one-wave) time.
                                 (cap, c.waves, 0)
                             } else {
