@@ -1,5 +1,5 @@
 //! The run loop: [`run_plan_with`] picks the plan's communicators, prepares every
-//! rank (streams, GEMM warm-up, shaped GEMM, signal flags), then runs one host
+//! rank (streams, GEMM warm-up, ficco's own GEMM, signal flags), then runs one host
 //! thread per rank through warm-up, timed and timeline iterations
 //! ([`run_rank`]). Cross-rank dependencies are device-side signals
 //! ([`crate::signal`]): host threads only issue, and the calling thread is the
@@ -411,8 +411,8 @@ pub fn run_plan_with(
     for (r, rank) in ranks.iter_mut().enumerate() {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
-        rank.prewarm_gemms(&plan.ranks[r], &ptrs[r])?;
-        rank.prepare_shaped(&plan.ranks[r])?;
+        rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
+        rank.prepare_own_gemm(&plan.ranks[r], &plan.resources)?;
         flags.push(rank.reset_flags(layout.words[r])?);
     }
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
