@@ -13,7 +13,14 @@ fn ficco(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn without_a_gpu_the_bench_is_one_error_line() {
-    let o = ficco(&["gemm-bench", "--max-shapes", "1", "--no-hooks", "--iters", "2"]);
+    let o = ficco(&[
+        "gemm-bench",
+        "--max-shapes",
+        "1",
+        "--no-hooks",
+        "--iters",
+        "2",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     if o.status.success() {
         // A machine with a GPU: the table with its summary.
@@ -24,7 +31,10 @@ fn without_a_gpu_the_bench_is_one_error_line() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "{err}");
-    assert!(lines[0].starts_with("error: gemm-bench needs a GPU"), "{err}");
+    assert!(
+        lines[0].starts_with("error: gemm-bench needs a GPU"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert!(o.stdout.is_empty());
 }
@@ -39,7 +49,10 @@ fn the_shapes_are_every_gemm_of_the_suite_schedules() {
         .filter(|l| !l.starts_with('#'))
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert!(out.starts_with(&format!("# {} GEMM shapes", rows.len())), "{out}");
+    assert!(
+        out.starts_with(&format!("# {} GEMM shapes", rows.len())),
+        "{out}"
+    );
     // 8192^3 first, then whole and chunk GEMMs, each (M, N, K) once.
     assert_eq!(rows[0][..4], ["8192", "8192", "8192", "square"]);
     let mut seen = std::collections::HashSet::new();
@@ -51,8 +64,14 @@ fn the_shapes_are_every_gemm_of_the_suite_schedules() {
             .any(|r| r[..3] == [m, n, k] && r[5..].join(" ").contains(use_))
     };
     // llama3-8b qkv at P=2: the whole gathered GEMM and its fine8 chunk.
-    assert!(has("2048", "3072", "4096", "llama3-8b.qkv.t2048.p2 whole"), "{out}");
-    assert!(has("128", "3072", "4096", "llama3-8b.qkv.t2048.p2 fine8"), "{out}");
+    assert!(
+        has("2048", "3072", "4096", "llama3-8b.qkv.t2048.p2 whole"),
+        "{out}"
+    );
+    assert!(
+        has("128", "3072", "4096", "llama3-8b.qkv.t2048.p2 fine8"),
+        "{out}"
+    );
     assert!(rows.iter().any(|r| r[3] == "chunk"));
     assert!(rows.len() > 100, "{}", rows.len());
     // A suite of one scenario: its whole GEMM and its chunks only.
@@ -86,11 +105,21 @@ fn argument_errors_come_first() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.starts_with("error: "), "{args:?}: {err}");
-        assert!(!err.contains("needs a GPU") || args[1] == "--save", "{args:?}: {err}");
+        assert!(
+            !err.contains("needs a GPU") || args[1] == "--save",
+            "{args:?}: {err}"
+        );
     }
     let o = ficco(&["gemm-bench", "--help"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    for flag in ["--json", "--save", "--suite", "--list", "--no-hooks", "--iters"] {
+    for flag in [
+        "--json",
+        "--save",
+        "--suite",
+        "--list",
+        "--no-hooks",
+        "--iters",
+    ] {
         assert!(out.contains(flag), "{out}");
     }
 }

@@ -227,7 +227,7 @@ struct Sim<'a> {
     done: usize,
     /// SMs an NCCL kernel needs (`-ctaN`, else `nccl_sms`).
     nccl_need: usize,
-    /// Whether NCCL kernels run beside the GEMMs' SMs (green split or shaped GEMMs).
+    /// Whether NCCL kernels run beside the GEMMs' SMs (green split, or GEMMs with fewer stages: `-occS`).
     nccl_beside: bool,
     /// NCCL bandwidth factor of the CTA limit.
     nccl_scale: f64,
