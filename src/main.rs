@@ -46,6 +46,8 @@ enum Command {
     Tune(Box<cmd::tune::TuneArgs>),
     /// Measure decomposition loss, contention and communication curves on the GPUs; fit a hardware profile.
     Characterize(cmd::characterize::CharacterizeArgs),
+    /// Benchmark ficco's own Hopper GEMM against cuBLASLt on one GPU (every GEMM shape of a suite's schedules).
+    GemmBench(cmd::gemm_bench::GemmBenchArgs),
 }
 
 fn main() {
@@ -92,7 +94,7 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            bail!("a command is required: schedules, explore, info, characterize, select, evaluate or tune (see 'ficco --help')");
+            bail!("a command is required: schedules, explore, info, characterize, select, evaluate, tune or gemm-bench (see 'ficco --help')");
         }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
@@ -118,5 +120,6 @@ fn run() -> Result<()> {
         Command::Evaluate(args) => cmd::evaluate::run(*args),
         Command::Tune(args) => cmd::tune::run(*args),
         Command::Characterize(args) => cmd::characterize::run(args),
+        Command::GemmBench(args) => cmd::gemm_bench::run(args),
     }
 }

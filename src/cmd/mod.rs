@@ -4,6 +4,7 @@
 pub mod characterize;
 pub mod evaluate;
 pub mod explore;
+pub mod gemm_bench;
 pub mod info;
 pub mod schedules;
 pub mod select;

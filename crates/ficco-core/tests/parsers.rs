@@ -119,7 +119,7 @@ proptest! {
     fn schedule_names_are_err_or_round_trip(
         name in prop_oneof![
             "[a-z0-9-]{0,40}",
-            "(seq|shard|bulk|fine[0-9]{1,20})-(nccl|copy)-(ring|all)(-2s)?(-acc)?(-sm[0-9]{1,22})?(-gc[0-9]{1,22})?(-occ[0-9]{1,22})?(-cta[0-9]{1,22})?(-hi)?",
+            "(seq|shard|bulk|fine[0-9]{1,20})-(nccl|copy)-(ring|all)(-2s)?(-acc)?(-own)?(-sm[0-9]{1,22})?(-gc[0-9]{1,22})?(-occ[0-9]{1,22})?(-cta[0-9]{1,22})?(-hi)?",
         ]
     ) {
         if let Ok(s) = name.parse::<Schedule>() {

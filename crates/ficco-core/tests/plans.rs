@@ -4,8 +4,9 @@
 use ficco_core::plan::interp::{interpret, reference, Inputs};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::validate::validate;
+use ficco_core::plan::TaskKind;
 use ficco_core::problem::workload::{Collective, Op, Problem};
-use ficco_core::space::{enumerate, Schedule, SpaceOptions};
+use ficco_core::space::{enumerate, GemmEngine, Schedule, SpaceOptions};
 use proptest::prelude::*;
 
 fn space() -> SpaceOptions {
@@ -73,20 +74,22 @@ proptest! {
         let bytes = 2 * n * gpus * blocks;
         let problem = Problem::concurrent(gemms, m, k, n, collective, bytes, gpus).unwrap();
         let ran = check_all(&problem, seed)?;
-        // Occupancy shaping needs tile-sized shapes; everything else runs.
-        let shaped = enumerate(Op::Concurrent, space()).iter().filter(|s| s.occupancy.is_some()).count();
-        prop_assert_eq!(ran + shaped, enumerate(Op::Concurrent, space()).len());
+        // ficco's own GEMM needs N and K multiples of 8 (these have n, k <= 4);
+        // everything else runs.
+        let own = enumerate(Op::Concurrent, space()).iter().filter(|s| s.gemm == GemmEngine::Own).count();
+        prop_assert_eq!(ran + own, enumerate(Op::Concurrent, space()).len());
     }
 }
 
 #[test]
-fn concurrent_shaped_schedules_fit_tile_sized_shapes() {
+fn concurrent_own_gemm_schedules_fit_aligned_shapes() {
     let problem =
-        Problem::concurrent(1, 128, 32, 128, Collective::AllReduce, 2 * 128 * 2 * 2, 2).unwrap();
-    let s: Schedule = "shard-nccl-ring-occ1-cta8-hi".parse().unwrap();
+        Problem::concurrent(1, 5, 8, 16, Collective::AllReduce, 2 * 16 * 2 * 2, 2).unwrap();
+    let s: Schedule = "shard-nccl-ring-occ2-cta8-hi".parse().unwrap();
     let plan = lower(&problem, &s).unwrap();
     validate(&plan).unwrap();
     assert_eq!(plan.resources.nccl_ctas, Some(8));
+    assert_eq!(plan.resources.gemm, GemmEngine::Own);
     let inputs = Inputs::random(&problem, 3);
     assert_eq!(
         interpret(&plan, &inputs).unwrap(),
@@ -103,11 +106,51 @@ fn concurrent_rejects_bad_sizes_with_reasons() {
     assert!(Problem::new(Op::Concurrent, 64, 64, 64, 4).is_err());
 }
 
+/// The GEMM engine changes where GEMMs run, never what a plan does: an
+/// own-engine schedule lowers to its cuBLASLt twin's plan with the engine
+/// (and the SM budget or stage count) in its resources and GEMM tasks.
+#[test]
+fn own_engine_plans_are_their_cublaslt_twins() {
+    for op in Op::ALL {
+        let problem = Problem::new(op, 64, 16, 24, 4).unwrap();
+        let mut twins = 0;
+        for s in enumerate(op, space()) {
+            if s.gemm != GemmEngine::Own || s.green_sms.is_some() {
+                continue;
+            }
+            let plan = lower(&problem, &s).unwrap();
+            assert_eq!(plan.resources.gemm, GemmEngine::Own, "{s}");
+            let cub = Schedule {
+                gemm: GemmEngine::Cublas,
+                sm_target: None,
+                occupancy: None,
+                ..s
+            };
+            let mut twin = lower(&problem, &cub).unwrap();
+            twin.resources.gemm = GemmEngine::Own;
+            for t in twin.ranks.iter_mut().flat_map(|r| &mut r.tasks) {
+                if let TaskKind::Gemm {
+                    sm_target,
+                    occupancy,
+                    ..
+                } = &mut t.kind
+                {
+                    *sm_target = s.sm_target;
+                    *occupancy = s.occupancy;
+                }
+            }
+            assert!(plan.same_work(&twin), "{s} vs {cub}");
+            twins += 1;
+        }
+        assert!(twins > 10, "{op}: {twins}");
+    }
+}
+
 #[test]
 fn all_fine_chunks_run_when_m_divides() {
     for op in Op::ALL {
         for gpus in [2, 3, 4, 8] {
-            let problem = Problem::new(op, gpus * 8, 3, 2, gpus).unwrap();
+            let problem = Problem::new(op, gpus * 8, 8, 8, gpus).unwrap();
             let ran = check_all(&problem, 7).unwrap();
             assert_eq!(ran, enumerate(op, space()).len(), "{}", problem.label());
         }

@@ -161,7 +161,8 @@ proptest! {
 fn the_whole_space_runs_with_signals_at_2_4_and_8_ranks() {
     for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
         for gpus in [2, 4, 8] {
-            let problem = Problem::new(op, gpus * 8, 3, 2, gpus).unwrap();
+            // N and K multiples of 8: ficco's own GEMM fits too.
+            let problem = Problem::new(op, gpus * 8, 8, 8, gpus).unwrap();
             let ran = check_all(&problem, 11, 5).unwrap();
             assert_eq!(ran, enumerate(op, space()).len(), "{}", problem.label());
         }

@@ -9,7 +9,7 @@ use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::sim::cost;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::simulate;
-use ficco_core::space::Priority;
+use ficco_core::space::{GemmEngine, Priority};
 
 const MB: usize = 1 << 20;
 
@@ -459,4 +459,60 @@ fn persistent_gemm_keeps_its_sms_even_from_high_priority_kernels() {
     hw.gemm.persistent = false;
     let tl = simulate(&plan, &hw).unwrap();
     assert!(tl.spans[2].start_ms < 0.5 * g.total_ms());
+}
+
+/// ficco's own GEMM (`-own`, `-smN`, `-occS`): the wave model with every
+/// tile `cuBLASLt TFLOP/s / ficco TFLOP/s` of the measured shape as long,
+/// on a persistent grid of at most the SM budget. By hand: 4096³ in 128x128
+/// tiles is 32 x 32 = 1024 tiles; on 132 SMs 100 CTAs run 8 tiles and 32
+/// run 7, so the GEMM takes launch + 8 tile times; on a budget of 66 SMs,
+/// 1024 = 66 x 15 + 34: launch + 16 tile times.
+#[test]
+fn own_gemm_runs_the_measured_ratio_on_its_sm_budget() {
+    let mut hw = hw_quiet();
+    hw.gemm.tile_shapes = vec![[128, 128]];
+    hw.gemm.max_split_k = 1;
+    // ficco at 500 TFLOP/s where cuBLASLt ran 600: 1.2x the time.
+    hw.own_gemm.points = vec![[4096.0, 4096.0, 4096.0, 500.0, 600.0]];
+    hw.own_gemm.stage_slowdown = vec![[2.0, 1.5]];
+    let per_sm_flops_per_ms = hw.gemm.sustained_tflops * 1e9 / hw.sm_count as f64;
+    let tile = 2.0 * 128.0 * 128.0 * (4096.0 + hw.gemm.k_overhead) / per_sm_flops_per_ms;
+    let launch = (hw.launch_us + hw.gemm.fixed_us) * 1e-3;
+    let run = |engine: GemmEngine, sm: Option<usize>, stages: Option<usize>| {
+        let mut b = B::new(2);
+        let mut kind = gemm(4096, 4096, 4096, sm);
+        if let TaskKind::Gemm { occupancy, .. } = &mut kind {
+            *occupancy = stages;
+        }
+        b.push(0, 0, kind, &[]);
+        let mut plan = b.plan();
+        plan.resources.gemm = engine;
+        simulate(&plan, &hw).unwrap().total_ms
+    };
+    close(
+        run(GemmEngine::Cublas, None, None),
+        launch + 8.0 * tile,
+        "cuBLASLt",
+    );
+    close(
+        run(GemmEngine::Own, None, None),
+        launch + 8.0 * tile * 1.2,
+        "own",
+    );
+    close(
+        run(GemmEngine::Own, Some(66), None),
+        launch + 16.0 * tile * 1.2,
+        "own, 66 SMs",
+    );
+    close(
+        run(GemmEngine::Own, None, Some(2)),
+        launch + 8.0 * tile * 1.2 * 1.5,
+        "own, 2 stages",
+    );
+    // The same as the cost model alone.
+    close(
+        run(GemmEngine::Own, Some(66), None),
+        ficco_core::sim::own::gemm_ms(&hw, 4096, 4096, 4096, 66, None),
+        "own::gemm_ms",
+    );
 }

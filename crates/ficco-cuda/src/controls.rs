@@ -3,9 +3,9 @@
 //! timing on raw streams, and context-independent NVRTC kernel libraries.
 //!
 //! The controls of the design space live in their own modules:
-//! [`crate::nccl_config`] (NCCL `maxCTAs`/`minCTAs`/CTA policy),
-//! [`crate::green`] (green-context SM partitions) and [`crate::shaped`]
-//! (shared-memory occupancy shaping and ficco's own GEMM). This module holds
+//! [`crate::comm`] (NCCL `maxCTAs`/`minCTAs`/CTA policy),
+//! [`crate::green`] (green-context SM partitions) and [`crate::hgemm`]
+//! (ficco's own GEMM: SM budget and occupancy shaping). This module holds
 //! the fourth control, communication stream priority, and the plumbing the
 //! others share.
 //!

@@ -27,7 +27,7 @@
 //! | `signal` | the cross-rank synchronisation seam: device signal flags, epochs, progress words |
 //! | `comm` | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |
 //! | `gemm` | cuBLASLt bf16 GEMM with row-major views, cached descriptors, measured algorithm choice |
-//! | `shaped` | ficco's tensor-core bf16 GEMM and bias+GELU, with shared-memory occupancy shaping |
+//! | [`hgemm`] | ficco's own Hopper GEMM (TMA, wgmma, persistent; SM budget, occupancy, tile order, wait/signal/destination hooks) and `gemm-bench` |
 //! | `green` | green-context SM partitions: compute and communication streams on disjoint SMs |
 //! | `controls` | stream priorities, raw streams, event timing, context-independent kernel libraries |
 //! | `kernels` | ficco's utility kernels: random fill, reduce, check |
@@ -61,8 +61,6 @@ pub(crate) mod controls;
 pub(crate) mod driver;
 #[allow(dead_code)]
 pub(crate) mod green;
-#[allow(dead_code)]
-pub(crate) mod shaped;
 
 #[cfg(test)]
 #[path = "../tests/common/mod.rs"]

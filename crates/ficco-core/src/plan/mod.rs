@@ -20,11 +20,12 @@
 pub mod graph;
 pub mod interp;
 pub mod lower;
+pub mod shapes;
 pub mod signal;
 pub mod validate;
 
 use crate::problem::workload::{Collective, Problem, ELEM_BYTES};
-use crate::space::{Priority, Schedule};
+use crate::space::{GemmEngine, Priority, Schedule};
 use serde::{Deserialize, Serialize};
 
 /// Most sources one reduce task may sum: the executors' reduce kernel takes
@@ -178,13 +179,15 @@ pub enum TaskKind {
         a: View,
         b: View,
         c: View,
-        /// cuBLASLt SM count target, if the schedule sets one.
+        /// SMs the GEMM is held to, if the schedule sets a limit: the SM
+        /// budget of ficco's kernel, or cuBLASLt's SM count target (see
+        /// [`Resources::gemm`] and `Schedule::gemm_sm_target`).
         sm_target: Option<usize>,
         /// Add into c (the GEMM epilogue reads it: beta = 1).
         #[serde(default)]
         accumulate: bool,
-        /// Run on ficco's shaped kernel with at most this many blocks per SM
-        /// (extra dynamic shared memory at launch), instead of cuBLASLt.
+        /// Pipeline stages of ficco's kernel (occupancy shaping, `-occS`;
+        /// only with [`Resources::gemm`] = own).
         #[serde(default)]
         occupancy: Option<usize>,
     },
@@ -274,6 +277,9 @@ pub struct Resources {
     pub green_sms: Option<usize>,
     /// NCCL communicators with `maxCTAs` = this (default: NCCL's choice).
     pub nccl_ctas: Option<usize>,
+    /// The library every GEMM task runs on (`-own`, `-smN`, `-occS`: ficco's kernel).
+    #[serde(default)]
+    pub gemm: GemmEngine,
 }
 
 /// A lowered schedule: one `RankPlan` per rank (index = rank).

@@ -68,13 +68,14 @@ pub fn ablation(r: &ScenarioReport) -> Option<Vec<AblationRow>> {
     let plain = |s: &Schedule| !s.is_seq() && s.engine == Engine::Nccl;
     out.extend(find(&|s| plain(s) && !s.has_controls()).and_then(|row| mk("overlap (NCCL)", row)));
     type Has<'a> = &'a dyn Fn(&Schedule) -> bool;
-    let singles: [(&str, Has); 5] = [
+    let singles: [(&str, Has); 6] = [
         ("+ comm priority high", &|s| {
             s.comm_priority == Priority::High
         }),
-        ("+ cuBLASLt SM target", &|s| s.sm_target.is_some()),
+        ("+ ficco's own GEMM", &only_own),
+        ("+ own GEMM, SM budget", &|s| s.sm_target.is_some()),
         ("+ green context", &|s| s.green_sms.is_some()),
-        ("+ occupancy shaping", &|s| s.occupancy.is_some()),
+        ("+ own GEMM, fewer stages", &|s| s.occupancy.is_some()),
         ("+ NCCL CTA limit", &|s| s.nccl_ctas.is_some()),
     ];
     for (label, has) in singles {
@@ -89,9 +90,15 @@ pub fn ablation(r: &ScenarioReport) -> Option<Vec<AblationRow>> {
     Some(out)
 }
 
+/// `-own` alone: ficco's GEMM with no SM budget or stage count (which imply it).
+fn only_own(s: &crate::space::Schedule) -> bool {
+    s.gemm == crate::space::GemmEngine::Own && s.sm_target.is_none() && s.occupancy.is_none()
+}
+
 /// How many resource controls `s` sets.
 fn controls_set(s: &crate::space::Schedule) -> usize {
     [
+        only_own(s),
         s.sm_target.is_some(),
         s.green_sms.is_some(),
         s.occupancy.is_some(),

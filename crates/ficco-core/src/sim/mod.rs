@@ -52,9 +52,14 @@
 //!   its bandwidth cap scales by min(1, N / `nccl_sms`) (fewer channels move
 //!   fewer bytes at once). `-gcN`: GEMMs get at most N SMs, and NCCL kernels
 //!   run on the other partition, resident at once without taking SMs from
-//!   the GEMM. `-occB`: the GEMM runs `shaped_gemm_slowdown` times slower
-//!   (ficco's kernel), and NCCL kernels fit beside its blocks, resident at
-//!   once. Copy engines take no SMs under any control.
+//!   the GEMM. `-own`, `-smN`, `-occS` (the plan's GEMM engine is ficco's
+//!   kernel): each GEMM is the cuBLASLt wave model scaled by ficco's measured
+//!   time over cuBLASLt's on that shape ([`own`]), on a persistent grid
+//!   (ficco's split-K fills the SMs of a short GEMM, like the profile's
+//!   `full_grid`). `-occS` also multiplies by the stage count's
+//!   slowdown, and NCCL kernels fit beside the GEMM's CTAs (the shared memory
+//!   the fewer stages free), resident at once. Copy engines take no SMs under
+//!   any control.
 //!
 //! A task that runs alone takes exactly its [`crate::sim::cost`] time, so the
 //! sequential plan (one collective, then one GEMM) simulates to
@@ -71,6 +76,7 @@ mod backend;
 pub use backend::Simulator;
 pub mod calibrate;
 pub mod cost;
+pub mod own;
 pub mod profile;
 
 use crate::error::{Error, Result};
@@ -78,7 +84,7 @@ use crate::plan::graph::Graph;
 use crate::plan::{NcclOp, Plan, TaskId, TaskKind};
 use crate::run::timeline::{Span, Timeline};
 use crate::sim::profile::HwProfile;
-use crate::space::Priority;
+use crate::space::{GemmEngine, Priority};
 use std::collections::HashMap;
 
 const EPS: f64 = 1e-12;
@@ -221,7 +227,7 @@ struct Sim<'a> {
     done: usize,
     /// SMs an NCCL kernel needs (`-ctaN`, else `nccl_sms`).
     nccl_need: usize,
-    /// Whether NCCL kernels run beside the GEMMs' SMs (green split or shaped GEMMs).
+    /// Whether NCCL kernels run beside the GEMMs' SMs (green split, or GEMMs with fewer stages: `-occS`).
     nccl_beside: bool,
     /// NCCL bandwidth factor of the CTA limit.
     nccl_scale: f64,
@@ -300,11 +306,16 @@ impl<'a> Sim<'a> {
                             .unwrap_or(hw.sm_count)
                             .min(green)
                             .clamp(1, hw.sm_count);
-                        let mut c = cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap);
-                        if occupancy.is_some() {
-                            c.wave_ms *= hw.shaped_gemm_slowdown;
-                        }
-                        let (units, unit_tiles, long_units) = if hw.gemm.persistent {
+                        let own = plan.resources.gemm == GemmEngine::Own;
+                        let c = if own {
+                            own::gemm_cost(hw, a.rows, a.cols, b.cols, cap, *occupancy)
+                        } else {
+                            cost::gemm_cost(hw, a.rows, a.cols, b.cols, cap)
+                        };
+                        // ficco's grid is persistent too, and its split-K
+                        // (chosen to fill the waves) spreads a short GEMM over
+                        // every SM it may use, as the profile says of cuBLASLt.
+                        let (units, unit_tiles, long_units) = if hw.gemm.persistent || own {
                             if hw.gemm.full_grid && c.tiles < cap {
                                 // Every block runs the whole (one-wave) time.
                                 (cap, c.waves, 0)

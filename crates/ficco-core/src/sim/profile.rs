@@ -190,14 +190,46 @@ pub struct HwProfile {
     pub nccl: NcclParams,
     pub reduce: ReduceParams,
     pub contention: Contention,
-    /// ficco's own (shaped, `-occB`) GEMM kernel's time over cuBLASLt's on
-    /// the same shape. Measured on H200: 3.10 (bench/RESULTS.md).
-    #[serde(default = "shaped_default")]
-    pub shaped_gemm_slowdown: f64,
+    /// ficco's own Hopper GEMM against cuBLASLt (`-own`, `-smN`, `-occS`),
+    /// from `ficco gemm-bench`. Absent: as fast as cuBLASLt.
+    #[serde(default)]
+    pub own_gemm: OwnGemmParams,
+    /// Ignored: the time ratio of the mma.sync kernel that `-occB` used to
+    /// run on, replaced by ficco's own Hopper GEMM ([`OwnGemmParams`]).
+    /// Accepted so that profile files written before still load.
+    #[serde(default, skip_serializing)]
+    pub shaped_gemm_slowdown: Option<f64>,
 }
 
-fn shaped_default() -> f64 {
-    3.1
+/// ficco's own GEMM kernel measured beside cuBLASLt on one GPU (`ficco
+/// gemm-bench`), which [`crate::sim::own`] turns into GEMM times.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnGemmParams {
+    /// Where the points come from (documentation).
+    #[serde(default)]
+    pub source: String,
+    /// Measured shapes, `[M, N, K, ficco TFLOP/s, cuBLASLt TFLOP/s]`, both
+    /// engines timed in one run (cuBLASLt with the autotuned algorithm).
+    #[serde(default)]
+    pub points: Vec<[f64; 5]>,
+    /// Time of ficco's kernel over cuBLASLt's where there are no points. Default 1.
+    #[serde(default = "one")]
+    pub default_ratio: f64,
+    /// `[stages, time multiplier]` of `-occS`; stage counts not listed: 1.
+    #[serde(default)]
+    pub stage_slowdown: Vec<[f64; 2]>,
+}
+
+impl Default for OwnGemmParams {
+    fn default() -> Self {
+        OwnGemmParams {
+            source: String::new(),
+            points: vec![],
+            default_ratio: 1.0,
+            stage_slowdown: vec![],
+        }
+    }
 }
 
 /// Smallest positive value a profile quantity may take.
@@ -360,7 +392,20 @@ impl HwProfile {
             return Err("reduce.full_bw_sms must be positive".into());
         }
         nonneg("reduce.launch_us", self.reduce.launch_us)?;
-        pos("shaped_gemm_slowdown", self.shaped_gemm_slowdown)?;
+        let own = &self.own_gemm;
+        pos("own_gemm.default_ratio", own.default_ratio)?;
+        for p in &own.points {
+            for (i, what) in ["M", "N", "K", "ficco TFLOP/s", "cuBLASLt TFLOP/s"]
+                .iter()
+                .enumerate()
+            {
+                pos(&format!("own_gemm.points {what}"), p[i])?;
+            }
+        }
+        for s in &own.stage_slowdown {
+            pos("own_gemm.stage_slowdown stages", s[0])?;
+            pos("own_gemm.stage_slowdown multiplier", s[1])?;
+        }
         let c = &self.contention;
         for (what, v) in [
             ("contention.gemm_slowdown_nccl", c.gemm_slowdown_nccl),

@@ -1,14 +1,14 @@
 //! Schedules in words, for listings (`ficco schedules`): every part of the
 //! name, controls included, becomes a phrase.
 
-use super::{Engine, Granularity, Order, Priority, Schedule};
+use super::{Engine, GemmEngine, Granularity, Order, Priority, Schedule};
 
 impl Schedule {
     /// A short description on `gpus` GPUs that names every part of the
     /// schedule, e.g. "4 chunks per shard (32 steps), copy engines (no SMs),
     /// all peers at once, 2 compute streams". Each option of the name
-    /// (`-2s`, `-acc`, `-smN`, `-gcN`, `-occB`, `-ctaN`, `-hi`) adds one
-    /// phrase, in the name's order.
+    /// (`-2s`, `-acc`, `-own`, `-smN`, `-gcN`, `-occS`, `-ctaN`, `-hi`) adds
+    /// one phrase, in the name's order.
     pub fn describe(&self, gpus: usize) -> String {
         let gran = match self.granularity {
             Granularity::Seq => {
@@ -36,15 +36,22 @@ impl Schedule {
         if self.fused_reduce {
             d += ", reduction fused into the own block's GEMM (C += A·B, no reduce kernel)";
         }
+        if self.gemm == GemmEngine::Own && self.sm_target.is_none() && self.occupancy.is_none() {
+            d += ", GEMMs on ficco's own kernel";
+        }
         if let Some(sm) = self.sm_target {
-            d += &format!(", GEMM SM target {sm}");
+            d += &format!(", GEMMs on ficco's own kernel on at most {sm} SMs (SM budget)");
         }
         if let Some(n) = self.green_sms {
             d += &format!(", green contexts: compute on {n} SMs, communication on the rest");
         }
-        if let Some(b) = self.occupancy {
-            let blocks = if b == 1 { "block" } else { "blocks" };
-            d += &format!(", occupancy shaping: ficco's GEMM kernel, at most {b} {blocks} per SM");
+        if let Some(st) = self.occupancy {
+            let own = if self.sm_target.is_some() {
+                ""
+            } else {
+                " on ficco's own kernel"
+            };
+            d += &format!(", occupancy shaping: GEMMs{own} with {st} pipeline stages");
         }
         if let Some(n) = self.nccl_ctas {
             d += &format!(", NCCL limited to {n} CTAs (maxCTAs)");
@@ -70,8 +77,11 @@ mod tests {
         if s.fused_reduce {
             want.push("reduction fused");
         }
+        if s.gemm == crate::space::GemmEngine::Own {
+            want.push("ficco's own kernel");
+        }
         if s.sm_target.is_some() {
-            want.push("SM target");
+            want.push("SM budget");
         }
         if s.green_sms.is_some() {
             want.push("green context");
@@ -111,8 +121,18 @@ mod tests {
         let d = s.describe(4);
         assert!(d.contains("compute on 112 SMs"), "{d}");
         assert!(d.contains("8 CTAs"), "{d}");
-        let s: Schedule = "shard-nccl-ring-occ1".parse().unwrap();
-        assert!(s.describe(2).contains("at most 1 block per SM"));
+        let s: Schedule = "shard-nccl-ring-occ2".parse().unwrap();
+        assert!(s.describe(2).contains("own kernel with 2 pipeline stages"));
+        let s: Schedule = "shard-nccl-ring-sm100-occ2".parse().unwrap();
+        let d = s.describe(2);
+        assert!(
+            d.contains("at most 100 SMs") && d.contains("GEMMs with 2 pipeline stages"),
+            "{d}"
+        );
+        let s: Schedule = "shard-copy-all-own".parse().unwrap();
+        assert!(s
+            .describe(2)
+            .ends_with("all peers at once, GEMMs on ficco's own kernel"));
         let s: Schedule = "fine2-copy-ring-acc".parse().unwrap();
         assert!(s.describe(2).contains("fused"));
     }

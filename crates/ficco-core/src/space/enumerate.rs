@@ -20,8 +20,10 @@ pub struct SpaceOptions {
 /// usual channel count on NVLink, so the collective leaves SMs to compute.
 pub const CONTROL_NCCL_CTAS: usize = 8;
 
-/// Blocks per SM of the enumerated `-occB` variants.
-pub const CONTROL_OCCUPANCY: [usize; 2] = [1, 2];
+/// Pipeline stages of the enumerated `-occS` variants: 2 is the one setting
+/// that frees shared memory (the default is 3 stages plus the epilogue's
+/// staging buffer; 4 stages use more).
+pub const CONTROL_OCCUPANCY: [usize; 1] = [2];
 
 /// Green contexts are made of whole groups of this many SMs on Hopper.
 pub const GREEN_SM_GRANULE: usize = 8;
@@ -45,11 +47,12 @@ impl SpaceOptions {
 /// Size-dependent fit is not checked here: see [`Schedule::misfit`].
 ///
 /// With `controls`, each base schedule of a dependent operator also comes
-/// with `-hi`; NCCL ones also with `-smN`, `-smN-hi`, `-gcN` and `-ctaN`.
-/// `concurrent` gets every combination that makes sense: one compute-side
-/// control (none, `-smN`, `-gcN`, `-occ1`, `-occ2`) x NCCL CTAs (default or
-/// `-cta8`) x priority for NCCL; none or `-gcN` for copy engines (their
-/// transfers take no SMs; the reduce kernel already runs at high priority).
+/// with `-own` and `-hi`; NCCL ones also with `-smN`, `-smN-hi`, `-gcN` and
+/// `-ctaN`. `concurrent` gets every combination that makes sense: one
+/// compute-side control (none, `-own`, `-smN`, `-gcN`, `-occ2`) x NCCL CTAs
+/// (default or `-cta8`) x priority for NCCL; none, `-own` or `-gcN` for copy
+/// engines (their transfers take no SMs; the reduce kernel already runs at
+/// high priority).
 pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
     if op == Op::Concurrent {
         return enumerate_concurrent(opts);
@@ -81,16 +84,11 @@ pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
                         ..base
                     };
                     out.push(hi);
+                    out.push(base.with_own_gemm());
                     if engine == Engine::Nccl {
                         if let Some(sm) = opts.sm_target() {
-                            out.push(Schedule {
-                                sm_target: Some(sm),
-                                ..base
-                            });
-                            out.push(Schedule {
-                                sm_target: Some(sm),
-                                ..hi
-                            });
+                            out.push(base.with_sm_target(sm));
+                            out.push(hi.with_sm_target(sm));
                         }
                         if let Some(gc) = opts.green_sms() {
                             out.push(Schedule {
@@ -113,12 +111,9 @@ pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
 fn enumerate_concurrent(opts: SpaceOptions) -> Vec<Schedule> {
     let mut out = vec![Schedule::SEQ];
     let nccl = Schedule::base(Granularity::Shard, Engine::Nccl, Order::Ring);
-    let mut compute_side = vec![nccl];
+    let mut compute_side = vec![nccl, nccl.with_own_gemm()];
     if let Some(sm) = opts.sm_target() {
-        compute_side.push(Schedule {
-            sm_target: Some(sm),
-            ..nccl
-        });
+        compute_side.push(nccl.with_sm_target(sm));
     }
     let green = opts.green_sms();
     if let Some(gc) = green {
@@ -127,11 +122,8 @@ fn enumerate_concurrent(opts: SpaceOptions) -> Vec<Schedule> {
             ..nccl
         });
     }
-    for b in CONTROL_OCCUPANCY {
-        compute_side.push(Schedule {
-            occupancy: Some(b),
-            ..nccl
-        });
+    for stages in CONTROL_OCCUPANCY {
+        compute_side.push(nccl.with_occupancy(stages));
     }
     for side in compute_side {
         for nccl_ctas in [None, Some(CONTROL_NCCL_CTAS)] {
@@ -147,6 +139,7 @@ fn enumerate_concurrent(opts: SpaceOptions) -> Vec<Schedule> {
     for order in [Order::Ring, Order::All] {
         let copy = Schedule::base(Granularity::Shard, Engine::Copy, order);
         out.push(copy);
+        out.push(copy.with_own_gemm());
         if let Some(gc) = green {
             out.push(Schedule {
                 green_sms: Some(gc),

@@ -1,20 +1,28 @@
 //! The design space: one `Schedule` is one point of it, with a canonical short
 //! name that parses back to the same schedule.
 //!
-//! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-acc][-smN][-gcN][-occB][-ctaN][-hi]` where
+//! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-acc][-own][-smN][-gcN][-occS][-ctaN][-hi]` where
 //! GRAN is `shard`, `fineC` (C chunks per shard) or `bulk` (communication
 //! per shard, but the GEMMs over peers' rows coalesced into at most two calls), ENGINE is `nccl` or `copy`,
 //! ORDER is `ring` or `all`, `-2s` alternates GEMMs over two compute streams,
 //! `-acc` fuses the reduction into the own block's GEMM (C += A·B: peers'
 //! partials are summed first, then the own partial is added by the GEMM
 //! epilogue, so no reduce kernel trails the last GEMM),
-//! `-smN` asks cuBLASLt for an SM count target of N for every GEMM, `-gcN`
-//! runs compute streams on a green context of N SMs and communication on a
-//! green context of the rest, `-occB` runs the GEMMs on ficco's own
-//! tensor-core kernel with extra shared memory at launch so that at most B
-//! blocks fit per SM (occupancy shaping, arXiv 2606.09200), `-ctaN` creates
+//! `-own` runs every GEMM on ficco's own Hopper kernel (`ficco_cuda::hgemm`)
+//! instead of cuBLASLt ([`GemmEngine`]), `-smN` runs every GEMM on ficco's
+//! kernel with at most N persistent CTAs (its SM budget hook: the other SMs
+//! stay free), `-gcN` runs compute streams on a green context of N SMs and
+//! communication on a green context of the rest, `-occS` runs the GEMMs on
+//! ficco's kernel with S pipeline stages (its occupancy hook: fewer stages
+//! leave shared memory free beside each GEMM CTA for a communication
+//! kernel's blocks; occupancy shaping, arXiv 2606.09200), `-ctaN` creates
 //! the NCCL communicators with `maxCTAs = N`, and `-hi` gives communication
 //! streams the device's greatest priority.
+//!
+//! `-smN` and `-occS` imply ficco's kernel, so `-own` is written only when
+//! neither is there (and a name with `-own` and one of them is rejected: one
+//! schedule, one name). Without `-own`, `-smN` or `-occS` GEMMs run on
+//! cuBLASLt, told the green context's SM count under `-gcN`.
 //!
 //! The `concurrent` operator (independent GEMMs beside a collective) has
 //! `seq` (back to back), `shard-nccl-ring` (the collective on NCCL beside the
@@ -108,6 +116,27 @@ impl Order {
     }
 }
 
+/// Which library computes the GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum GemmEngine {
+    /// cuBLASLt with the autotuned algorithm (the default).
+    #[default]
+    Cublas,
+    /// ficco's own Hopper (sm_90a) kernel: TMA, wgmma, a persistent grid,
+    /// with the SM budget and occupancy hooks `-smN` and `-occS` use.
+    Own,
+}
+
+impl GemmEngine {
+    /// A short word for tables and descriptions: `cublaslt` or `own`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmEngine::Cublas => "cublaslt",
+            GemmEngine::Own => "own",
+        }
+    }
+}
+
 /// Stream priority of communication streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum Priority {
@@ -128,12 +157,15 @@ pub struct Schedule {
     /// GEMM epilogue (beta = 1) instead of a trailing reduce kernel.
     #[serde(default)]
     pub fused_reduce: bool,
-    /// cuBLASLt SM count target for every GEMM, if any.
+    /// Which library computes the GEMMs (`-own`; implied by `-smN` and `-occS`).
+    #[serde(default)]
+    pub gemm: GemmEngine,
+    /// SM budget of ficco's GEMM kernel (at most this many persistent CTAs), if any.
     pub sm_target: Option<usize>,
     /// Green context of this many SMs for compute streams (the rest for communication).
     #[serde(default)]
     pub green_sms: Option<usize>,
-    /// GEMMs on ficco's shaped kernel, at most this many blocks per SM.
+    /// GEMMs on ficco's kernel with this many pipeline stages (occupancy shaping).
     #[serde(default)]
     pub occupancy: Option<usize>,
     /// NCCL communicators created with `maxCTAs` = this.
@@ -158,13 +190,16 @@ pub mod by_name {
     }
 }
 
-/// Tile edge (M and N) of ficco's shaped GEMM kernel.
-pub const SHAPED_TILE: usize = 128;
-/// K step of ficco's shaped GEMM kernel.
-pub const SHAPED_K: usize = 32;
+/// N and K of a GEMM on ficco's own kernel must be multiples of this (TMA
+/// needs 16-byte rows; M is free).
+pub const OWN_GEMM_ALIGN: usize = 8;
 
-/// Most blocks per SM of `-occB` (Hopper runs at most 32 blocks per SM).
-pub const MAX_OCCUPANCY: usize = 32;
+/// Fewest pipeline stages of `-occS` (ficco's kernel needs two to overlap
+/// loads with math).
+pub const MIN_OWN_STAGES: usize = 2;
+/// Most pipeline stages of `-occS` (four 48 KiB stages of the wide tile fill
+/// the 227 KiB a Hopper CTA may use).
+pub const MAX_OWN_STAGES: usize = 4;
 
 /// Chunk counts of `fine(c)` in the enumerated space.
 pub const FINE_CHUNKS: [usize; 3] = [2, 4, 8];
@@ -177,6 +212,7 @@ impl Schedule {
         order: Order::Ring,
         compute_streams: 1,
         fused_reduce: false,
+        gemm: GemmEngine::Cublas,
         sm_target: None,
         green_sms: None,
         occupancy: None,
@@ -210,10 +246,19 @@ impl Schedule {
         }
     }
 
-    /// `-smN`: cuBLASLt SM count target N for every GEMM.
+    /// `-own`: every GEMM on ficco's own kernel.
+    pub const fn with_own_gemm(self) -> Schedule {
+        Schedule {
+            gemm: GemmEngine::Own,
+            ..self
+        }
+    }
+
+    /// `-smN`: every GEMM on ficco's kernel with at most N persistent CTAs.
     pub const fn with_sm_target(self, sms: usize) -> Schedule {
         Schedule {
             sm_target: Some(sms),
+            gemm: GemmEngine::Own,
             ..self
         }
     }
@@ -226,10 +271,11 @@ impl Schedule {
         }
     }
 
-    /// `-occB`: GEMMs on ficco's shaped kernel, at most B blocks per SM.
-    pub const fn with_occupancy(self, blocks_per_sm: usize) -> Schedule {
+    /// `-occS`: GEMMs on ficco's kernel with S pipeline stages.
+    pub const fn with_occupancy(self, stages: usize) -> Schedule {
         Schedule {
-            occupancy: Some(blocks_per_sm),
+            occupancy: Some(stages),
+            gemm: GemmEngine::Own,
             ..self
         }
     }
@@ -250,10 +296,12 @@ impl Schedule {
         }
     }
 
-    /// The cuBLASLt SM count target GEMMs run with: `-smN`, and under a green
-    /// context at most its SM count. cuBLASLt sizes persistent grids for the
-    /// whole device; on a green context of N SMs such a grid runs in two
-    /// waves (measured 1.7x slower on H200) unless told the SM count.
+    /// The SM count GEMMs are held to: `-smN` (ficco's kernel's SM budget),
+    /// and under a green context at most its SM count. Persistent GEMMs
+    /// (cuBLASLt's and ficco's) size their grids for the whole device; on a
+    /// green context of N SMs such a grid runs in two waves (measured 1.7x
+    /// slower on H200) unless told the SM count: cuBLASLt gets it as its SM
+    /// count target, ficco's kernel as its SM budget.
     pub fn gemm_sm_target(&self) -> Option<usize> {
         match (self.sm_target, self.green_sms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -261,10 +309,11 @@ impl Schedule {
         }
     }
 
-    /// Whether any resource control (SM target, green context, shaping,
-    /// NCCL CTAs, priority) is set.
+    /// Whether any resource control (GEMM engine, SM budget, green context,
+    /// shaping, NCCL CTAs, priority) is set.
     pub fn has_controls(&self) -> bool {
-        self.sm_target.is_some()
+        self.gemm == GemmEngine::Own
+            || self.sm_target.is_some()
             || self.green_sms.is_some()
             || self.occupancy.is_some()
             || self.nccl_ctas.is_some()
@@ -274,6 +323,7 @@ impl Schedule {
     /// The same schedule without resource controls.
     pub fn without_controls(&self) -> Schedule {
         Schedule {
+            gemm: GemmEngine::Cublas,
             sm_target: None,
             green_sms: None,
             occupancy: None,
@@ -303,6 +353,9 @@ impl Schedule {
         }
         if self.fused_reduce {
             s.push_str("-acc");
+        }
+        if self.gemm == GemmEngine::Own && self.sm_target.is_none() && self.occupancy.is_none() {
+            s.push_str("-own");
         }
         if let Some(sm) = self.sm_target {
             s.push_str(&format!("-sm{sm}"));
@@ -365,7 +418,7 @@ impl Schedule {
     /// * `-smN` needs 1 ≤ N ≤ the SM count; `-gcN` a multiple of
     ///   [`GREEN_SM_GRANULE`] below the SM count (the rest runs communication);
     /// * `-ctaN` needs NCCL (copy-engine schedules make no NCCL calls) and
-    ///   N ≤ the SM count; `-occB` needs 1 ≤ B ≤ [`MAX_OCCUPANCY`];
+    ///   N ≤ the SM count; `-occS` needs [`MIN_OWN_STAGES`] ≤ S ≤ [`MAX_OWN_STAGES`];
     /// * and the schedule must exist for `op` ([`Schedule::applies_to`]).
     pub fn outside(&self, op: Op, space: SpaceOptions) -> Option<String> {
         if self.engine == Engine::Copy && self.nccl_ctas.is_some() {
@@ -407,8 +460,10 @@ impl Schedule {
             }
         }
         if let Some(b) = self.occupancy {
-            if b > MAX_OCCUPANCY {
-                return Some(format!("-occ{b}: at most {MAX_OCCUPANCY} blocks per SM"));
+            if !(MIN_OWN_STAGES..=MAX_OWN_STAGES).contains(&b) {
+                return Some(format!(
+                    "-occ{b}: ficco's GEMM runs {MIN_OWN_STAGES} to {MAX_OWN_STAGES} pipeline stages"
+                ));
             }
         }
         None
@@ -434,17 +489,14 @@ impl Schedule {
                 return Some("an SM target of 0 leaves the GEMM no SMs".into());
             }
         }
-        if let Some(b) = self.occupancy {
-            let (m, n, k) = (problem.m, problem.n, problem.k);
-            let rows = if split {
-                problem.m / (p * c)
-            } else {
-                problem.m
-            };
-            if b == 0 || n % SHAPED_TILE != 0 || k % SHAPED_K != 0 || rows % SHAPED_TILE != 0 {
+        if self.occupancy == Some(0) {
+            return Some("-occ0: ficco's GEMM needs at least 2 pipeline stages".into());
+        }
+        if self.gemm == GemmEngine::Own {
+            let (n, k) = (problem.n, problem.k);
+            if n % OWN_GEMM_ALIGN != 0 || k % OWN_GEMM_ALIGN != 0 {
                 return Some(format!(
-                    "ficco's shaped GEMM needs M pieces and N multiples of {SHAPED_TILE} and K of {SHAPED_K} \
-                     (m = {m} in pieces of {rows}, n = {n}, k = {k}) and at least 1 block per SM"
+                    "ficco's own GEMM needs N and K multiples of {OWN_GEMM_ALIGN} (n = {n}, k = {k})"
                 ));
             }
         }
@@ -508,6 +560,7 @@ impl FromStr for Schedule {
         };
         // Options must come in canonical order so that names are unique.
         let mut stage = 0;
+        let mut own = false;
         for opt in parts {
             if opt == "2s" && stage < 1 {
                 s.compute_streams = 2;
@@ -515,26 +568,35 @@ impl FromStr for Schedule {
             } else if opt == "acc" && stage < 2 {
                 s.fused_reduce = true;
                 stage = 2;
-            } else if opt.starts_with("sm") && stage < 3 {
-                s.sm_target = Some(count(opt, "sm", "SM count")?);
+            } else if opt == "own" && stage < 3 {
+                own = true;
+                s.gemm = GemmEngine::Own;
                 stage = 3;
-            } else if opt.starts_with("gc") && stage < 4 {
-                s.green_sms = Some(count(opt, "gc", "SM count")?);
+            } else if opt.starts_with("sm") && stage < 4 {
+                s = s.with_sm_target(count(opt, "sm", "SM count")?);
                 stage = 4;
-            } else if opt.starts_with("occ") && stage < 5 {
-                s.occupancy = Some(count(opt, "occ", "block count per SM")?);
+            } else if opt.starts_with("gc") && stage < 5 {
+                s.green_sms = Some(count(opt, "gc", "SM count")?);
                 stage = 5;
-            } else if opt.starts_with("cta") && stage < 6 {
-                s.nccl_ctas = Some(count(opt, "cta", "CTA count")?);
+            } else if opt.starts_with("occ") && stage < 6 {
+                s = s.with_occupancy(count(opt, "occ", "pipeline stage count")?);
                 stage = 6;
-            } else if opt == "hi" && stage < 7 {
-                s.comm_priority = Priority::High;
+            } else if opt.starts_with("cta") && stage < 7 {
+                s.nccl_ctas = Some(count(opt, "cta", "CTA count")?);
                 stage = 7;
+            } else if opt == "hi" && stage < 8 {
+                s.comm_priority = Priority::High;
+                stage = 8;
             } else {
                 return Err(bad(
-                    "options after the order are, in this order: -2s, -acc, -smN, -gcN, -occB, -ctaN, -hi",
+                    "options after the order are, in this order: -2s, -acc, -own, -smN, -gcN, -occS, -ctaN, -hi",
                 ));
             }
+        }
+        if own && (s.sm_target.is_some() || s.occupancy.is_some()) {
+            return Err(bad(
+                "-smN and -occS already run ficco's own GEMM: drop -own",
+            ));
         }
         Ok(s)
     }
@@ -599,6 +661,11 @@ mod tests {
             "shard-nccl-ring-hi-cta8",
             "shard-nccl-ring-occ",
             "shard-nccl-ring-gcx",
+            "shard-copy-ring-own-sm66",
+            "shard-copy-ring-own-occ2",
+            "shard-copy-ring-sm66-own",
+            "shard-copy-ring-own-own",
+            "shard-copy-ring-own-acc",
         ] {
             let err = bad.parse::<Schedule>().unwrap_err();
             assert!(matches!(err, Error::BadSchedule { .. }), "{bad}: {err}");
@@ -620,6 +687,64 @@ mod tests {
             .with_comm_priority(Priority::High);
         assert_eq!(c.name(), "shard-nccl-ring-sm116-gc112-occ1-cta8-hi");
         assert_eq!(c.name().parse::<Schedule>().unwrap(), c);
+    }
+
+    #[test]
+    fn the_gemm_engine_is_in_the_name() {
+        let s: Schedule = "fine4-copy-ring-2s-acc-own-gc64-hi".parse().unwrap();
+        assert_eq!(s.gemm, GemmEngine::Own);
+        assert_eq!(
+            (s.sm_target, s.green_sms, s.occupancy),
+            (None, Some(64), None)
+        );
+        assert_eq!(s.name(), "fine4-copy-ring-2s-acc-own-gc64-hi");
+        // -smN and -occS imply the own engine and say so without -own.
+        let s: Schedule = "shard-nccl-ring-sm116".parse().unwrap();
+        assert_eq!((s.gemm, s.sm_target), (GemmEngine::Own, Some(116)));
+        assert_eq!(s.name(), "shard-nccl-ring-sm116");
+        let s = Schedule::base(Granularity::Bulk, Engine::Copy, Order::All).with_occupancy(2);
+        assert_eq!(s.gemm, GemmEngine::Own);
+        assert_eq!(s.name(), "bulk-copy-all-occ2");
+        assert_eq!(s.name().parse::<Schedule>().unwrap(), s);
+        // The engine is a control: plain overlap is cuBLASLt.
+        let own = Schedule::base(Granularity::Shard, Engine::Copy, Order::Ring).with_own_gemm();
+        assert!(own.has_controls());
+        assert_eq!(own.without_controls().gemm, GemmEngine::Cublas);
+        assert_eq!(own.without_controls().name(), "shard-copy-ring");
+        assert_eq!(Schedule::SEQ.gemm, GemmEngine::Cublas);
+    }
+
+    #[test]
+    fn own_engine_fit_and_stage_range() {
+        let space = SpaceOptions {
+            controls: true,
+            sm_count: 132,
+            nccl_sms: 16,
+        };
+        let p = Problem::new(Op::AgGemm, 8, 12, 16, 2).unwrap();
+        let own: Schedule = "shard-copy-ring-own".parse().unwrap();
+        let why = own.misfit(&p).unwrap();
+        assert!(
+            why.contains("multiples of 8") && why.contains("k = 12"),
+            "{why}"
+        );
+        // cuBLASLt takes the same shape; any M is fine for ficco's kernel.
+        assert!(own.without_controls().misfit(&p).is_none());
+        let p = Problem::new(Op::AgGemm, 6, 8, 16, 2).unwrap();
+        assert!(own.misfit(&p).is_none());
+        for (name, ok) in [
+            ("shard-copy-ring-occ1", false),
+            ("shard-copy-ring-occ2", true),
+            ("shard-copy-ring-occ4", true),
+            ("shard-copy-ring-occ5", false),
+        ] {
+            let s: Schedule = name.parse().unwrap();
+            let why = s.outside(Op::AgGemm, space);
+            assert_eq!(why.is_none(), ok, "{name}: {why:?}");
+            if let Some(w) = why {
+                assert!(w.contains("2 to 4 pipeline stages"), "{w}");
+            }
+        }
     }
 
     #[test]

@@ -10,12 +10,14 @@ use crate::driver::cuda as cu;
 use crate::driver::nccl as nc;
 use crate::error::{CudaError, Result};
 use crate::gemm::GemmKey;
+use crate::hgemm::{DevPtr, GemmArgs, Hooks, Occupancy};
 use crate::kernels::ReduceSrcs;
 use crate::mem::{copy_2d_async, CopyEnd, DevicePtr};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 use ficco_core::plan::{NcclOp, RankView, TaskKind, View};
 use ficco_core::problem::workload::ELEM_BYTES;
+use ficco_core::space::GemmEngine;
 
 /// Enqueues `kind` on `stream` (plan stream `stream_idx`) of `rank`. Under a
 /// green split the stream's own context is made current for the call.
@@ -50,7 +52,9 @@ fn local(rank: &Rank, sh: &Shared<'_>, v: &View, what: &str) -> Result<(DevicePt
     view_addr(&sh.plan.ranks[r].buffers, &sh.ptrs[r], v, what)
 }
 
-/// cuBLASLt GEMM, or ficco's shaped GEMM when the task asks for an occupancy.
+/// The GEMM on the plan's engine: cuBLASLt (autotuned, with the SM count
+/// target under a green context), or ficco's own kernel with the task's SM
+/// budget and pipeline stages ([`own_gemm`]).
 fn gemm(
     rank: &mut Rank,
     sh: &Shared<'_>,
@@ -72,33 +76,27 @@ fn gemm(
     let (pa, lda) = local(rank, sh, a, "gemm a")?;
     let (pb, ldb) = local(rank, sh, b, "gemm b")?;
     let (pc, ldc) = local(rank, sh, c, "gemm c")?;
-    if let Some(blocks) = occupancy {
-        let shaped = rank
-            .shaped
-            .as_ref()
-            .ok_or_else(|| CudaError::Plan("shaped GEMM not loaded before the run".into()))?;
-        if *accumulate {
-            return Err(CudaError::Plan(
-                "ficco's shaped GEMM does not accumulate (C += A.B)".into(),
-            ));
-        }
-        // SAFETY: bounds-checked views of live allocations; c is an
-        // output view that does not overlap a or b (validated plan).
-        return unsafe {
-            shaped.launch_ld(
-                s,
-                pa,
-                lda / ELEM_BYTES,
-                pb,
-                ldb / ELEM_BYTES,
-                pc,
-                ldc / ELEM_BYTES,
-                a.rows,
-                b.cols,
-                a.cols,
-                Some(*blocks as u32),
-            )
-        };
+    if sh.plan.resources.gemm == GemmEngine::Own {
+        let g = rank.own_gemms.get(stream_idx).ok_or_else(|| {
+            CudaError::Plan(format!(
+                "ficco's own GEMM not loaded for stream {stream_idx} before the run"
+            ))
+        })?;
+        let args = own_gemm_args(
+            (a.rows, b.cols, a.cols),
+            [(pa, lda), (pb, ldb), (pc, ldc)],
+            *accumulate,
+            *sm_target,
+            *occupancy,
+        )?;
+        // SAFETY: bounds-checked views of live allocations on this rank's
+        // device; c does not overlap a or b (validated plan); no wait hook.
+        return unsafe { g.launch(s, &args) };
+    }
+    if occupancy.is_some() {
+        return Err(CudaError::Plan(
+            "a pipeline stage count (-occS) needs ficco's own GEMM engine".into(),
+        ));
     }
     let key = GemmKey {
         m: a.rows,
@@ -113,6 +111,45 @@ fn gemm(
     // SAFETY: views are bounds-checked against live pool allocations;
     // the workspace belongs to this stream alone.
     unsafe { rank.gemms.gemm(key, pa, pb, pc, *accumulate, ws, s) }
+}
+
+/// The launch of ficco's own GEMM for (m, n, k) on views given as (address,
+/// pitch in bytes) of A, B and C: the SM budget is the task's SM limit
+/// (`-smN`, or the green context's SMs), the stages its `-occS`.
+pub(crate) fn own_gemm_args(
+    (m, n, k): (usize, usize, usize),
+    [(pa, lda), (pb, ldb), (pc, ldc)]: [(DevicePtr, usize); 3],
+    accumulate: bool,
+    sm_target: Option<usize>,
+    stages: Option<usize>,
+) -> Result<GemmArgs> {
+    let small = |v: usize, what: &str| {
+        u32::try_from(v)
+            .map_err(|_| CudaError::Plan(format!("ficco's own GEMM: {what} {v} too large")))
+    };
+    let mut hooks = Hooks {
+        sm_budget: sm_target.map(|s| small(s, "SM budget")).transpose()?,
+        ..Hooks::default()
+    };
+    if let Some(st) = stages {
+        hooks.occupancy = Occupancy {
+            stages: small(st, "stage count")?,
+            extra_smem: 0,
+        };
+    }
+    Ok(GemmArgs {
+        m,
+        n,
+        k,
+        a: DevPtr::new(pa.raw()),
+        lda: lda / ELEM_BYTES,
+        b: DevPtr::new(pb.raw()),
+        ldb: ldb / ELEM_BYTES,
+        c: DevPtr::new(pc.raw()),
+        ldc: ldc / ELEM_BYTES,
+        accumulate,
+        hooks,
+    })
 }
 
 /// Copy-engine copy between any two ranks' views.
@@ -205,5 +242,52 @@ fn nccl(rank: &Rank, sh: &Shared<'_>, s: CUstream, op: &NcclOp) -> Result<()> {
                 Ok(())
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_gemm_args_carry_views_budget_and_stages() {
+        let p = DevicePtr;
+        // Pitches in bytes: A rows of 1024 bf16, B 512, C 768 (a wider buffer).
+        let args = own_gemm_args(
+            (64, 512, 256),
+            [(p(0x1000), 2048), (p(0x2000), 1024), (p(0x3000), 1536)],
+            true,
+            Some(116),
+            Some(2),
+        )
+        .unwrap();
+        assert_eq!((args.m, args.n, args.k), (64, 512, 256));
+        assert_eq!((args.lda, args.ldb, args.ldc), (1024, 512, 768));
+        assert_eq!(
+            (args.a.addr(), args.b.addr(), args.c.addr()),
+            (0x1000, 0x2000, 0x3000)
+        );
+        assert!(args.accumulate);
+        assert_eq!(args.hooks.sm_budget, Some(116));
+        assert_eq!(args.hooks.occupancy.stages, 2);
+        assert_eq!(args.hooks.occupancy.extra_smem, 0);
+        // No limits: the kernel's defaults (every SM, the most stages).
+        let plain = own_gemm_args(
+            (8, 8, 8),
+            [(p(0x1000), 16), (p(0x2000), 16), (p(0x3000), 16)],
+            false,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(plain.hooks, Hooks::default());
+        assert!(own_gemm_args(
+            (8, 8, 8),
+            [(p(0), 16), (p(0), 16), (p(0), 16)],
+            false,
+            Some(usize::MAX),
+            None
+        )
+        .is_err());
     }
 }

@@ -10,12 +10,13 @@ use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::green::{GreenPartition, PartitionRequest};
+use crate::hgemm::HopperGemm;
 use crate::kernels::Kernels;
 use crate::mem::{DeviceBuffer, DevicePtr};
-use crate::shaped::ShapedGemm;
 use cudarc::driver::{CudaContext, CudaStream};
 use ficco_core::plan::{RankPlan, Resources, StreamRole, TaskKind};
 use ficco_core::problem::workload::ELEM_BYTES;
+use ficco_core::space::GemmEngine;
 use ficco_core::space::Priority;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -47,8 +48,10 @@ pub struct Rank {
     pub(super) check_acc: DeviceBuffer,
     /// GEMM configurations already run once (their kernels are loaded).
     warmed: HashSet<GemmKey>,
-    /// ficco's shaped GEMM, loaded when a plan first asks for occupancy shaping.
-    pub(super) shaped: Option<ShapedGemm>,
+    /// ficco's own GEMM, one per plan stream index (its split-K workspace
+    /// and signal tickets need stream-ordered launches), loaded when a plan
+    /// first runs its GEMMs on it.
+    pub(super) own_gemms: Vec<HopperGemm>,
     /// Green-context splits by compute SM count.
     green: HashMap<usize, GreenSet>,
     /// This rank's signal flags (u32 words peers write, see [`crate::signal`]).
@@ -78,7 +81,7 @@ impl Rank {
             pool: vec![],
             check_acc: DeviceBuffer::alloc(&ctx, 32)?,
             warmed: Default::default(),
-            shaped: None,
+            own_gemms: vec![],
             green: HashMap::new(),
             flags: None,
             ctx,
@@ -202,19 +205,19 @@ impl Rank {
         Ok(out)
     }
 
-    /// Loads ficco's shaped GEMM when `rp` has a shaped GEMM task.
-    pub(super) fn prepare_shaped(&mut self, rp: &RankPlan) -> Result<()> {
-        let wants = rp.tasks.iter().any(|t| {
-            matches!(
-                t.kind,
-                TaskKind::Gemm {
-                    occupancy: Some(_),
-                    ..
-                }
-            )
-        });
-        if wants && self.shaped.is_none() {
-            self.shaped = Some(ShapedGemm::load(&self.ctx)?);
+    /// Loads ficco's own GEMM for every plan stream when the plan runs its
+    /// GEMMs on it (`res.gemm`): one instance per stream, so that GEMMs on
+    /// two compute streams never share a split-K workspace. The cubin comes
+    /// from the disk cache after the first compile; loading is eager (lazy
+    /// loading mid-plan can wait for the device to go idle).
+    pub(super) fn prepare_own_gemm(&mut self, rp: &RankPlan, res: &Resources) -> Result<()> {
+        let wants = res.gemm == GemmEngine::Own
+            && rp
+                .tasks
+                .iter()
+                .any(|t| matches!(t.kind, TaskKind::Gemm { .. }));
+        while wants && self.own_gemms.len() < rp.streams.len() {
+            self.own_gemms.push(HopperGemm::load(&self.ctx)?);
         }
         Ok(())
     }
@@ -266,7 +269,16 @@ impl Rank {
     /// temporary output. CUDA loads kernels lazily, and loading one can wait for
     /// the device to go idle: inside a running plan that can deadlock against an
     /// NCCL kernel waiting for a peer. Call before the rank threads start.
-    pub(super) fn prewarm_gemms(&mut self, rp: &RankPlan, ptrs: &[DevicePtr]) -> Result<()> {
+    /// Plans on ficco's own GEMM need none of it ([`Rank::prepare_own_gemm`]).
+    pub(super) fn prewarm_gemms(
+        &mut self,
+        rp: &RankPlan,
+        res: &Resources,
+        ptrs: &[DevicePtr],
+    ) -> Result<()> {
+        if res.gemm == GemmEngine::Own {
+            return Ok(());
+        }
         for t in &rp.tasks {
             let TaskKind::Gemm {
                 a, b, c, sm_target, ..

@@ -1,5 +1,5 @@
 //! The run loop: [`run_plan_with`] picks the plan's communicators, prepares every
-//! rank (streams, GEMM warm-up, shaped GEMM, signal flags), then issues the
+//! rank (streams, GEMM warm-up, ficco's own GEMM, signal flags), then issues the
 //! warm-up, timed and timeline iterations: one host thread per rank, or in
 //! loopback one thread for every rank ([`run_loopback`]). Each iteration is
 //! issued call by call or replayed from a CUDA graph ([`super::iter`]).
@@ -551,8 +551,8 @@ pub fn run_plan_with(
     for (r, rank) in ranks.iter_mut().enumerate() {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
-        rank.prewarm_gemms(&plan.ranks[r], &ptrs[r])?;
-        rank.prepare_shaped(&plan.ranks[r])?;
+        rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
+        rank.prepare_own_gemm(&plan.ranks[r], &plan.resources)?;
         flags.push(rank.reset_flags(layout.words[r], layout.bank(r, 1))?);
     }
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();

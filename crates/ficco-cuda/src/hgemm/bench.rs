@@ -6,10 +6,11 @@
 //! and cuBLASLt's first heuristic algorithm. Times are CUDA-event medians
 //! after a warm-up. Relative errors are ‖x − tuned cuBLASLt‖ / ‖tuned cuBLASLt‖.
 //!
-//! The shapes ([`suite_shapes`]) are every whole per-rank GEMM of a suite and
-//! every chunk GEMM of its `shard`, `bulk`, `fine2`, `fine4` and `fine8`
-//! schedules: for R = M/P rows per shard, chunks of R (shard, bulk), R/2, R/4
-//! and R/8 rows, same K and N. [`Bench::hook_costs`] measures each hook.
+//! The shapes ([`bench_shapes`]) are 8192³ and every distinct GEMM that the
+//! core's lowering issues for a suite ([`ficco_core::plan::shapes`]): each
+//! scenario's whole per-rank GEMM and the GEMM tasks of its `shard`, `bulk`,
+//! `fine2`, `fine4` and `fine8` schedules. [`Bench::hook_costs`] measures each
+//! hook; [`table`] and [`Report`] are the command's two outputs.
 
 use super::{
     Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
@@ -33,10 +34,41 @@ pub struct BenchShape {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    /// "whole" or "chunk".
+    /// "whole", "chunk", "whole+chunk" or "square" (8192³).
     pub kind: &'static str,
     /// The scenarios and schedules that use it, e.g. "llama3-8b.qkv.t2048.p2 fine4".
     pub uses: Vec<String>,
+}
+
+/// The issue's throughput target shape, measured first.
+pub const SQUARE: usize = 8192;
+
+/// 8192³ first, then every distinct GEMM the core lowers for `scenarios`
+/// (whole per-rank GEMMs and the chunk GEMMs of `shard`, `bulk`, `fine2`,
+/// `fine4`, `fine8`), each once.
+pub fn bench_shapes(scenarios: &[ficco_core::problem::workload::Scenario]) -> Vec<BenchShape> {
+    use ficco_core::plan::shapes::{gemm_shapes, BENCH_GRANULARITIES};
+    let mut out = vec![BenchShape {
+        m: SQUARE,
+        n: SQUARE,
+        k: SQUARE,
+        kind: "square",
+        uses: vec!["8192^3".into()],
+    }];
+    for s in gemm_shapes(scenarios, &BENCH_GRANULARITIES) {
+        if (s.m, s.n, s.k) == (SQUARE, SQUARE, SQUARE) {
+            out[0].uses.extend(s.uses);
+            continue;
+        }
+        out.push(BenchShape {
+            m: s.m,
+            n: s.n,
+            k: s.k,
+            kind: s.kind(),
+            uses: s.uses,
+        });
+    }
+    out
 }
 
 /// Timing settings.
@@ -62,7 +94,10 @@ pub struct ShapeRow {
     pub n: usize,
     pub k: usize,
     pub kind: &'static str,
+    /// How many (scenario, granularity) places use it.
     pub uses: usize,
+    /// The first of them.
+    pub first_use: String,
     /// K splits ficco's kernel used.
     pub splits: u32,
     /// Tile width ficco's kernel used.
@@ -111,52 +146,23 @@ pub struct Summary {
     /// Σ ficco time / Σ tuned time over the chunk shapes.
     pub chunk_time_ratio: f64,
     pub max_rel_err: f64,
+    /// 8192³ TFLOP/s of ficco's kernel, tuned and default cuBLASLt, if measured.
+    pub square_tflops: Option<[f64; 3]>,
 }
 
-/// Reads a suite file's text and lists its whole and chunk GEMM shapes (deduplicated).
-pub fn suite_shapes(text: &str, origin: &str) -> Result<Vec<BenchShape>> {
-    let suite = ficco_core::problem::suite::parse(text, origin)
-        .map_err(|e| CudaError::Plan(format!("suite: {e}")))?;
-    let mut out: Vec<BenchShape> = vec![];
-    let mut add = |m: usize, n: usize, k: usize, kind: &'static str, use_: String| {
-        if m == 0 {
-            return;
-        }
-        if let Some(s) = out
-            .iter_mut()
-            .find(|s| (s.m, s.n, s.k) == (m, n, k) && s.kind == kind)
-        {
-            s.uses.push(use_);
-        } else {
-            out.push(BenchShape {
-                m,
-                n,
-                k,
-                kind,
-                uses: vec![use_],
-            });
-        }
-    };
-    for sc in &suite.scenarios {
-        let p = &sc.problem;
-        if p.gemm_count() != 1 {
-            continue;
-        }
-        add(p.m, p.n, p.k, "whole", sc.name.clone());
-        let r = p.shard_rows();
-        for (sched, c) in [
-            ("shard", 1),
-            ("bulk", 1),
-            ("fine2", 2),
-            ("fine4", 4),
-            ("fine8", 8),
-        ] {
-            if r % c == 0 {
-                add(r / c, p.n, p.k, "chunk", format!("{} {sched}", sc.name));
-            }
-        }
-    }
-    Ok(out)
+/// Everything one `gemm-bench` run measured: the JSON document.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub device: String,
+    pub sms: u32,
+    /// Obtaining ficco's cubin: compile time (or disk-cache read) and hit or miss.
+    pub compile: super::CompileInfo,
+    pub config: BenchConfig,
+    /// The suite the shapes were derived from.
+    pub suite: String,
+    pub rows: Vec<ShapeRow>,
+    pub hooks: Vec<HookRow>,
+    pub summary: Summary,
 }
 
 fn tflops(m: usize, n: usize, k: usize, ms: f64) -> f64 {
@@ -400,6 +406,7 @@ impl Bench {
             k,
             kind: s.kind,
             uses: s.uses.len(),
+            first_use: s.uses.first().cloned().unwrap_or_default(),
             splits,
             tile_n,
             ficco_ms,
@@ -544,7 +551,7 @@ impl Bench {
             },
         ));
         settings.push((
-            "hooks 3-6".into(),
+            HOOKS_3_TO_6.into(),
             Hooks {
                 m_start_block: start,
                 wait: Some(wait),
@@ -593,6 +600,76 @@ impl Bench {
     }
 }
 
+/// What [`run`] reports while it measures.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The kernel is loaded: the device's name and SMs, and the cubin's cost.
+    Loaded {
+        device: &'a str,
+        sms: u32,
+        compile: &'a super::CompileInfo,
+    },
+    /// One shape measured (index, count).
+    Row(usize, usize, &'a ShapeRow),
+    /// The hook costs of one shape.
+    Hooks(&'a [HookRow]),
+}
+
+/// The whole benchmark on GPU `device`: every shape with the three engines,
+/// then (with `hooks`) every hook setting on [`HOOK_SHAPES`]. Fails with the
+/// loader's typed error where there is no GPU or library.
+pub fn run(
+    device: usize,
+    suite: &str,
+    shapes: &[BenchShape],
+    cfg: BenchConfig,
+    hooks: bool,
+    on: &mut dyn FnMut(Event<'_>),
+) -> Result<Report> {
+    crate::loader::require()?;
+    let found = crate::info::device_count()?;
+    if device >= found {
+        return Err(CudaError::NotEnoughGpus {
+            wanted: device + 1,
+            found,
+        });
+    }
+    let ctx = CudaContext::new(device).map_err(drv("cuCtxCreate"))?;
+    let name = ctx.name().unwrap_or_else(|_| format!("GPU {device}"));
+    let mut bench = Bench::new(&ctx, cfg)?;
+    let compile = bench.gemm().compile_info().clone();
+    let sms = bench.gemm().sms();
+    on(Event::Loaded {
+        device: &name,
+        sms,
+        compile: &compile,
+    });
+    let mut rows = Vec::with_capacity(shapes.len());
+    for (i, s) in shapes.iter().enumerate() {
+        let r = bench.shape(s)?;
+        on(Event::Row(i, shapes.len(), &r));
+        rows.push(r);
+    }
+    let mut hook_rows = vec![];
+    if hooks {
+        for (m, n, k) in HOOK_SHAPES {
+            let h = bench.hook_costs(m, n, k)?;
+            on(Event::Hooks(&h));
+            hook_rows.extend(h);
+        }
+    }
+    Ok(Report {
+        device: name,
+        sms,
+        compile,
+        config: cfg,
+        suite: suite.to_string(),
+        summary: summarize(&rows),
+        rows,
+        hooks: hook_rows,
+    })
+}
+
 /// Geomean, worst and chunk aggregate over the rows.
 pub fn summarize(rows: &[ShapeRow]) -> Summary {
     let n = rows.len().max(1) as f64;
@@ -604,7 +681,7 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
         .max_by(|a, b| a.ratio_tuned.total_cmp(&b.ratio_tuned));
     let (cf, ct) = rows
         .iter()
-        .filter(|r| r.kind == "chunk")
+        .filter(|r| r.kind.contains("chunk"))
         .fold((0.0, 0.0), |(f, t), r| (f + r.ficco_ms, t + r.tuned_ms));
     Summary {
         shapes: rows.len(),
@@ -614,28 +691,191 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
         worst_shape: worst.map_or(String::new(), |r| format!("{}x{}x{}", r.m, r.n, r.k)),
         chunk_time_ratio: if ct > 0.0 { cf / ct } else { 0.0 },
         max_rel_err: rows.iter().map(|r| r.rel_err).fold(0.0, f64::max),
+        square_tflops: rows
+            .iter()
+            .find(|r| (r.m, r.n, r.k) == (SQUARE, SQUARE, SQUARE))
+            .map(|r| [r.ficco_tflops, r.tuned_tflops, r.default_tflops]),
     }
 }
+
+/// The human table's header (`#` lines: scenario, units, columns).
+pub fn table_header(
+    device: &str,
+    sms: u32,
+    compile: &super::CompileInfo,
+    shapes: usize,
+    suite: &str,
+    cfg: BenchConfig,
+) -> String {
+    let mut s = format!(
+        "# ficco gemm-bench: ficco's Hopper GEMM vs cuBLASLt (autotuned, as the executor runs it) vs cuBLASLt (default heuristic)\n\
+         # device: {device}, {sms} SMs; ficco cubin: {:.1} ms ({}), NVRTC {}.{}\n\
+         # {shapes} shapes: 8192^3 and every whole and chunk GEMM of {suite}; bf16 in, f32 accumulate, bf16 out\n\
+         # time: median of {} after {} warm-up, engines interleaved; ratio = ficco time / cuBLASLt time (< 1: ficco faster)\n\
+         # err: relative L2 error vs autotuned cuBLASLt on fresh random data, outputs poisoned with NaN first\n",
+        compile.ms,
+        match compile.cache {
+            super::CacheOutcome::Hit => "disk cache hit",
+            super::CacheOutcome::Stored => "compiled, cached",
+            super::CacheOutcome::Uncached => "compiled, not cached",
+        },
+        compile.nvrtc.0,
+        compile.nvrtc.1,
+        cfg.iters,
+        cfg.warmup,
+    );
+    s += &format!(
+        "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>6} {:>6} {:>8} {:>8}  {}\n",
+        "M", "N", "K", "kind", "tile/S", "ficco", "TFLOP/s", "cublasLt", "TFLOP/s", "default", "TFLOP/s", "r_tun",
+        "r_dflt", "err", "err_dflt", "first use (+ more)"
+    );
+    let units = format!(
+        "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9}",
+        "", "", "", "", "", "(ms)", "", "(ms)", "", "(ms)"
+    );
+    s += units.trim_end();
+    s.push('\n');
+    s
+}
+
+/// One shape's table line.
+pub fn table_row(r: &ShapeRow) -> String {
+    let more = if r.uses > 1 {
+        format!(" (+{})", r.uses - 1)
+    } else {
+        String::new()
+    };
+    format!(
+        " {:>6} {:>6} {:>6} {:>11} {:>7} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>6.3} {:>6.3} {:>8.1e} {:>8.1e}  {}{more}\n",
+        r.m,
+        r.n,
+        r.k,
+        r.kind,
+        format!("{}/{}", r.tile_n.cols(), r.splits),
+        r.ficco_ms,
+        r.ficco_tflops,
+        r.tuned_ms,
+        r.tuned_tflops,
+        r.default_ms,
+        r.default_tflops,
+        r.ratio_tuned,
+        r.ratio_default,
+        r.rel_err,
+        r.default_rel_err,
+        r.first_use,
+    )
+}
+
+/// The hook-cost section: one line per (shape, setting).
+pub fn hook_table(rows: &[HookRow]) -> String {
+    let mut s = String::from(
+        "# hooks: each setting timed in interleaved pairs with the plain launch; cost = time / plain - 1; err vs the plain output\n",
+    );
+    s += &format!(
+        "#{:>6} {:>6} {:>6} {:>30} {:>9} {:>7} {:>8} {:>8}\n",
+        "M", "N", "K", "setting", "ms", "TFLOP/s", "cost", "err"
+    );
+    for h in rows {
+        s += &format!(
+            " {:>6} {:>6} {:>6} {:>30} {:>9.4} {:>7.1} {:>+7.1}% {:>8.1e}\n",
+            h.m,
+            h.n,
+            h.k,
+            h.setting,
+            h.ms,
+            h.tflops,
+            100.0 * h.cost,
+            h.rel_err
+        );
+    }
+    s
+}
+
+/// The footer: the summary against the issue's targets.
+pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
+    let mut t = String::new();
+    if let Some([f, tu, de]) = s.square_tflops {
+        t += &format!(
+            "# 8192^3: ficco {f:.0} TFLOP/s, cuBLASLt autotuned {tu:.0}, default {de:.0} (target >= 760)\n"
+        );
+    }
+    t += &format!(
+        "# {} shapes: geomean ficco/cuBLASLt {:.3} (target <= 1.03), vs default heuristic {:.3}; worst {:.3} at {} (target <= 1.15)\n",
+        s.shapes,
+        s.geomean_ratio_tuned,
+        s.geomean_ratio_default,
+        s.worst_ratio_tuned,
+        s.worst_shape
+    );
+    t += &format!(
+        "# chunk shapes together: sum ficco time / sum cuBLASLt time {:.3} (target < 1); max rel err {:.1e}\n",
+        s.chunk_time_ratio, s.max_rel_err
+    );
+    let h36: Vec<String> = hooks
+        .iter()
+        .filter(|h| h.setting == HOOKS_3_TO_6)
+        .map(|h| format!("{:+.1}% at {}x{}x{}", 100.0 * h.cost, h.m, h.n, h.k))
+        .collect();
+    if !h36.is_empty() {
+        t += &format!(
+            "# hooks 3-6 (flags set): {} (target <= 3%)\n",
+            h36.join(", ")
+        );
+    }
+    t
+}
+
+/// The whole human table of a report.
+pub fn table(r: &Report) -> String {
+    let mut t = table_header(
+        &r.device,
+        r.sms,
+        &r.compile,
+        r.rows.len(),
+        &r.suite,
+        r.config,
+    );
+    for row in &r.rows {
+        t += &table_row(row);
+    }
+    if !r.hooks.is_empty() {
+        t += &hook_table(&r.hooks);
+    }
+    t + &table_footer(&r.summary, &r.hooks)
+}
+
+/// The shapes hook costs are measured on: 8192³, a whole MLP-up GEMM and a
+/// chunk-sized one.
+pub const HOOK_SHAPES: [(usize, usize, usize); 3] =
+    [(8192, 8192, 8192), (2048, 14336, 4096), (1024, 4096, 7168)];
+
+/// The hook setting with the tile order, input wait, output signal and
+/// destination hooks all on.
+pub const HOOKS_3_TO_6: &str = "hooks 3-6";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn llama3_suite_shapes() {
+    fn llama3_bench_shapes_come_from_the_core() {
         let text = include_str!("../../../../suites/llama3.toml");
-        let shapes = suite_shapes(text, "llama3.toml").unwrap();
-        assert!(shapes.iter().any(|s| s.kind == "whole"));
-        assert!(shapes.iter().any(|s| s.kind == "chunk"));
-        // ag-gemm 2048 x 4096 x 3072 at P=2: shard 1024 rows, fine8 128 rows.
-        assert!(shapes
-            .iter()
-            .any(|s| (s.m, s.n, s.k) == (2048, 3072, 4096) && s.kind == "whole"));
-        assert!(shapes
-            .iter()
-            .any(|s| (s.m, s.n, s.k) == (128, 3072, 4096) && s.kind == "chunk"));
+        let suite = ficco_core::problem::suite::parse(text, "llama3.toml").unwrap();
+        let shapes = bench_shapes(&suite.scenarios);
+        assert_eq!((shapes[0].m, shapes[0].kind), (SQUARE, "square"));
+        assert!(shapes.iter().any(|s| s.kind.contains("whole")));
+        assert!(shapes.iter().any(|s| s.kind.contains("chunk")));
+        // ag-gemm 2048 x 4096 x 3072 at P=2: whole 2048 rows, fine8 128 rows.
+        let find = |m, n, k| shapes.iter().find(|s| (s.m, s.n, s.k) == (m, n, k));
+        assert!(find(2048, 3072, 4096).unwrap().kind.contains("whole"));
+        let fine8 = find(128, 3072, 4096).unwrap();
+        assert!(fine8
+            .uses
+            .contains(&"llama3-8b.qkv.t2048.p2 fine8".to_string()));
+        let mut seen = std::collections::HashSet::new();
         for s in &shapes {
             assert!(s.n % 8 == 0 && s.k % 8 == 0, "{s:?}");
+            assert!(seen.insert((s.m, s.n, s.k)), "duplicate {s:?}");
         }
     }
 
@@ -646,7 +886,8 @@ mod tests {
             n: 8,
             k: 8,
             kind,
-            uses: 1,
+            uses: 2,
+            first_use: "x whole".into(),
             splits: 1,
             tile_n: TileN::N256,
             ficco_ms: r,
@@ -664,5 +905,77 @@ mod tests {
         assert!((s.geomean_ratio_tuned - 1.0).abs() < 1e-12);
         assert_eq!(s.worst_ratio_tuned, 2.0);
         assert_eq!(s.chunk_time_ratio, 2.0);
+        assert_eq!(s.square_tflops, None);
+        let s = summarize(&[row(2.0, "chunk"), row(1.0, "whole+chunk")]);
+        assert_eq!(s.chunk_time_ratio, 1.5);
+    }
+
+    #[test]
+    fn the_table_reads_like_nccl_tests() {
+        let row = ShapeRow {
+            m: 8192,
+            n: 8192,
+            k: 8192,
+            kind: "square",
+            uses: 3,
+            first_use: "8192^3".into(),
+            splits: 1,
+            tile_n: TileN::N256,
+            ficco_ms: 1.5,
+            tuned_ms: 1.6,
+            default_ms: 1.6,
+            ficco_tflops: 733.0,
+            tuned_tflops: 687.2,
+            default_tflops: 687.2,
+            ratio_tuned: 0.9375,
+            ratio_default: 0.9375,
+            rel_err: 1e-4,
+            default_rel_err: 0.0,
+        };
+        let hook = HookRow {
+            m: 8192,
+            n: 8192,
+            k: 8192,
+            setting: HOOKS_3_TO_6.into(),
+            ms: 1.6,
+            tflops: 687.0,
+            cost: 0.092,
+            rel_err: 0.0,
+        };
+        let rows = vec![row];
+        let report = Report {
+            device: "NVIDIA H200".into(),
+            sms: 132,
+            compile: super::super::CompileInfo {
+                ms: 10.4,
+                cache: super::super::CacheOutcome::Hit,
+                path: None,
+                nvrtc: (13, 0),
+            },
+            config: BenchConfig::default(),
+            suite: "suites/llama3.toml".into(),
+            summary: summarize(&rows),
+            rows,
+            hooks: vec![hook],
+        };
+        let t = table(&report);
+        for want in [
+            "# device: NVIDIA H200, 132 SMs; ficco cubin: 10.4 ms (disk cache hit), NVRTC 13.0",
+            "  8192   8192   8192      square   256/1",
+            "   1.5000   733.0    1.6000   687.2",
+            "8192^3 (+2)",
+            "# 8192^3: ficco 733 TFLOP/s, cuBLASLt autotuned 687, default 687 (target >= 760)",
+            "geomean ficco/cuBLASLt 0.938",
+            "# hooks 3-6 (flags set): +9.2% at 8192x8192x8192 (target <= 3%)",
+        ] {
+            assert!(t.contains(want), "{want:?} not in\n{t}");
+        }
+        // Every line is a comment or a data row of the same columns.
+        let data: Vec<&str> = t.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(data.len(), 2, "{t}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["rows"][0]["first_use"], "8192^3");
+        assert_eq!(json["summary"]["square_tflops"][0], 733.0);
+        assert_eq!(json["compile"]["cache"], "Hit");
     }
 }

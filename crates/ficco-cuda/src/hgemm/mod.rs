@@ -79,6 +79,11 @@
 //! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
 //! the source, the options, the architecture and the NVRTC version.
 //!
+//! # Where it runs
+//! Schedules with `-own`, `-smN` (hook 1) or `-occS` (hook 2, S stages) run
+//! every GEMM task on it (`exec::issue`, one instance per plan stream);
+//! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
+//!
 //! # Measured (one H200, 2026-11-23; `bench/data/2026-11-23-h200-gemm/`)
 //! 8192³ at 728 TFLOP/s against the autotuned cuBLASLt's 691 in the same run;
 //! geomean time ratio to autotuned cuBLASLt 1.018 over the 160 whole and

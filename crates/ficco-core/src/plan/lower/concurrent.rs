@@ -19,7 +19,7 @@
 //!   `ring` uses one copy stream (peers one after another, staggered per
 //!   rank), `all` one stream per peer.
 //!
-//! Controls (`-smN`, `-gcN`, `-occB`, `-ctaN`, `-hi`) become GEMM task
+//! Controls (`-own`, `-smN`, `-gcN`, `-occS`, `-ctaN`, `-hi`) become GEMM task
 //! fields, stream priorities and the plan's [`Resources`].
 
 use super::parts::{buffer, collective_op, push_task, resources_of, stream};

@@ -50,6 +50,7 @@ pub(crate) fn resources_of(s: &Schedule) -> Resources {
     Resources {
         green_sms: s.green_sms,
         nccl_ctas: s.nccl_ctas,
+        gemm: s.gemm,
     }
 }
 

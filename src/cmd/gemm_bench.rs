@@ -1,0 +1,148 @@
+//! `ficco gemm-bench`: ficco's own Hopper GEMM beside cuBLASLt (autotuned and
+//! default heuristic) on one GPU, over 8192³ and every whole and chunk GEMM
+//! the core lowers for a suite, plus the cost of each kernel hook. A table
+//! like nccl-tests for people (rows as they are measured), `--json` for
+//! machines; `--list` prints the shapes without a GPU.
+
+use crate::output::{print, write_file};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use ficco_cuda::hgemm::bench::{self, BenchConfig, BenchShape, Event};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub struct GemmBenchArgs {
+    /// Suite whose GEMMs are measured (whole per-rank GEMMs and the chunk
+    /// GEMMs of its shard, bulk, fine2, fine4 and fine8 schedules).
+    #[arg(long, default_value = "suites/llama3.toml")]
+    suite: PathBuf,
+    /// Print the JSON report on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON report to this file (the table still goes to stdout).
+    #[arg(long, value_name = "FILE.json", conflicts_with = "json")]
+    save: Option<PathBuf>,
+    /// Timed runs per engine and shape (the median is reported).
+    #[arg(long, default_value_t = 25)]
+    iters: i64,
+    /// Warm-up runs per engine and shape.
+    #[arg(long, default_value_t = 5)]
+    warmup: i64,
+    /// Measure only the first N shapes (8192³ is first).
+    #[arg(long)]
+    max_shapes: Option<i64>,
+    /// Skip the hook-cost rows.
+    #[arg(long)]
+    no_hooks: bool,
+    /// GPU to run on.
+    #[arg(long, default_value_t = 0)]
+    device: i64,
+    /// List the shapes and where they come from; measure nothing (no GPU needed).
+    #[arg(long)]
+    list: bool,
+}
+
+pub fn run(args: GemmBenchArgs) -> Result<()> {
+    let count = |what: &str, v: i64, min: i64| -> Result<usize> {
+        if v < min {
+            bail!("{what} must be at least {min}, got {v}");
+        }
+        Ok(v as usize)
+    };
+    let cfg = BenchConfig {
+        iters: count("--iters", args.iters, 1)?,
+        warmup: count("--warmup", args.warmup, 0)?,
+    };
+    let device = count("--device", args.device, 0)?;
+    let suite = ficco_core::problem::suite::load(&args.suite)?;
+    let mut shapes = bench::bench_shapes(&suite.scenarios);
+    if let Some(n) = args.max_shapes {
+        shapes.truncate(count("--max-shapes", n, 1)?);
+    }
+    if args.list {
+        return print(&list(&shapes, &args.suite.display().to_string()));
+    }
+    // Fail before any GPU work on an unwritable output.
+    if let Some(dir) = args
+        .save
+        .as_ref()
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
+    {
+        bail!("cannot write the report: no directory '{}'", dir.display());
+    }
+    let suite_name = args.suite.display().to_string();
+    let table = !args.json;
+    let mut printed: Result<()> = Ok(());
+    let mut on = |e: Event<'_>| {
+        let text = match e {
+            Event::Loaded {
+                device,
+                sms,
+                compile,
+            } => bench::table_header(device, sms, compile, shapes.len(), &suite_name, cfg),
+            Event::Row(i, n, r) => {
+                if !table {
+                    eprintln!("[{}/{n}] {}x{}x{}", i + 1, r.m, r.n, r.k);
+                }
+                bench::table_row(r)
+            }
+            Event::Hooks(h) => {
+                if !table {
+                    if let Some(r) = h.first() {
+                        eprintln!("hooks {}x{}x{}", r.m, r.n, r.k);
+                    }
+                }
+                bench::hook_table(h)
+            }
+        };
+        if table && printed.is_ok() {
+            printed = print(&text);
+        }
+    };
+    let report =
+        bench::run(device, &suite_name, &shapes, cfg, !args.no_hooks, &mut on).map_err(|e| {
+            use ficco_cuda::CudaError as E;
+            match e {
+                E::LibraryMissing { .. } | E::NoGpu(_) | E::NotEnoughGpus { .. } => anyhow!(
+                    "gemm-bench needs a GPU: {e} (it measures on the device; --list shows the shapes)"
+                ),
+                e => anyhow!("gemm-bench failed: {e}"),
+            }
+        })?;
+    printed?;
+    let json = serde_json::to_string_pretty(&report)? + "\n";
+    if args.json {
+        return print(&json);
+    }
+    print(&bench::table_footer(&report.summary, &report.hooks))?;
+    if let Some(p) = &args.save {
+        write_file(p, &json).with_context(|| "the table above is complete".to_string())?;
+    }
+    Ok(())
+}
+
+/// The shapes as a table: M, N, K, kind, uses, and the first use.
+fn list(shapes: &[BenchShape], suite: &str) -> String {
+    let mut s = format!(
+        "# {} GEMM shapes of gemm-bench: 8192^3 and every whole and chunk GEMM of {suite}\n",
+        shapes.len()
+    );
+    s += &format!(
+        "#{:>6} {:>6} {:>6} {:>11} {:>5}  {}\n",
+        "M", "N", "K", "kind", "uses", "first use"
+    );
+    for b in shapes {
+        s += &format!(
+            " {:>6} {:>6} {:>6} {:>11} {:>5}  {}\n",
+            b.m,
+            b.n,
+            b.k,
+            b.kind,
+            b.uses.len(),
+            b.uses.first().map(String::as_str).unwrap_or("")
+        );
+    }
+    s
+}
