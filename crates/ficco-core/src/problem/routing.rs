@@ -423,6 +423,23 @@ mod tests {
         );
     }
 
+    /// Pinned loads: the routing must not drift between versions, and
+    /// `bench/anchor.py`'s Python port (`_moe_routing`) gives these same
+    /// counts for (256 tokens, 4 ranks, 8 experts, top-3, heavy, seed 5).
+    #[test]
+    fn pinned_counts_shared_with_the_python_anchor() {
+        let r = route(256, 4, &spec(8, 3, Skew::HEAVY, 5));
+        let loads: Vec<usize> = (0..8).map(|e| r.expert_load(e)).collect();
+        assert_eq!(loads, [121, 213, 51, 158, 48, 34, 81, 62]);
+        // The exact-scan fallback (skew 4, top-12 of 16).
+        let r = route(64, 2, &spec(16, 12, Skew::from_f64(4.0).unwrap(), 2));
+        let loads: Vec<usize> = (0..16).map(|e| r.expert_load(e)).collect();
+        assert_eq!(
+            loads,
+            [52, 13, 13, 64, 64, 64, 64, 29, 15, 64, 64, 35, 59, 45, 59, 64]
+        );
+    }
+
     #[test]
     fn skew_concentrates_load() {
         let spread = |skew| {
