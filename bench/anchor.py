@@ -5,6 +5,11 @@
       PyTorch reference (NCCL collective + cuBLAS), the GEMM alone, the
       collective alone, and PyTorch async-TP (symmetric memory fused ops),
       checking async-TP against the reference. One JSON object per scenario.
+      MoE scenarios (a2a-gemm, gemm-a2a, with experts/top_k/skew/seed) get
+      ficco's routing (the same counts: see _moe_routing) and time
+      all_to_all_single with split sizes and the experts' grouped GEMM
+      (torch._grouped_mm where PyTorch has it, else a per-expert loop of mm),
+      alone and back to back (the sequential reference).
   python3 bench/anchor.py split SUITE.toml OUTDIR
       Writes OUTDIR/suite-pN.toml, one per GPU count of the suite's [[scenario]]s.
   python3 bench/anchor.py report TORCH.jsonl FICCO.json[,FICCO2.json...] [--device D] [--commit C]
@@ -40,6 +45,118 @@ def _rel(torch, dist, out, ref):
     return e.item()
 
 
+_SKEW = {"none": 0.0, "moderate": 0.6, "heavy": 1.2}
+
+
+def _moe_routing(tokens, P, experts, top_k, skew, seed):
+    """counts[r][e]: rows rank r routes to expert e. A line-by-line port of
+    ficco's crates/ficco-core/src/problem/routing.rs (splitmix64, seeded
+    Fisher-Yates popularity order, Zipf weights, top-k draws without
+    replacement by rejection then an exact scan), so both see the same counts."""
+    import bisect
+    M64 = (1 << 64) - 1
+    st = [(seed ^ 0x6D6F655F726F7574) & M64]
+
+    def nxt():
+        st[0] = (st[0] + 0x9E3779B97F4A7C15) & M64
+        z = st[0]
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        return z ^ (z >> 31)
+
+    unit = lambda: (nxt() >> 11) * (1.0 / (1 << 53))
+    below = lambda n: int(unit() * n) % n
+    by_rank = list(range(experts))
+    for i in range(experts - 1, 0, -1):
+        j = below(i + 1)
+        by_rank[i], by_rank[j] = by_rank[j], by_rank[i]
+    s = _SKEW.get(str(skew), None)
+    s = float(skew) if s is None else s
+    s = round(s * 1000) / 1000.0
+    w = [0.0] * experts
+    for i, x in enumerate(by_rank):
+        w[x] = 1.0 / float(i + 1) ** s
+    total = sum(w)
+    cdf, acc = [], 0.0
+    for x in w:
+        acc += x / total
+        cdf.append(acc)
+    counts = [[0] * experts for _ in range(P)]
+    for r in range(P):
+        for _ in range(tokens // P):
+            picked = set()
+            for _ in range(top_k):
+                x = None
+                for _ in range(32):
+                    c = min(bisect.bisect_right(cdf, unit()), experts - 1)
+                    if c not in picked:
+                        x = c
+                        break
+                if x is None:
+                    left = sum(w[e] for e in range(experts) if e not in picked)
+                    u, x = unit() * left, None
+                    for e in range(experts):
+                        if e in picked:
+                            continue
+                        x = e
+                        if u < w[e]:
+                            break
+                        u -= w[e]
+                picked.add(x)
+            for x in picked:
+                counts[r][x] += 1
+    return counts
+
+
+def _moe(torch, dist, T, sc, rank, P, r):
+    """Times one MoE scenario: the all-to-all with split sizes, the grouped
+    GEMM of this rank's experts over the rows it holds (source-major, as
+    all_to_all_single delivers them), and both back to back."""
+    bf = torch.bfloat16
+    M, K, N, op = sc["m"], sc["k"], sc["n"], sc["op"]
+    E, k = sc["experts"], sc["top_k"]
+    counts = _moe_routing(M, P, E, k, sc.get("skew", "none"), sc.get("seed", 1))
+    L = E // P
+    pair = lambda s, q: sum(counts[s][q * L:(q + 1) * L])
+    send = [pair(rank, q) for q in range(P)]
+    recv = [pair(s, rank) for s in range(P)]
+    r.update(experts=E, top_k=k, skew=sc.get("skew", "none"), rows_received=sum(recv))
+    # Groups: (source, local expert) segments in source-major order.
+    seg = [counts[s][rank * L + e] for s in range(P) for e in range(L)]
+    W = torch.randn(L, K, N, device="cuda", dtype=bf) / math.sqrt(K)
+    dispatch = op == "a2a-gemm"
+    cols = K if dispatch else N
+    X = torch.randn(sum(send) if dispatch else sum(recv), cols if dispatch else K, device="cuda", dtype=bf)
+    R = torch.empty(sum(recv), K, device="cuda", dtype=bf) if dispatch else torch.empty(sum(recv), N, device="cuda", dtype=bf)
+    Y = torch.empty(sum(recv), N, device="cuda", dtype=bf) if dispatch else torch.empty(sum(send), N, device="cuda", dtype=bf)
+    gin = R if dispatch else X
+    gout = Y if dispatch else R
+    offs = torch.tensor([sum(seg[:i + 1]) for i in range(len(seg))], device="cuda", dtype=torch.int32)
+    Wg = W.repeat(P, 1, 1)  # one weight per (source, expert) group
+    grouped = hasattr(torch, "_grouped_mm")
+    r["grouped"] = "torch._grouped_mm" if grouped else "per-expert loop"
+
+    def gemm():
+        if grouped:
+            gout.copy_(torch._grouped_mm(gin, Wg, offs=offs))
+            return
+        at = 0
+        for i, n in enumerate(seg):
+            if n:
+                torch.mm(gin[at:at + n], W[i % L], out=gout[at:at + n])
+            at += n
+
+    if dispatch:
+        a2a = lambda: dist.all_to_all_single(R, X, output_split_sizes=recv, input_split_sizes=send)
+        seq = lambda: (a2a(), gemm())
+    else:
+        a2a = lambda: dist.all_to_all_single(Y, R, output_split_sizes=send, input_split_sizes=recv)
+        seq = lambda: (gemm(), a2a())
+    r["compute_ms"] = T(gemm)
+    r["comm_ms"] = T(a2a)
+    r["seq_ms"] = T(seq)
+
+
 def _worker(rank, P, scens, outpath):
     import torch, torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + P))
@@ -59,7 +176,9 @@ def _worker(rank, P, scens, outpath):
         r = dict(name=sc["name"], op=op, m=M, k=K, n=N, gpus=P)
         try:
             torch.manual_seed(1234 + rank)
-            if op == "ag-gemm":
+            if op in ("a2a-gemm", "gemm-a2a"):
+                _moe(torch, dist, T, sc, rank, P, r)
+            elif op == "ag-gemm":
                 A = torch.randn(M // P, K, device="cuda", dtype=bf)
                 B = torch.randn(K, N, device="cuda", dtype=bf) / math.sqrt(K)
                 Ag = torch.empty(M, K, device="cuda", dtype=bf)

@@ -3,8 +3,9 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use ficco_core::problem::models;
-use ficco_core::problem::workload::{check_gpu_count, Op, Problem};
+use ficco_core::problem::models::{self, ModelSpec};
+use ficco_core::problem::routing::{MoeSpec, Skew, DEFAULT_SEED};
+use ficco_core::problem::workload::{check_gpu_count, Op, Problem, Scenario};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::Error;
 
@@ -15,10 +16,10 @@ pub const DEFAULT_HW: &str = "h200-nvlink";
 #[derive(Args, Debug, Clone)]
 #[command(allow_negative_numbers = true)]
 pub struct ShapeArgs {
-    /// Operator: ag-gemm, gemm-rs, gemm-ar (with --m --k --n --gpus), or concurrent (explore).
+    /// Operator: ag-gemm, gemm-rs, gemm-ar (with --m --k --n --gpus), a2a-gemm or gemm-a2a (also --experts --top-k), or concurrent (explore).
     #[arg(long, requires_all = ["m", "k", "n", "gpus"])]
     pub op: Option<String>,
-    /// Rows of the global GEMM (tokens).
+    /// Rows of the global GEMM (tokens; for a2a-gemm and gemm-a2a the token count over all GPUs).
     #[arg(long, requires = "op")]
     pub m: Option<i64>,
     /// Inner dimension of the per-rank GEMM.
@@ -42,12 +43,107 @@ impl ShapeArgs {
     }
 }
 
+/// The routing of the expert-parallel operators (a2a-gemm, gemm-a2a) and of
+/// a model's MoE layers: --experts --top-k (operators only), --skew --seed.
+#[derive(Args, Debug, Clone, Default)]
+#[command(allow_negative_numbers = true)]
+pub struct MoeArgs {
+    /// a2a-gemm / gemm-a2a: experts over all GPUs (a multiple of --gpus).
+    #[arg(long)]
+    pub experts: Option<i64>,
+    /// a2a-gemm / gemm-a2a: experts each token is routed to (1 to --experts).
+    #[arg(long = "top-k")]
+    pub top_k: Option<i64>,
+    /// Routing imbalance of a2a-gemm / gemm-a2a or a model's MoE layers: none (default), moderate, heavy, or a Zipf exponent from 0 to 4.
+    #[arg(long)]
+    pub skew: Option<String>,
+    /// Seed of the routing draw (default 1).
+    #[arg(long)]
+    pub seed: Option<i64>,
+}
+
+impl MoeArgs {
+    fn skew(&self) -> Result<Skew> {
+        Ok(match &self.skew {
+            Some(s) => s.parse()?,
+            None => Skew::NONE,
+        })
+    }
+
+    fn seed(&self) -> Result<u64> {
+        match self.seed {
+            None => Ok(DEFAULT_SEED),
+            Some(v) => u64::try_from(v).map_err(|_| {
+                Error::Shape(format!("seed must be zero or positive, got {v}")).into()
+            }),
+        }
+    }
+
+    /// The problem of `--op` with this routing: a2a-gemm and gemm-a2a need
+    /// --experts and --top-k; the other operators take none of these flags.
+    pub fn problem(&self, op: Op, m: usize, k: usize, n: usize, gpus: usize) -> Result<Problem> {
+        if !op.is_moe() {
+            if self.experts.is_some()
+                || self.top_k.is_some()
+                || self.skew.is_some()
+                || self.seed.is_some()
+            {
+                bail!(Error::Shape(format!(
+                    "--experts, --top-k, --skew and --seed belong to a2a-gemm and gemm-a2a, not {op}"
+                )));
+            }
+            return Ok(Problem::new(op, m, k, n, gpus)?);
+        }
+        let (Some(experts), Some(top_k)) = (self.experts, self.top_k) else {
+            bail!(Error::Shape(format!(
+                "--op {op} needs --experts E and --top-k K (and takes --skew and --seed)"
+            )));
+        };
+        let spec = MoeSpec::new(
+            positive("experts", experts)?,
+            positive("top-k", top_k)?,
+            self.skew()?,
+            self.seed()?,
+        );
+        Ok(Problem::moe(op, m, k, n, gpus, spec)?)
+    }
+
+    /// Every layer of `model` for `tokens` on `gpus`, its MoE layers routed
+    /// with --skew and --seed. Says on stderr when the MoE layers are left out.
+    pub fn model_scenarios(
+        &self,
+        model: &ModelSpec,
+        tokens: usize,
+        gpus: usize,
+    ) -> Result<Vec<Scenario>> {
+        if self.experts.is_some() || self.top_k.is_some() {
+            bail!(Error::Shape(format!(
+                "--experts and --top-k come from the model ({} has {} experts, top-{})",
+                model.name, model.experts, model.top_k
+            )));
+        }
+        if model.experts <= 1 && (self.skew.is_some() || self.seed.is_some()) {
+            bail!(Error::Shape(format!(
+                "--skew and --seed set the routing of MoE layers, and {} has no experts",
+                model.name
+            )));
+        }
+        let scenarios = model.scenarios_routed(tokens, gpus, self.skew()?, self.seed()?)?;
+        if let Some(why) = model.moe_misfit(gpus) {
+            eprintln!("ficco: {why}");
+        }
+        Ok(scenarios)
+    }
+}
+
 /// One problem: --op --m --k --n --gpus, or --model --tokens --gpus (several layers).
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct ProblemArgs {
     #[command(flatten)]
     pub shape: ShapeArgs,
+    #[command(flatten)]
+    pub moe: MoeArgs,
     /// Number of GPUs.
     #[arg(long)]
     pub gpus: Option<i64>,
@@ -67,14 +163,15 @@ impl ProblemArgs {
         }
         let gpus = gpu_count(self.gpus.unwrap_or(0))?;
         if let Some((op, m, k, n)) = self.shape.shape()? {
-            let p = Problem::new(op, m, k, n, gpus)?;
+            let p = self.moe.problem(op, m, k, n, gpus)?;
             return Ok(vec![(p.label(), p)]);
         }
         if let Some(name) = &self.model {
             let tokens = positive("tokens", self.tokens.unwrap_or(0))?;
             let spec = models::preset(name)?;
-            return Ok(spec
-                .scenarios(tokens, gpus)?
+            return Ok(self
+                .moe
+                .model_scenarios(&spec, tokens, gpus)?
                 .into_iter()
                 .map(|s| (s.name, s.problem))
                 .collect());

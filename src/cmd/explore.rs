@@ -4,7 +4,7 @@
 
 use super::open_backend;
 use super::schedules::space;
-use crate::args::{gpu_count, load_hw, positive, BackendArg, ShapeArgs, DEFAULT_HW};
+use crate::args::{gpu_count, load_hw, positive, BackendArg, MoeArgs, ShapeArgs, DEFAULT_HW};
 use crate::output::{print, write_timelines};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -25,6 +25,8 @@ use std::path::PathBuf;
 pub struct ExploreArgs {
     #[command(flatten)]
     shape: ShapeArgs,
+    #[command(flatten)]
+    moe: MoeArgs,
     /// Number of GPUs.
     #[arg(long, conflicts_with = "suite")]
     gpus: Option<i64>,
@@ -37,7 +39,7 @@ pub struct ExploreArgs {
     /// concurrent: the collective's size in bytes (nccl-tests' "size").
     #[arg(long)]
     bytes: Option<i64>,
-    /// Model preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b); needs --tokens and --gpus.
+    /// Model preset (llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v2-lite); needs --tokens and --gpus. MoE models add their expert-parallel layers (--skew sets the routing imbalance).
     #[arg(long, conflicts_with_all = ["op", "suite", "hidden"], requires_all = ["tokens", "gpus"])]
     model: Option<String>,
     /// Tokens (batch x sequence) for --model or a custom model.
@@ -81,6 +83,12 @@ pub struct ExploreArgs {
 /// The scenarios the flags ask for, validated.
 fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
     if let Some(path) = &args.suite {
+        let m = &args.moe;
+        if m.experts.is_some() || m.top_k.is_some() || m.skew.is_some() || m.seed.is_some() {
+            bail!(Error::Shape(
+                "--experts, --top-k, --skew and --seed do not apply to --suite: a suite file gives each scenario's routing".into()
+            ));
+        }
         let suite = suite::load(path)?;
         for s in &suite.skipped {
             eprintln!("ficco: skipped [[{}]] '{}': {}", s.kind, s.name, s.reason);
@@ -114,7 +122,7 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
                     "--collective and --bytes belong to --op concurrent, not {op}"
                 )));
             }
-            Problem::new(op, m, k, n, gpus.unwrap_or(0))?
+            args.moe.problem(op, m, k, n, gpus.unwrap_or(0))?
         };
         return Ok(vec![Scenario {
             name: problem.label(),
@@ -134,7 +142,7 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
         bail!("say what to explore: --op OP --m M --k K --n N --gpus P, --model NAME --tokens T --gpus P, --hidden H --ffn F --kv KV --tokens T --gpus P, or --suite FILE");
     };
     let tokens = positive("tokens", args.tokens.unwrap_or(0))?;
-    Ok(model.scenarios(tokens, gpus.unwrap_or(0))?)
+    args.moe.model_scenarios(&model, tokens, gpus.unwrap_or(0))
 }
 
 pub fn run(args: ExploreArgs) -> Result<()> {

@@ -12,7 +12,7 @@ use ficco_core::Error;
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct SchedulesArgs {
-    /// Operator: ag-gemm, gemm-rs, gemm-ar or concurrent.
+    /// Operator: ag-gemm, gemm-rs, gemm-ar, a2a-gemm, gemm-a2a or concurrent.
     #[arg(long)]
     op: String,
     /// Number of GPUs.

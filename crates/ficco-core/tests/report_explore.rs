@@ -340,6 +340,7 @@ fn invalid_problems_are_errors() {
             n: 8,
             gpus: 4,
             side: None,
+            moe: None,
         },
     };
     let predict = table_predict(HashMap::new());

@@ -108,6 +108,7 @@ fn plan(op: Op, m: usize, k: usize, n: usize, ranks: Vec<RankPlan>) -> Plan {
             n,
             gpus: GPUS,
             side: None,
+            moe: None,
         },
         name: "hand".into(),
         schedule: None,

@@ -43,6 +43,8 @@ fn shape(op: Op, p: usize) -> (usize, usize, usize) {
         Op::GemmRs => (p * 128, 256, 128),
         Op::GemmAr => (p * 64, 128, 384),
         Op::Concurrent => (p * 128, 256, 256),
+        // Tokens; routed by `gpu_moe.rs`'s own shapes.
+        Op::A2aGemm | Op::GemmA2a => (p * 64, 128, 128),
     }
 }
 

@@ -79,9 +79,27 @@ impl Inputs {
                 .collect();
             Matrix { rows, cols, data }
         };
+        if let Some(rt) = problem.routing() {
+            // Routed rows (dispatch) or expert rows (combine), and the
+            // rank's experts' weights stacked.
+            let a = (0..problem.gpus)
+                .map(|q| {
+                    let rows = if problem.op == Op::A2aGemm {
+                        rt.sent(q)
+                    } else {
+                        rt.received(q)
+                    };
+                    mat(rows, problem.k)
+                })
+                .collect();
+            let b = (0..problem.gpus)
+                .map(|_| mat(rt.local_experts() * problem.k, problem.n))
+                .collect();
+            return Inputs { a, b, x: vec![] };
+        }
         let a_rows = match problem.op {
             Op::AgGemm => problem.shard_rows(),
-            Op::GemmRs | Op::GemmAr | Op::Concurrent => problem.m,
+            Op::GemmRs | Op::GemmAr | Op::Concurrent | Op::A2aGemm | Op::GemmA2a => problem.m,
         };
         let a = (0..problem.gpus).map(|_| mat(a_rows, problem.k)).collect();
         let b = (0..problem.gpus)
@@ -128,7 +146,58 @@ pub fn reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
                 .collect()
         }
         Op::Concurrent => concurrent_reference(problem, inputs),
+        Op::A2aGemm | Op::GemmA2a => moe_reference(problem, inputs),
     }
+}
+
+/// Rows [row, row + rows) of a matrix.
+fn rows_of(m: &Matrix, row: usize, rows: usize) -> Matrix {
+    Matrix {
+        rows,
+        cols: m.cols,
+        data: m.data[row * m.cols..(row + rows) * m.cols].to_vec(),
+    }
+}
+
+/// The MoE operators from their definition, row by row of the routing:
+/// every routed row times its expert's weights, placed where the operator
+/// puts it (dispatch: the expert rank's source-major rows; combine: the
+/// home rank's expert-sorted rows).
+fn moe_reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
+    let Some(rt) = problem.routing() else {
+        return vec![];
+    };
+    let (p, k, n) = (problem.gpus, problem.k, problem.n);
+    let dispatch = problem.op == Op::A2aGemm;
+    let mut outs: Vec<Matrix> = (0..p)
+        .map(|q| {
+            let rows = if dispatch { rt.received(q) } else { rt.sent(q) };
+            Matrix::filled(rows, n, 0.0)
+        })
+        .collect();
+    for r in 0..p {
+        for e in 0..rt.experts {
+            let rows = rt.counts[r][e];
+            if rows == 0 {
+                continue;
+            }
+            let q = rt.owner(e);
+            let l = e - rt.experts_of(q).start;
+            let w = rows_of(&inputs.b[q], l * k, k);
+            // Offset of expert e's rows within the block r -> q.
+            let in_block = rt.send_offset(r, e) - rt.send_block(r, q).0;
+            let recv_row = rt.recv_block(q, r).0 + in_block;
+            let send_row = rt.send_offset(r, e);
+            let (x, home, at) = if dispatch {
+                (rows_of(&inputs.a[r], send_row, rows), q, recv_row)
+            } else {
+                (rows_of(&inputs.a[q], recv_row, rows), r, send_row)
+            };
+            let y = x.matmul(&w);
+            outs[home].data[at * n..(at + rows) * n].copy_from_slice(&y.data);
+        }
+    }
+    outs
 }
 
 /// `concurrent`: every rank's output is its GEMM results (each A @ B, one
@@ -248,6 +317,13 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
                     add(&mut out, &mem.read(rank, c));
                 }
                 mem.write(rank, c, &out);
+            }
+            TaskKind::GroupedGemm { groups, .. } => {
+                // Groups write disjoint rows (validated): any order is exact.
+                for g in groups {
+                    let out = mem.read(rank, &g.a).matmul(&mem.read(rank, &g.b));
+                    mem.write(rank, &g.c, &out);
+                }
             }
             TaskKind::Copy { src, dst } => {
                 let m = mem.read(src.rank, &src.view);

@@ -170,6 +170,14 @@ impl NcclOp {
     }
 }
 
+/// One GEMM of a [`TaskKind::GroupedGemm`]: c = a @ b, views of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GemmGroup {
+    pub a: View,
+    pub b: View,
+    pub c: View,
+}
+
 /// What a task does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskKind {
@@ -190,6 +198,16 @@ pub enum TaskKind {
         /// only with [`Resources::gemm`] = own).
         #[serde(default)]
         occupancy: Option<usize>,
+    },
+    /// Several independent GEMMs in one kernel (a mixture-of-experts layer's
+    /// experts, each over its own rows and weights): every group's c = a @ b
+    /// (bf16 in, f32 accumulate, bf16 out), all views of this rank, the
+    /// groups' outputs pairwise disjoint. Executors may run it as one grouped
+    /// kernel or as a loop of GEMMs on the task's stream.
+    GroupedGemm {
+        groups: Vec<GemmGroup>,
+        /// cuBLASLt SM count target, if the schedule sets one.
+        sm_target: Option<usize>,
     },
     /// DMA copy; `src` or `dst` is on this rank (pull or push), issued on this rank's stream.
     Copy { src: RankView, dst: RankView },
@@ -212,6 +230,7 @@ impl TaskKind {
     pub fn short(&self) -> &'static str {
         match self {
             TaskKind::Gemm { .. } => "gemm",
+            TaskKind::GroupedGemm { .. } => "grouped-gemm",
             TaskKind::Copy { .. } => "copy",
             TaskKind::Nccl { op, .. } => op.short(),
             TaskKind::Reduce { .. } => "reduce",

@@ -21,7 +21,9 @@
 
 use crate::error::{Error, Result};
 use crate::plan::graph::{topo, Graph};
-use crate::plan::{BufferRole, NcclOp, Plan, TaskId, TaskKind, View, MAX_REDUCE_SOURCES};
+use crate::plan::{
+    BufferRole, GemmGroup, NcclOp, Plan, TaskId, TaskKind, View, MAX_REDUCE_SOURCES,
+};
 use std::collections::HashMap;
 
 /// Rejects structural errors, cycles, reads not ordered after their writes, and races.
@@ -124,6 +126,12 @@ fn check_structure(plan: &Plan) -> Result<()> {
                         return Err(invalid(format!("{}: SM target 0", name(plan, id))));
                     }
                 }
+                TaskKind::GroupedGemm { groups, sm_target } => {
+                    check_grouped(plan, r, id, groups)?;
+                    if *sm_target == Some(0) {
+                        return Err(invalid(format!("{}: SM target 0", name(plan, id))));
+                    }
+                }
                 TaskKind::Copy { src, dst } => {
                     check_view(plan, src.rank, &src.view, "copy source", id)?;
                     check_view(plan, dst.rank, &dst.view, "copy destination", id)?;
@@ -204,6 +212,59 @@ fn check_structure(plan: &Plan) -> Result<()> {
         }
     }
     check_nccl_matching(plan)
+}
+
+/// A grouped GEMM: at least one group, every group's views in bounds with
+/// agreeing shapes, and outputs pairwise disjoint (a grouped kernel runs the
+/// groups at once) and disjoint from every input of the task.
+fn check_grouped(plan: &Plan, r: usize, id: TaskId, groups: &[GemmGroup]) -> Result<()> {
+    if groups.is_empty() {
+        return Err(invalid(format!(
+            "{}: grouped GEMM of no groups",
+            name(plan, id)
+        )));
+    }
+    for (i, g) in groups.iter().enumerate() {
+        for (v, w) in [(&g.a, "a"), (&g.b, "b"), (&g.c, "c")] {
+            check_view(plan, r, v, &format!("group {i} {w}"), id)?;
+        }
+        if g.a.rows != g.c.rows || g.a.cols != g.b.rows || g.b.cols != g.c.cols {
+            return Err(invalid(format!(
+                "{}: group {i}: GEMM shapes disagree: [{}x{}] x [{}x{}] -> [{}x{}]",
+                name(plan, id),
+                g.a.rows,
+                g.a.cols,
+                g.b.rows,
+                g.b.cols,
+                g.c.rows,
+                g.c.cols
+            )));
+        }
+    }
+    // Sorted by (buffer, first row), overlapping outputs are neighbours.
+    let mut outs: Vec<&View> = groups.iter().map(|g| &g.c).collect();
+    outs.sort_by_key(|v| (v.buf, v.row));
+    if let Some(w) = outs.windows(2).find(|w| w[0].overlaps(w[1])) {
+        return Err(invalid(format!(
+            "{}: groups write overlapping rows {}..{} and {}..{}",
+            name(plan, id),
+            w[0].row,
+            w[0].row + w[0].rows,
+            w[1].row,
+            w[1].row + w[1].rows
+        )));
+    }
+    for g in groups {
+        for c in &outs {
+            if c.overlaps(&g.a) || c.overlaps(&g.b) {
+                return Err(invalid(format!(
+                    "{}: a group's output overlaps an input of the same grouped GEMM",
+                    name(plan, id)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every rank makes the same NCCL calls in the same order, on one stream, and
@@ -471,6 +532,10 @@ pub(crate) fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)>
             }
             v
         }
+        TaskKind::GroupedGemm { groups, .. } => groups
+            .iter()
+            .flat_map(|g| [(rank, g.a, false), (rank, g.b, false), (rank, g.c, true)])
+            .collect(),
         TaskKind::Copy { src, dst } => {
             vec![(src.rank, src.view, false), (dst.rank, dst.view, true)]
         }

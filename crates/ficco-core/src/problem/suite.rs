@@ -10,6 +10,24 @@
 //! gpus = 2
 //! ```
 //!
+//! Expert-parallel scenarios (`a2a-gemm`, `gemm-a2a`) are `[[scenario]]`
+//! entries whose `m` is the token count, with the routing's `experts` and
+//! `top_k`, and optionally `skew` (`"none"`, `"moderate"`, `"heavy"` or a
+//! Zipf exponent; default none) and `seed` (default 1):
+//!
+//! ```toml
+//! [[scenario]]
+//! name = "mixtral-8x7b.moe_up.t4096.p2.heavy"
+//! op = "a2a-gemm"
+//! m = 4096
+//! k = 4096
+//! n = 28672
+//! gpus = 2
+//! experts = 8
+//! top_k = 2
+//! skew = "heavy"
+//! ```
+//!
 //! `[[concurrent]]` entries (independent GEMMs beside a collective) load as
 //! `concurrent` scenarios:
 //!
@@ -32,6 +50,7 @@
 //! [`Error::Suite`] naming the file and the problem.
 
 use crate::error::{Error, Result};
+use crate::problem::routing::{MoeSpec, Skew, DEFAULT_SEED};
 use crate::problem::workload::{Op, Problem, Scenario};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -65,6 +84,11 @@ struct RawScenario {
     k: i64,
     n: i64,
     gpus: i64,
+    /// a2a-gemm / gemm-a2a: the routing.
+    experts: Option<i64>,
+    top_k: Option<i64>,
+    skew: Option<Skew>,
+    seed: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -178,13 +202,43 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
                 bad(format!("scenario '{name}': {}", one_line(&e)))
             })?;
             let op: Op = raw.op.parse()?;
-            let problem = Problem::new(
-                op,
-                dim("m", raw.m)?,
-                dim("k", raw.k)?,
-                dim("n", raw.n)?,
-                dim("gpus", raw.gpus)?,
-            )
+            let routed = raw.experts.is_some()
+                || raw.top_k.is_some()
+                || raw.skew.is_some()
+                || raw.seed.is_some();
+            let problem = if op.is_moe() {
+                let (Some(experts), Some(top_k)) = (raw.experts, raw.top_k) else {
+                    return Err(bad(format!(
+                        "scenario '{name}': {op} needs experts and top_k"
+                    )));
+                };
+                let spec = MoeSpec::new(
+                    dim("experts", experts)?,
+                    dim("top_k", top_k)?,
+                    raw.skew.unwrap_or(Skew::NONE),
+                    raw.seed.unwrap_or(DEFAULT_SEED),
+                );
+                Problem::moe(
+                    op,
+                    dim("m", raw.m)?,
+                    dim("k", raw.k)?,
+                    dim("n", raw.n)?,
+                    dim("gpus", raw.gpus)?,
+                    spec,
+                )
+            } else if routed {
+                Err(Error::Shape(format!(
+                    "experts, top_k, skew and seed belong to a2a-gemm and gemm-a2a, not {op}"
+                )))
+            } else {
+                Problem::new(
+                    op,
+                    dim("m", raw.m)?,
+                    dim("k", raw.k)?,
+                    dim("n", raw.n)?,
+                    dim("gpus", raw.gpus)?,
+                )
+            }
             .map_err(|e| bad(format!("scenario '{name}': {e}")))?;
             if !names.insert(raw.name.clone()) {
                 return Err(bad(format!("scenario name '{}' appears twice", raw.name)));
@@ -249,14 +303,83 @@ mod tests {
     #[test]
     fn unknown_ops_are_skipped_not_errors() {
         let s = parse(
-            "[[scenario]]\nname='x'\nop='a2a-gemm'\nm=8\nk=8\nn=8\ngpus=2\nimbalance=0.3\n\
+            "[[scenario]]\nname='x'\nop='moe-fused'\nm=8\nk=8\nn=8\ngpus=2\nimbalance=0.3\n\
              [[scenario]]\nname='y'\nop='gemm-rs'\nm=8\nk=8\nn=8\ngpus=2\n",
             "t",
         )
         .unwrap();
         assert_eq!(s.scenarios.len(), 1);
         assert_eq!(s.skipped[0].name, "x");
-        assert!(s.skipped[0].reason.contains("a2a-gemm"));
+        assert!(s.skipped[0].reason.contains("moe-fused"));
+    }
+
+    #[test]
+    fn moe_scenarios_and_their_errors() {
+        let s = parse(
+            "[[scenario]]\nname='x'\nop='a2a-gemm'\nm=64\nk=8\nn=8\ngpus=2\nexperts=4\ntop_k=2\nskew='heavy'\nseed=7\n\
+             [[scenario]]\nname='y'\nop='gemm-a2a'\nm=64\nk=8\nn=8\ngpus=2\nexperts=4\ntop_k=1\nskew=0.8\n",
+            "t",
+        )
+        .unwrap();
+        let spec = s.scenarios[0].problem.moe.unwrap();
+        assert_eq!(
+            (spec.experts, spec.top_k, spec.skew, spec.seed),
+            (4, 2, Skew::HEAVY, 7)
+        );
+        let y = s.scenarios[1].problem.moe.unwrap();
+        assert_eq!((y.skew.value(), y.seed), (0.8, DEFAULT_SEED));
+        let base = "[[scenario]]\nname='x'\nop='a2a-gemm'\nm=64\nk=8\nn=8\ngpus=2\n";
+        for (extra, want) in [
+            ("experts=4\n", "needs experts and top_k"),
+            (
+                "experts=4\ntop_k=5\n",
+                "top-k must be between 1 and the expert count 4",
+            ),
+            ("experts=3\ntop_k=1\n", "not a multiple of the GPU count"),
+            ("experts=4\ntop_k=1\nskew=-1\n", "skew must be"),
+            ("experts=4\ntop_k=1\nskew='wild'\n", "skew must be"),
+        ] {
+            let err = parse(&format!("{base}{extra}"), "moe.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("moe.toml") && err.contains(want),
+                "{extra:?}: {err}"
+            );
+        }
+        let err = parse(
+            "[[scenario]]\nname='x'\nop='ag-gemm'\nm=64\nk=8\nn=8\ngpus=2\nexperts=4\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("belong to a2a-gemm"), "{err}");
+    }
+
+    #[test]
+    fn reads_the_moe_suite() {
+        let suite = load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../suites/moe.toml"
+        )))
+        .unwrap();
+        assert!(suite.skipped.is_empty());
+        assert_eq!(suite.scenarios.len(), 72);
+        for sc in &suite.scenarios {
+            // MODEL.LAYER.tT.pP.SKEW: the preset expansion gives the same problem.
+            let parts: Vec<&str> = sc.name.split('.').collect();
+            let model = crate::problem::models::preset(parts[0]).unwrap();
+            let tokens: usize = parts[2][1..].parse().unwrap();
+            let gpus: usize = parts[3][1..].parse().unwrap();
+            let skew: Skew = parts[4].parse().unwrap();
+            let found = model
+                .scenarios_routed(tokens, gpus, skew, DEFAULT_SEED)
+                .unwrap()
+                .into_iter()
+                .find(|e| e.name == sc.name)
+                .unwrap_or_else(|| panic!("{} not in the preset expansion", sc.name));
+            assert_eq!(&found, sc);
+        }
     }
 
     #[test]

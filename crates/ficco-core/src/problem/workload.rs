@@ -2,10 +2,15 @@
 //! are communication-dependent, a GEMM whose input or output goes through a
 //! collective on P GPUs (`ag-gemm`: all-gather, then GEMM; `gemm-rs`: GEMM,
 //! then reduce-scatter; `gemm-ar`: GEMM, then all-reduce), and one is not:
-//! `concurrent`, independent GEMMs beside a collective. This is the "what
-//! must be computed" layer; nothing here knows about schedules or hardware.
+//! `concurrent`, independent GEMMs beside a collective. Two are the expert
+//! parallelism of a mixture-of-experts layer (`a2a-gemm`: dispatch by
+//! all-to-all, then the experts' grouped GEMM; `gemm-a2a`: the grouped GEMM,
+//! then all-to-all back), with the token routing of
+//! [`crate::problem::routing`]. This is the "what must be computed" layer;
+//! nothing here knows about schedules or hardware.
 
 use crate::error::{Error, Result};
+use crate::problem::routing::{route, MoeSpec, Routing};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -26,11 +31,30 @@ pub enum Op {
     /// collective of `bytes` (see [`SideCollective`]); both results are kept.
     #[serde(rename = "concurrent")]
     Concurrent,
+    /// MoE dispatch: each rank's routed rows [T/P·top_k, K] (sorted by
+    /// expert) go to their experts' ranks by all-to-all; each rank then runs
+    /// its E/P experts' GEMMs (B: E/P stacked [K, N] weights) over the rows
+    /// it received, out = [received rows, N] (source-major).
+    #[serde(rename = "a2a-gemm")]
+    A2aGemm,
+    /// MoE combine: each rank's expert GEMMs over the rows it holds
+    /// ([received rows, K], source-major), then all-to-all back to the rows'
+    /// home ranks: out = [T/P·top_k, N] in the home rank's expert order.
+    #[serde(rename = "gemm-a2a")]
+    GemmA2a,
 }
 
 impl Op {
     /// The communication-dependent operators.
     pub const ALL: [Op; 3] = [Op::AgGemm, Op::GemmRs, Op::GemmAr];
+
+    /// The expert-parallel (mixture-of-experts) operators.
+    pub const MOE: [Op; 2] = [Op::A2aGemm, Op::GemmA2a];
+
+    /// Whether this is an expert-parallel operator (it has a routing).
+    pub fn is_moe(self) -> bool {
+        matches!(self, Op::A2aGemm | Op::GemmA2a)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -38,17 +62,20 @@ impl Op {
             Op::GemmRs => "gemm-rs",
             Op::GemmAr => "gemm-ar",
             Op::Concurrent => "concurrent",
+            Op::A2aGemm => "a2a-gemm",
+            Op::GemmA2a => "gemm-a2a",
         }
     }
 
     /// The collective of the sequential reference (`None` for `concurrent`,
-    /// whose collective is part of the problem: [`Problem::collective`]).
+    /// whose collective is part of the problem: [`Problem::collective`], and
+    /// for the MoE operators, whose all-to-all is grouped send/recv).
     pub fn collective(self) -> Option<Collective> {
         match self {
             Op::AgGemm => Some(Collective::AllGather),
             Op::GemmRs => Some(Collective::ReduceScatter),
             Op::GemmAr => Some(Collective::AllReduce),
-            Op::Concurrent => None,
+            Op::Concurrent | Op::A2aGemm | Op::GemmA2a => None,
         }
     }
 }
@@ -65,6 +92,7 @@ impl FromStr for Op {
         Op::ALL
             .into_iter()
             .chain([Op::Concurrent])
+            .chain(Op::MOE)
             .find(|op| op.name() == s)
             .ok_or_else(|| Error::UnknownOp(s.to_string()))
     }
@@ -133,6 +161,10 @@ pub struct Problem {
     /// `concurrent` only: the GEMM count and the collective beside them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side: Option<SideCollective>,
+    /// `a2a-gemm` and `gemm-a2a` only: experts, top-k, skew and seed of the
+    /// routing (m is then the token count T).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSpec>,
 }
 
 /// Bytes per element: bf16 is the only type for now.
@@ -185,6 +217,11 @@ impl Problem {
                 "--op concurrent also needs --gemms, --collective and --bytes".into(),
             ));
         }
+        if op.is_moe() {
+            return Err(Error::Shape(format!(
+                "--op {op} also needs --experts and --top-k (and takes --skew and --seed)"
+            )));
+        }
         let p = Problem {
             op,
             m,
@@ -192,6 +229,7 @@ impl Problem {
             n,
             gpus,
             side: None,
+            moe: None,
         };
         p.validate()?;
         Ok(p)
@@ -218,9 +256,45 @@ impl Problem {
                 collective,
                 bytes,
             }),
+            moe: None,
         };
         p.validate()?;
         Ok(p)
+    }
+
+    /// An expert-parallel problem: `tokens` tokens over `gpus` ranks routed
+    /// by `spec`, expert weights [k, n] (`op` is `a2a-gemm` or `gemm-a2a`).
+    pub fn moe(
+        op: Op,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        gpus: usize,
+        spec: MoeSpec,
+    ) -> Result<Self> {
+        if !op.is_moe() {
+            return Err(Error::Shape(format!(
+                "{op} takes no experts (only a2a-gemm and gemm-a2a do)"
+            )));
+        }
+        let p = Problem {
+            op,
+            m: tokens,
+            k,
+            n,
+            gpus,
+            side: None,
+            moe: Some(spec),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// The routing of an expert-parallel problem (computed from its spec:
+    /// the same counts every time), `None` for the other operators.
+    pub fn routing(&self) -> Option<Routing> {
+        let spec = self.moe.as_ref()?;
+        (self.op.is_moe() && self.gpus > 0).then(|| route(self.m, self.gpus, spec))
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -235,6 +309,15 @@ impl Problem {
         buffer_bytes("m x n", self.m, self.n)?;
         if self.op == Op::Concurrent {
             return self.validate_concurrent();
+        }
+        if self.op.is_moe() {
+            return self.validate_moe();
+        }
+        if self.moe.is_some() {
+            return Err(Error::Shape(format!(
+                "{} takes no experts (only a2a-gemm and gemm-a2a do)",
+                self.op
+            )));
         }
         if self.side.is_some() {
             return Err(Error::Shape(format!(
@@ -260,6 +343,49 @@ impl Problem {
                 self.m, self.gpus
             )));
         }
+        Ok(())
+    }
+
+    fn validate_moe(&self) -> Result<()> {
+        let Some(spec) = self.moe else {
+            return Err(Error::Shape(format!(
+                "{} needs experts and top-k (and takes a skew and a seed)",
+                self.op
+            )));
+        };
+        if self.side.is_some() {
+            return Err(Error::Shape(format!(
+                "{} takes no side collective (only concurrent does)",
+                self.op
+            )));
+        }
+        if self.gpus < 2 {
+            return Err(Error::Shape(format!(
+                "gpus must be at least 2 for expert parallelism, got {}",
+                self.gpus
+            )));
+        }
+        if self.m % self.gpus != 0 {
+            return Err(Error::Shape(format!(
+                "tokens = {} is not divisible by the GPU count {}",
+                self.m, self.gpus
+            )));
+        }
+        spec.validate(self.gpus)?;
+        // Routed rows of all ranks together bound every buffer's rows.
+        let rows = self.m.checked_mul(spec.top_k).ok_or_else(|| {
+            Error::Shape(format!(
+                "tokens x top-k = {} x {} overflows",
+                self.m, spec.top_k
+            ))
+        })?;
+        buffer_bytes("routed rows x k", rows, self.k)?;
+        buffer_bytes("routed rows x n", rows, self.n)?;
+        buffer_bytes(
+            "local experts x k x n",
+            spec.experts / self.gpus * self.k,
+            self.n,
+        )?;
         Ok(())
     }
 
@@ -310,8 +436,13 @@ impl Problem {
         self.side.map_or(1, |s| s.gemms)
     }
 
-    /// Floating-point operations of all the GEMMs on one rank.
+    /// Floating-point operations of all the GEMMs on one rank (for the MoE
+    /// operators, the busiest rank's: the most rows received).
     pub fn gemm_flops(&self) -> f64 {
+        if let Some(r) = self.routing() {
+            let rows = (0..self.gpus).map(|q| r.received(q)).max().unwrap_or(0);
+            return 2.0 * rows as f64 * self.k as f64 * self.n as f64;
+        }
         2.0 * self.m as f64 * self.k as f64 * self.n as f64 * self.gemm_count() as f64
     }
 
@@ -325,12 +456,38 @@ impl Problem {
         }
     }
 
-    /// Payload of the reference collective per rank, in bytes (NCCL's "size").
+    /// Payload of the reference collective per rank, in bytes (NCCL's
+    /// "size"; for the MoE operators, the all-to-all bytes of the busiest
+    /// rank: the larger of what it sends to and receives from its peers).
     pub fn comm_bytes(&self) -> usize {
         match self.op {
             Op::AgGemm => self.m * self.k * ELEM_BYTES,
             Op::GemmRs | Op::GemmAr => self.m * self.n * ELEM_BYTES,
             Op::Concurrent => self.side.map_or(0, |s| s.bytes),
+            Op::A2aGemm | Op::GemmA2a => {
+                let Some(r) = self.routing() else { return 0 };
+                let cols = if self.op == Op::A2aGemm {
+                    self.k
+                } else {
+                    self.n
+                };
+                (0..self.gpus)
+                    .map(|q| {
+                        let out: usize = (0..self.gpus)
+                            .filter(|&d| d != q)
+                            .map(|d| r.pair(q, d))
+                            .sum();
+                        let inc: usize = (0..self.gpus)
+                            .filter(|&s| s != q)
+                            .map(|s| r.pair(s, q))
+                            .sum();
+                        out.max(inc)
+                    })
+                    .max()
+                    .unwrap_or(0)
+                    * cols
+                    * ELEM_BYTES
+            }
         }
     }
 
@@ -346,6 +503,12 @@ impl Problem {
 
     /// Short label like "ag-gemm m=8192 k=8192 n=2560 P=4".
     pub fn label(&self) -> String {
+        if let (Some(s), true) = (self.moe, self.op.is_moe()) {
+            return format!(
+                "{} tokens={} k={} n={} P={} experts={} top-{} skew={} seed={}",
+                self.op, self.m, self.k, self.n, self.gpus, s.experts, s.top_k, s.skew, s.seed
+            );
+        }
         match self.side {
             Some(s) => format!(
                 "concurrent {}x gemm m={} k={} n={} + {} {} MiB P={}",

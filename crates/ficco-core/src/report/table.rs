@@ -16,6 +16,9 @@ impl ScenarioReport {
         if label != self.scenario {
             let _ = writeln!(s, "# problem: {label}");
         }
+        if let Some(rt) = self.problem().routing() {
+            let _ = writeln!(s, "# routing: {}", rt.summary());
+        }
         let _ = writeln!(
             s,
             "# backend: {}   hardware: {}",

@@ -14,6 +14,11 @@
 //!   while output tiles leave SMs idle; each extra split writes and reads f32
 //!   partials) are those that give the least time, as a library heuristic
 //!   would pick.
+//! - **Grouped GEMM** (a mixture-of-experts layer's experts in one kernel):
+//!   the tiles of every group form one pool on the SMs, so only the whole
+//!   kernel's last wave is quantized, not each group's; a tile of a group
+//!   of depth k takes that group's tile time. One launch; the HBM floor is
+//!   every group's operands; no split-K (grouped kernels do not split).
 //! - **NCCL collectives**: `latency + bus bytes per rank / bus bandwidth`, with
 //!   per-(collective, P) parameters fitted on measurements; bus bytes are
 //!   nccl-tests' (`size·(P-1)/P`, twice that for all-reduce).
@@ -112,6 +117,47 @@ pub fn gemm_cost(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> Ge
     best.expect("profile has tile shapes")
 }
 
+/// The tiling with the least time for a grouped GEMM of `groups`
+/// (m, k, n) on `sms` SMs (see the module doc). Empty groups cost nothing;
+/// no groups at all cost nothing but the launch.
+pub fn grouped_gemm_cost(hw: &HwProfile, groups: &[(usize, usize, usize)], sms: usize) -> GemmCost {
+    let sms = sms.clamp(1, hw.sm_count);
+    let memory_ms = groups
+        .iter()
+        .map(|&(m, k, n)| {
+            let (mf, kf, nf) = (m as f64, k as f64, n as f64);
+            (mf * kf + kf * nf + mf * nf) * ELEM_BYTES as f64
+        })
+        .sum::<f64>()
+        / bytes_per_ms(hw.hbm_gbs);
+    let mut best: Option<GemmCost> = None;
+    for &[tm, tn] in &hw.gemm.tile_shapes {
+        let mut tiles = 0usize;
+        let mut busy = 0.0;
+        for &(m, k, n) in groups {
+            let t = m.div_ceil(tm).saturating_mul(n.div_ceil(tn));
+            tiles = tiles.saturating_add(t);
+            busy += t as f64 * tile_ms(hw, tm, tn, k);
+        }
+        let c = GemmCost {
+            tile_m: tm,
+            tile_n: tn,
+            split_k: 1,
+            tiles,
+            sms,
+            waves: tiles.div_ceil(sms),
+            // The mean tile time: groups differ in depth only in general.
+            wave_ms: if tiles > 0 { busy / tiles as f64 } else { 0.0 },
+            launch_ms: (hw.launch_us + hw.gemm.fixed_us) * US,
+            memory_ms,
+        };
+        if best.is_none_or(|b| c.total_ms() < b.total_ms()) {
+            best = Some(c);
+        }
+    }
+    best.expect("profile has tile shapes")
+}
+
 /// GEMM time alone on `sms` SMs, ms.
 pub fn gemm_ms(hw: &HwProfile, m: usize, k: usize, n: usize, sms: usize) -> f64 {
     gemm_cost(hw, m, k, n, sms).total_ms()
@@ -197,13 +243,39 @@ pub fn reduce_ms(hw: &HwProfile, srcs: usize, bytes: usize) -> f64 {
 }
 
 /// The GEMM(s) of the sequential reference alone (all SMs), ms. For ag-gemm
-/// this is the gathered [M, K] x [K, N]; for `concurrent`, all its GEMMs.
+/// this is the gathered [M, K] x [K, N]; for `concurrent`, all its GEMMs;
+/// for the MoE operators, the busiest rank's grouped GEMM over every
+/// expert segment it holds.
 pub fn problem_gemm_ms(hw: &HwProfile, p: &Problem) -> f64 {
+    if let Some(rt) = p.routing() {
+        return (0..p.gpus)
+            .map(|q| {
+                let groups: Vec<(usize, usize, usize)> = (0..p.gpus)
+                    .flat_map(|r| rt.segments(r, q))
+                    .map(|(_, _, rows)| (rows, p.k, p.n))
+                    .collect();
+                grouped_gemm_cost(hw, &groups, hw.sm_count).total_ms()
+            })
+            .fold(0.0, f64::max);
+    }
     gemm_ms(hw, p.m, p.k, p.n, hw.sm_count) * p.gemm_count() as f64
 }
 
-/// The collective of the sequential reference alone, ms.
+/// The collective of the sequential reference alone, ms. For the MoE
+/// operators, the all-to-all as one grouped send/recv step of the busiest
+/// rank's bytes ([`Problem::comm_bytes`]) at the send/recv bandwidth,
+/// capped per peer as the simulator does (the own block, a local copy,
+/// is not counted).
 pub fn problem_comm_ms(hw: &HwProfile, p: &Problem) -> f64 {
+    if p.op.is_moe() {
+        let bytes = p.comm_bytes() as f64;
+        let per_peer = hw
+            .nccl
+            .p2p_peer_gbs
+            .map_or(f64::INFINITY, |g| g * (p.gpus - 1) as f64);
+        let bw = bytes_per_ms(hw.nccl.p2p_bus_gbs.min(per_peer));
+        return hw.nccl.p2p_latency_us * US + bytes / bw;
+    }
     collective_ms(hw, p.collective(), p.comm_bytes(), p.gpus)
 }
 
@@ -211,7 +283,7 @@ pub fn problem_comm_ms(hw: &HwProfile, p: &Problem) -> f64 {
 /// collective (gemm-rs, gemm-ar), with no gap, ms.
 pub fn problem_seq_ms(hw: &HwProfile, p: &Problem) -> f64 {
     match p.op {
-        Op::AgGemm | Op::GemmRs | Op::GemmAr | Op::Concurrent => {
+        Op::AgGemm | Op::GemmRs | Op::GemmAr | Op::Concurrent | Op::A2aGemm | Op::GemmA2a => {
             problem_comm_ms(hw, p) + problem_gemm_ms(hw, p)
         }
     }

@@ -261,6 +261,32 @@ pub fn simulate(plan: &Plan, hw: &HwProfile) -> Result<Timeline> {
     .finish())
 }
 
+/// The simulator's work of a GEMM (or grouped GEMM) of cost `c` capped at
+/// `cap` SMs: tiles, or with persistent kernels blocks of several tiles.
+fn gemm_work(hw: &HwProfile, c: &cost::GemmCost, cap: usize) -> Work {
+    let (units, unit_tiles, long_units) = if hw.gemm.persistent {
+        if hw.gemm.full_grid && c.tiles < cap {
+            // Every block runs the whole (one-wave) time.
+            (cap, c.waves, 0)
+        } else {
+            let units = c.tiles.min(cap).max(1);
+            (units, c.tiles / units, c.tiles % units)
+        }
+    } else {
+        (c.tiles, 1, 0)
+    };
+    Work::Gemm {
+        undispatched: units,
+        long_units,
+        unit_tiles,
+        cap,
+        wave_ms: c.effective_wave_ms(),
+        launch_ms: c.launch_ms,
+        held: 0,
+        waves: 0,
+    }
+}
+
 /// NCCL's "size" of a collective: the gathered buffer (all-gather), the
 /// input (reduce-scatter) or the buffer (all-reduce), bytes.
 fn nccl_size(op: &NcclOp) -> usize {
@@ -336,6 +362,19 @@ impl<'a> Sim<'a> {
                             held: 0,
                             waves: 0,
                         }
+                    }
+                    TaskKind::GroupedGemm { groups, sm_target } => {
+                        let green = plan.resources.green_sms.unwrap_or(hw.sm_count);
+                        let cap = sm_target
+                            .unwrap_or(hw.sm_count)
+                            .min(green)
+                            .clamp(1, hw.sm_count);
+                        let shapes: Vec<(usize, usize, usize)> = groups
+                            .iter()
+                            .map(|g| (g.a.rows, g.a.cols, g.b.cols))
+                            .collect();
+                        let c = cost::grouped_gemm_cost(hw, &shapes, cap);
+                        gemm_work(hw, &c, cap)
                     }
                     TaskKind::Copy { src, dst } => {
                         if src.rank >= p || dst.rank >= p || (src.rank != rank && dst.rank != rank)

@@ -105,7 +105,7 @@ mod tests {
             sm_count: 132,
             nccl_sms: 16,
         };
-        for op in Op::ALL.into_iter().chain([Op::Concurrent]) {
+        for op in Op::ALL.into_iter().chain([Op::Concurrent]).chain(Op::MOE) {
             for s in enumerate(op, opts) {
                 let d = s.describe(4);
                 for p in phrases(&s) {

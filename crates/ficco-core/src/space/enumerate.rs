@@ -105,6 +105,9 @@ pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
             }
         }
     }
+    // Controls are added per base schedule; some do not exist for every op
+    // (the expert-parallel ops keep their grouped GEMMs on cuBLASLt).
+    out.retain(|s| s.applies_to(op));
     out
 }
 

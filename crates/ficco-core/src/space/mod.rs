@@ -24,6 +24,13 @@
 //! schedule, one name). Without `-own`, `-smN` or `-occS` GEMMs run on
 //! cuBLASLt, told the green context's SM count under `-gcN`.
 //!
+//! The expert-parallel operators (`a2a-gemm`, `gemm-a2a`) use the same
+//! grammar: `shard` is one step per source (dispatch) or destination
+//! (combine) rank's block of routed rows, `fineC` cuts every block into C
+//! chunks, `bulk` moves blocks per peer but computes the peers' blocks in
+//! one grouped GEMM; they have no reduction to fuse (`-acc`) and no shaped
+//! grouped GEMM (`-occS`).
+//!
 //! The `concurrent` operator (independent GEMMs beside a collective) has
 //! `seq` (back to back), `shard-nccl-ring` (the collective on NCCL beside the
 //! GEMMs) and `shard-copy-ring|all` (the collective on copy engines: pulls,
@@ -393,6 +400,12 @@ impl Schedule {
         if self.engine == Engine::Copy && self.nccl_ctas.is_some() {
             return false;
         }
+        if op.is_moe() {
+            // No reduction to fuse; ficco's own kernel has no grouped tile
+            // scheduler yet, so grouped GEMMs stay on cuBLASLt (which also
+            // rules out `-smN` and `-occS`, which imply the own kernel).
+            return !self.fused_reduce && self.gemm == GemmEngine::Cublas;
+        }
         // gemm-ar over NCCL has only per-chunk all-reduce; "all" would be the same plan.
         let ar_nccl = op == Op::GemmAr && self.engine == Engine::Nccl;
         if ar_nccl && self.order == Order::All {
@@ -476,8 +489,9 @@ impl Schedule {
         }
         let p = problem.gpus;
         let c = self.granularity.chunks();
-        // `concurrent` runs whole GEMMs; the dependent operators split M.
-        let split = problem.op != Op::Concurrent;
+        // `concurrent` runs whole GEMMs, and the MoE operators cut blocks of
+        // any size (chunks may be uneven or empty); the dependent operators split M.
+        let split = problem.op != Op::Concurrent && !problem.op.is_moe();
         if split && problem.m % (p * c) != 0 {
             return Some(format!(
                 "m = {} is not divisible by gpus x chunks = {} x {}",
@@ -613,7 +627,7 @@ mod tests {
             sm_count: 132,
             nccl_sms: 16,
         };
-        for op in Op::ALL.into_iter().chain([Op::Concurrent]) {
+        for op in Op::ALL.into_iter().chain([Op::Concurrent]).chain(Op::MOE) {
             let all = enumerate(op, opts);
             assert!(all.len() > 20, "{op}: {}", all.len());
             assert!(all.iter().all(|s| s.applies_to(op)), "{op}");

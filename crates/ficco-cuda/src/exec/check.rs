@@ -129,9 +129,20 @@ mod tests {
             sm_count: 132,
             nccl_sms: 16,
         };
+        let spec = ficco_core::problem::routing::MoeSpec::new(
+            8,
+            2,
+            ficco_core::problem::routing::Skew::HEAVY,
+            1,
+        );
         for gpus in [2, 4] {
-            for op in Op::ALL {
-                let problem = Problem::new(op, 512, 256, 384, gpus).expect("problem");
+            for op in Op::ALL.into_iter().chain(Op::MOE) {
+                let problem = if op.is_moe() {
+                    Problem::moe(op, 512, 256, 384, gpus, spec)
+                } else {
+                    Problem::new(op, 512, 256, 384, gpus)
+                }
+                .expect("problem");
                 let mut plans = vec![gemm_only(&problem), comm_only(&problem)];
                 plans.extend(
                     enumerate(op, opts)

@@ -15,7 +15,7 @@ use crate::kernels::ReduceSrcs;
 use crate::mem::{copy_2d_async, CopyEnd, DevicePtr};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
-use ficco_core::plan::{NcclOp, RankView, TaskKind, View};
+use ficco_core::plan::{GemmGroup, NcclOp, RankView, TaskKind, View};
 use ficco_core::problem::workload::ELEM_BYTES;
 use ficco_core::space::GemmEngine;
 
@@ -30,6 +30,9 @@ pub(super) fn issue(
 ) -> Result<()> {
     let mut go = || match kind {
         TaskKind::Gemm { .. } => gemm(rank, sh, stream.cu_stream(), stream_idx, kind),
+        TaskKind::GroupedGemm { groups, sm_target } => {
+            grouped_gemm(rank, sh, stream.cu_stream(), stream_idx, groups, *sm_target)
+        }
         TaskKind::Copy { src, dst } => copy(sh, stream.cu_stream(), src, dst),
         TaskKind::Reduce { srcs, dst } => reduce(rank, sh, stream, srcs, dst),
         TaskKind::Nccl { op, .. } => nccl(rank, sh, stream.cu_stream(), op),
@@ -150,6 +153,42 @@ pub(crate) fn own_gemm_args(
         accumulate,
         hooks,
     })
+}
+
+/// A grouped GEMM as a loop of cuBLASLt calls, one per group, in order on
+/// the task's stream with its workspace (the groups are independent; one
+/// stream keeps them the single task the plan made them). cuBLASLt has no
+/// grouped entry point (`cublasGemmGroupedBatchedEx` is in libcublas,
+/// which ficco does not load).
+fn grouped_gemm(
+    rank: &mut Rank,
+    sh: &Shared<'_>,
+    s: CUstream,
+    stream_idx: usize,
+    groups: &[GemmGroup],
+    sm_target: Option<usize>,
+) -> Result<()> {
+    let ws = rank.workspaces[stream_idx].ptr();
+    for g in groups {
+        let (pa, lda) = local(rank, sh, &g.a, "grouped gemm a")?;
+        let (pb, ldb) = local(rank, sh, &g.b, "grouped gemm b")?;
+        let (pc, ldc) = local(rank, sh, &g.c, "grouped gemm c")?;
+        let key = GemmKey {
+            m: g.a.rows,
+            n: g.b.cols,
+            k: g.a.cols,
+            lda: lda / ELEM_BYTES,
+            ldb: ldb / ELEM_BYTES,
+            ldc: ldc / ELEM_BYTES,
+            sm_target,
+        };
+        // SAFETY: views are bounds-checked against live pool allocations
+        // (validated: groups' outputs are disjoint from each other and from
+        // their inputs); the workspace belongs to this stream alone, and the
+        // calls on it run one after another.
+        unsafe { rank.gemms.gemm(key, pa, pb, pc, false, ws, s)? }
+    }
+    Ok(())
 }
 
 /// Copy-engine copy between any two ranks' views.

@@ -279,13 +279,18 @@ impl Rank {
         if res.gemm == GemmEngine::Own {
             return Ok(());
         }
-        for t in &rp.tasks {
-            let TaskKind::Gemm {
+        // Every cuBLASLt GEMM: plain ones (not shaped) and each group of a grouped one.
+        let gemms = rp.tasks.iter().flat_map(|t| match &t.kind {
+            TaskKind::Gemm {
                 a, b, c, sm_target, ..
-            } = &t.kind
-            else {
-                continue;
-            };
+            } => vec![(a, b, c, sm_target)],
+            TaskKind::GroupedGemm { groups, sm_target } => groups
+                .iter()
+                .map(|g| (&g.a, &g.b, &g.c, sm_target))
+                .collect(),
+            _ => vec![],
+        });
+        for (a, b, c, sm_target) in gemms {
             let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
             let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
             let (_, ldc) = view_addr(&rp.buffers, ptrs, c, "gemm c")?;

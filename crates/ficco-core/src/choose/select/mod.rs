@@ -27,7 +27,9 @@ mod model;
 mod rules;
 
 pub use model::{in_model_space, select_model, select_model_among, MODEL_MARGIN};
-pub use rules::{rule_inputs, rules, select_rules, select_rules_among, RuleInputs, RULE_TILE};
+pub use rules::{
+    moe_rules, rule_inputs, rules, select_rules, select_rules_among, RuleInputs, RULE_TILE,
+};
 
 use crate::error::{Error, Result};
 use crate::plan::lower;
@@ -240,6 +242,35 @@ mod tests {
             .collect();
         let s = select_model_among(&p, &hw, &nccl).unwrap();
         assert_eq!(s.schedule.engine, Engine::Nccl, "{s:?}");
+    }
+
+    #[test]
+    fn moe_rules_decide_where_documented() {
+        use crate::problem::routing::{MoeSpec, Skew};
+        let hw = hw();
+        let pick = |op, tokens, k, n, gpus| {
+            let p =
+                Problem::moe(op, tokens, k, n, gpus, MoeSpec::new(8, 2, Skew::NONE, 1)).unwrap();
+            let x = rule_inputs(&p, &hw);
+            (select_rules(&p, &hw).unwrap().schedule.name(), x.ratio)
+        };
+        // Compute-heavy (Mixtral up projection, 16k tokens): bulk on 4 GPUs.
+        let (s, ratio) = pick(Op::A2aGemm, 16384, 4096, 28672, 4);
+        assert!(ratio >= 4.0, "{ratio}");
+        assert_eq!(s, "bulk-copy-ring");
+        // ... never on 2 GPUs: per-peer steps.
+        assert_eq!(
+            pick(Op::A2aGemm, 16384, 4096, 28672, 2).0,
+            "shard-copy-ring"
+        );
+        // Comm-bound (narrow experts): fine2, dispatch pulls from every peer.
+        let (s, ratio) = pick(Op::A2aGemm, 65536, 4096, 1024, 4);
+        assert!(ratio < 1.0, "{ratio}");
+        assert_eq!(s, "fine2-copy-all");
+        // ... combine pushes in a ring.
+        assert_eq!(pick(Op::GemmA2a, 65536, 1024, 4096, 4).0, "fine2-copy-ring");
+        // Too small to pay the copy latencies: seq.
+        assert_eq!(pick(Op::GemmA2a, 64, 64, 64, 4).0, "seq");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The rule selector: seven documented rules over quantities computed from
 //! the cost model and the shape ([`RuleInputs`]); each rule and why it holds
-//! is on [`rules`]. The rules build typed [`Schedule`]s.
+//! is on [`rules`], and the expert-parallel operators' rules on
+//! [`moe_rules`]. The rules build typed [`Schedule`]s.
 
 use super::{predict_ms, Selection, Selector};
 use crate::error::Result;
@@ -23,7 +24,8 @@ pub struct RuleInputs {
     pub t_comm_ms: f64,
     /// T_comp / T_comm.
     pub ratio: f64,
-    /// Rows of one rank's shard, M / P.
+    /// Rows of one rank's shard, M / P (for the MoE operators, of one
+    /// source-to-expert-rank block on average, T·top_k / P²).
     pub shard_rows: usize,
     /// Rows of a half-shard chunk, M / P / 2.
     pub chunk_rows: usize,
@@ -60,12 +62,16 @@ impl RuleInputs {
 pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
     let t_comp_ms = cost::problem_gemm_ms(hw, p);
     let t_comm_ms = cost::problem_comm_ms(hw, p);
+    let shard_rows = match p.moe {
+        Some(spec) if p.op.is_moe() => p.m * spec.top_k / (p.gpus * p.gpus).max(1),
+        _ => p.shard_rows(),
+    };
     let mut x = RuleInputs {
         t_comp_ms,
         t_comm_ms,
         ratio: t_comp_ms / t_comm_ms,
-        shard_rows: p.shard_rows(),
-        chunk_rows: p.shard_rows() / 2,
+        shard_rows,
+        chunk_rows: shard_rows / 2,
         tile_cols: p.n.div_ceil(RULE_TILE),
         sm_count: hw.sm_count.max(1),
         shard_waves: 0.0,
@@ -139,6 +145,9 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    their transfers (measured up to 55% slower with `shard`, rarely faster
 ///    with `fine2`).
 pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
+    if p.op.is_moe() {
+        return moe_rules(p, x);
+    }
     let gpus = p.gpus;
     let (ag, rs, ar) = (p.op == Op::AgGemm, p.op == Op::GemmRs, p.op == Op::GemmAr);
     // Rule 1.
@@ -225,6 +234,89 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
         } else {
             String::new()
         }
+    );
+    (s, why)
+}
+
+/// The rules for the expert-parallel operators (`a2a-gemm`, `gemm-a2a`).
+/// T_comp is the busiest rank's grouped GEMM and T_comm the busiest rank's
+/// all-to-all, so routing skew enters through both; "block" is the rows one
+/// source exchanges with one expert rank (T·top_k / P² on average), and
+/// waves count a step's GEMM as in [`RuleInputs::waves`].
+///
+/// 1. **Too small to overlap: `seq`.** As rule 1 of [`rules`], with P−1
+///    copy rounds (one block per peer).
+/// 2. **Copy engines**, as rule 2 of [`rules`]: the grouped GEMMs are
+///    persistent kernels that hold every SM, and DMA copies take none.
+/// 3. **`bulk` when one block's GEMM hides the whole all-to-all**
+///    (T_comp ≥ P·T_comm, P > 2). Dispatch runs the own block (≈ T_comp/P)
+///    while every peer block arrives, combine computes the peers' blocks
+///    first and sends them under the own block's GEMM; then one grouped
+///    GEMM over all peer blocks is cheaper than P−1 small ones (one launch,
+///    one tail wave).
+/// 4. **`fine2` when communication dominates** (T_comp < T_comm) and a
+///    half-block chunk still fills every SM (waves(2) ≥ 1): the exposed
+///    first transfer (dispatch) or last transfer (combine) is what halving
+///    shortens. Otherwise `shard`, one step per peer block.
+/// 5. **Order `all` for a communication-bound dispatch, else `ring`.**
+///    Dispatch pulls blocks that all exist from the start: pulling from every
+///    peer at once uses every copy engine and link. Combine pushes blocks as
+///    they are computed, one peer at a time; pushing into every peer at once
+///    only makes the receivers' links contend (as gemm-rs, rule 6 of [`rules`]).
+/// 6. **One compute stream.** A grouped GEMM already pools the tiles of all
+///    its experts, so its tail is one wave whatever the expert count; a
+///    second stream would only run two of them against each other.
+pub fn moe_rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
+    let gpus = p.gpus;
+    let dispatch = p.op == Op::A2aGemm;
+    // Rule 1.
+    let rounds = gpus - 1;
+    let max_saving = x.t_comp_ms.min(x.t_comm_ms);
+    if max_saving < rounds as f64 * x.copy_latency_ms {
+        return (
+            Schedule::SEQ,
+            format!(
+                "moe rule 1: min(T_comp, T_comm) = {:.4} ms < {rounds} copy rounds x {:.4} ms fixed cost",
+                max_saving, x.copy_latency_ms
+            ),
+        );
+    }
+    let comm_bound = x.ratio < 1.0;
+    // Rules 3 and 4.
+    let (gran, gran_why) = if gpus > 2 && x.ratio >= gpus as f64 {
+        (
+            Granularity::Bulk,
+            format!("T_comp/T_comm = {:.2} >= P -> bulk", x.ratio),
+        )
+    } else if comm_bound && x.waves(2) >= 1.0 {
+        (
+            Granularity::Fine(2),
+            format!(
+                "T_comp/T_comm = {:.2} (comm-bound); half-block chunk {:.2} waves -> fine2",
+                x.ratio,
+                x.waves(2)
+            ),
+        )
+    } else {
+        (
+            Granularity::Shard,
+            format!(
+                "T_comp/T_comm = {:.2}, half-block chunk {:.2} waves -> shard (per-peer steps)",
+                x.ratio,
+                x.waves(2)
+            ),
+        )
+    };
+    // Rule 5.
+    let order = if dispatch && comm_bound {
+        Order::All
+    } else {
+        Order::Ring
+    };
+    let s = Schedule::base(gran, Engine::Copy, order);
+    let why = format!(
+        "moe rules 2-6: copy engines; {gran_why}; order {}; one compute stream",
+        order.name()
     );
     (s, why)
 }

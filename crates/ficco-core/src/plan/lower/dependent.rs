@@ -22,8 +22,8 @@ pub(super) fn lower(problem: &Problem, schedule: &Schedule) -> Plan {
             (Op::GemmRs, Engine::Nccl) if schedule.order == Order::All => b.rs_nccl_all(),
             (Op::GemmRs, _) | (Op::GemmAr, Engine::Copy) => b.rs_pairwise(),
             (Op::GemmAr, Engine::Nccl) => b.ar_nccl(),
-            // Lowered above.
-            (Op::Concurrent, _) => {}
+            // Lowered by their own modules.
+            (Op::Concurrent | Op::A2aGemm | Op::GemmA2a, _) => {}
         }
     }
     b.finish(schedule.name(), Some(*schedule))
@@ -101,8 +101,8 @@ impl Builder {
             streams.len() - 1
         });
         let buffers = match p.op {
-            // Lowered by crate::plan::lower::concurrent; never built here.
-            Op::Concurrent => vec![],
+            // Lowered by crate::plan::lower::{concurrent, moe}; never built here.
+            Op::Concurrent | Op::A2aGemm | Op::GemmA2a => vec![],
             Op::AgGemm => vec![
                 buffer("a", BufferRole::InputA, r, k, copy),
                 buffer("b", BufferRole::InputB, k, n, false),
@@ -304,7 +304,7 @@ impl Builder {
                     };
                     self.nccl(g, r, comm, "all-reduce".into(), op, vec![t]);
                 }
-                Op::Concurrent => {}
+                Op::Concurrent | Op::A2aGemm | Op::GemmA2a => {}
             }
         }
     }

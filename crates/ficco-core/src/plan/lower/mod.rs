@@ -16,12 +16,18 @@
 //!   engines do gemm-rs's push + reduce and then push each reduced chunk to
 //!   every peer.
 //!
+//! * `a2a-gemm` / `gemm-a2a` (expert parallelism, see [`moe`]): blocks of
+//!   routed rows of variable size go to (or come back from) their experts'
+//!   ranks, and each rank's experts run as grouped GEMMs over the blocks
+//!   that have arrived (or before their blocks leave).
+//!
 //! Tasks are created step by step for all ranks at once, so a dependency on
 //! another rank always names a task created earlier: issuing tasks in plan
 //! order on every rank can never wait for a task that is issued later.
 
 mod concurrent;
 mod dependent;
+mod moe;
 mod parts;
 pub mod probe;
 
@@ -42,6 +48,9 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
     if problem.op == Op::Concurrent {
         return Ok(concurrent::lower(problem, schedule));
     }
+    if problem.op.is_moe() {
+        return moe::lower(problem, schedule);
+    }
     Ok(dependent::lower(problem, schedule))
 }
 
@@ -49,6 +58,9 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
 pub fn gemm_only(problem: &Problem) -> Plan {
     if problem.op == Op::Concurrent {
         return concurrent::gemm_only(problem);
+    }
+    if problem.op.is_moe() {
+        return moe::gemm_only(problem);
     }
     let (m, k, n) = (problem.m, problem.k, problem.n);
     let ranks = (0..problem.gpus)
@@ -85,16 +97,19 @@ pub fn gemm_only(problem: &Problem) -> Plan {
 
 /// The reference collective of the whole problem alone (T_comm), over NCCL.
 pub fn comm_only(problem: &Problem) -> Plan {
+    if problem.op.is_moe() {
+        return moe::comm_only(problem);
+    }
     let (m, r) = (problem.m, problem.shard_rows());
     let cols = match problem.op {
         Op::AgGemm => problem.k,
-        Op::GemmRs | Op::GemmAr | Op::Concurrent => problem.n,
+        Op::GemmRs | Op::GemmAr | Op::Concurrent | Op::A2aGemm | Op::GemmA2a => problem.n,
     };
     let (in_rows, out_rows) = match problem.op {
         Op::AgGemm => (r, m),
         Op::GemmRs => (m, r),
         Op::GemmAr => (m, m),
-        Op::Concurrent => problem.side_rows(),
+        Op::Concurrent | Op::A2aGemm | Op::GemmA2a => problem.side_rows(),
     };
     let send = View::whole(0, in_rows, cols);
     let recv = View::whole(1, out_rows, cols);

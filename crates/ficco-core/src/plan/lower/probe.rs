@@ -111,6 +111,7 @@ fn probe_problem(
             collective: traffic.collective().unwrap_or(Collective::AllGather),
             bytes,
         }),
+        moe: None,
     }
 }
 
