@@ -96,7 +96,13 @@ fn run() -> Result<()> {
             e.print()?;
             return Ok(());
         }
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                    | clap::error::ErrorKind::MissingSubcommand
+            ) =>
+        {
             bail!("a command is required: schedules, explore, info, characterize, select, evaluate, tune or gemm-bench (see 'ficco --help')");
         }
         Err(e) => {

@@ -151,7 +151,7 @@ fn library_row(l: &LibStatus) -> String {
     };
     let what = match &l.problem {
         None => format!(
-            "{}  {}",
+            "{:<7} {}",
             l.version
                 .as_ref()
                 .map(|v| v.to_string())

@@ -611,13 +611,30 @@ fn soname_loadable(name: &str) -> bool {
     unsafe { libloading::Library::new(name).is_ok() }
 }
 
-/// Path of a loaded shared object, read from `/proc/self/maps`.
-fn loaded_path(fragment: &str) -> Option<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.contains(fragment))
-        .map(str::to_string)
+/// The private folder for the `libnccl.so` link to `target`: one per user
+/// and target, reused by every run (so runs do not leave folders behind),
+/// created `0700` and refused unless it is a folder of this user that no
+/// one else can write (the shared temp folder is everyone's).
+fn shim_folder(target: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    target.hash(&mut h);
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let dir = std::env::temp_dir().join(format!("ficco-nccl-{uid}-{:016x}", h.finish()));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let m = std::fs::symlink_metadata(&dir)?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "it exists but is not a private folder of this user",
+        ));
+    }
+    Ok(dir)
 }
 
 /// Opt-in fix for systems that have only `libnccl.so.2`: when cudarc cannot find
@@ -631,42 +648,45 @@ pub fn nccl_soname_shim() -> Result<()> {
     if std::env::var_os(GUARD).is_some() || probed(&NCCL).found {
         return Ok(());
     }
-    // SAFETY: see soname_loadable.
-    let lib = match unsafe { libloading::Library::new(NCCL_SONAME) } {
-        Ok(l) => l,
-        Err(_) => return Ok(()),
+    let target = match dl::open_first(&[NCCL_SONAME.to_string()]) {
+        Lookup::Loaded(lib) => match &lib.path {
+            Some(p) => p.clone(),
+            None => return Ok(()),
+        },
+        Lookup::Failed(_) | Lookup::NotFound => return Ok(()),
     };
-    let Some(target) = loaded_path(NCCL_SONAME) else {
-        return Ok(());
-    };
-    drop(lib);
-    let dir = std::env::temp_dir().join(format!("ficco-nccl-{}", std::process::id()));
-    let fail = |e: std::io::Error| CudaError::LibraryMissing {
+    let fail = |what: String, e: std::io::Error| CudaError::LibraryMissing {
         lib: "NCCL",
         searched: candidates(NCCL.stems),
-        hint: format!(
-            "; could not create the libnccl.so link in {}: {e}",
-            dir.display()
-        ),
+        hint: format!("; only {target} is there, and ficco {what}: {e}"),
     };
-    std::fs::create_dir_all(&dir).map_err(fail)?;
+    let temp = std::env::temp_dir().display().to_string();
+    let dir = shim_folder(&target)
+        .map_err(|e| fail(format!("could not make a private folder in {temp}"), e))?;
     let link = dir.join("libnccl.so");
-    if !link.exists() {
-        std::os::unix::fs::symlink(&target, &link).map_err(fail)?;
+    let link_failed = |e| fail(format!("could not make the link {}", link.display()), e);
+    if std::fs::read_link(&link).ok() != Some(std::path::PathBuf::from(&target)) {
+        // Made under a name of its own and renamed into place, so that runs
+        // starting together never see a half-made link.
+        let tmp = dir.join(format!("libnccl.so.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&target, &tmp).map_err(link_failed)?;
+        std::fs::rename(&tmp, &link).map_err(link_failed)?;
     }
     let mut path = dir.display().to_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
         path.push(':');
         path.push_str(&old.to_string_lossy());
     }
-    let exe = std::env::current_exe().map_err(fail)?;
+    let exec_failed = |e| fail("could not re-execute itself with the link".into(), e);
+    let exe = std::env::current_exe().map_err(exec_failed)?;
     use std::os::unix::process::CommandExt;
     let err = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
         .env("LD_LIBRARY_PATH", path)
         .env(GUARD, "1")
         .exec();
-    Err(fail(err))
+    Err(exec_failed(err))
 }
 
 #[cfg(test)]

@@ -96,10 +96,29 @@ pub fn fake(
     build(cc, dir, file, &source(spec, omit, bodies), &[])
 }
 
-/// A fresh folder for one test's fakes under the system temp folder.
-pub fn folder(test: &str) -> PathBuf {
+/// A fresh folder for one test's fakes under the system temp folder,
+/// removed when the test passes (kept, to look at, when it fails).
+pub fn folder(test: &str) -> Folder {
     let dir = std::env::temp_dir().join(format!("ficco-fakelib-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the fake library folder");
-    dir
+    Folder(dir)
+}
+
+/// See [`folder`].
+pub struct Folder(PathBuf);
+
+impl std::ops::Deref for Folder {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
