@@ -425,8 +425,14 @@ fn code_meaning(spec: &LibSpec, code: i32) -> Option<String> {
 
 /// Probes one library: the first of `candidates` that loads (names are
 /// searched like cudarc searches them, paths are opened as they are), its
-/// symbols and its version. Never panics, whatever the files are.
+/// symbols and its version. Never panics, whatever the files are. The file
+/// is closed again.
 pub fn probe_library(spec: &LibSpec, candidates: Vec<String>) -> LibStatus {
+    probe_open(spec, candidates).0
+}
+
+/// [`probe_library`], also returning the library still open (when it loaded).
+fn probe_open(spec: &LibSpec, candidates: Vec<String>) -> (LibStatus, Option<dl::Loaded>) {
     let mut status = LibStatus {
         name: spec.name.to_string(),
         found: false,
@@ -440,11 +446,11 @@ pub fn probe_library(spec: &LibSpec, candidates: Vec<String>) -> LibStatus {
     let lib = match dl::open_first(&status.searched) {
         Lookup::NotFound => {
             status.problem = Some(LibProblem::NotFound);
-            return status;
+            return (status, None);
         }
         Lookup::Failed(error) => {
             status.problem = Some(LibProblem::LoadFailed { error });
-            return status;
+            return (status, None);
         }
         Lookup::Loaded(lib) => lib,
     };
@@ -463,7 +469,7 @@ pub fn probe_library(spec: &LibSpec, candidates: Vec<String>) -> LibStatus {
             missing,
             needed: spec.symbols.len(),
         });
-        return status;
+        return (status, Some(lib));
     }
     status.problem = match read_version(spec, &lib) {
         // The symbol was checked above; a race with the file changing.
@@ -489,7 +495,7 @@ pub fn probe_library(spec: &LibSpec, candidates: Vec<String>) -> LibStatus {
         }
     };
     status.usable = status.problem.is_none();
-    status
+    (status, Some(lib))
 }
 
 const NCCL_SONAME: &str = "libnccl.so.2";
@@ -517,7 +523,11 @@ fn probed(spec: &'static LibSpec) -> LibStatus {
         OnceLock::new(),
     ];
     let probe = || {
-        let status = probe_library(spec, candidates(spec.stems));
+        let (status, lib) = probe_open(spec, candidates(spec.stems));
+        // Kept loaded for the life of the process: cudarc loads the same
+        // file next, and unloading a library after calling into it (its
+        // version function) is a path its authors do not test.
+        std::mem::forget(lib);
         if std::ptr::eq(spec, &NCCL) {
             with_nccl_note(status)
         } else {
