@@ -97,6 +97,7 @@ pub static CUDA: LibSpec = LibSpec {
         "cuMemcpyHtoDAsync_v2",
         "cuMemcpyDtoHAsync_v2",
         "cuMemcpyDtoDAsync_v2",
+        "cuMemcpyAsync",
         "cuMemcpyPeerAsync",
         "cuMemcpy2DAsync_v2",
         "cuMemsetD8Async",
