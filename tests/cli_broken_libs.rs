@@ -1,11 +1,11 @@
 //! CUDA libraries that are present but unusable, end to end: fake libraries
 //! (compiled here with the system C compiler) are put first on the loader's
 //! search path (`LD_LIBRARY_PATH`), and `ficco info`, `explore` (auto and
-//! gpu), `tune` and `characterize` are run against them. `info` must name
-//! the library, the file and what is wrong; `auto` must fall back to the
-//! simulator saying why; GPU-only commands must fail on one line naming the
-//! library; nothing may panic or hang. Needs no GPU; skips with a message
-//! when there is no C compiler.
+//! gpu), `tune`, `characterize` and `gemm-bench` are run against them.
+//! `info` must name the library, the file and what is wrong; `auto` must
+//! fall back to the simulator saying why; the commands that need GPUs must
+//! fail on one line naming the library; nothing may panic or hang. Needs no
+//! GPU; skips with a message when there is no C compiler.
 //!
 //! Each fake takes cudarc's first candidate name for its library
 //! (`libcuda.so`, `libcublasLt.so`, ...), so it is found before any real
@@ -222,6 +222,15 @@ fn a_driver_without_cuinit_is_named_and_auto_simulates() {
     );
     let args = ["characterize", "--gpus", "2", "--quick"];
     assert_error(&ficco_with(&dir, &args), &args, &["cuInit", &path]);
+    let args = ["gemm-bench", "--max-shapes", "1"];
+    assert_error(
+        &ficco_with(&dir, &args),
+        &args,
+        &[
+            "gemm-bench needs a GPU: libcuda (the CUDA driver) unusable",
+            &path,
+        ],
+    );
 }
 
 #[test]
