@@ -22,6 +22,9 @@ use output::one_line;
     allow_negative_numbers = true
 )]
 struct Cli {
+    /// Say more where something is missing: e.g. the file names tried for a CUDA library not found.
+    #[arg(long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
     /// Issue every GPU iteration call by call instead of replaying it from a
@@ -72,7 +75,7 @@ fn main() {
     // Systems with only libnccl.so.2 (the pip wheel) get a private
     // libnccl.so link; this re-executes the program once when needed.
     if let Err(e) = ficco_cuda::nccl_soname_shim() {
-        eprintln!("ficco: {}", one_line(&e.to_string()));
+        eprintln!("ficco: warning: {}", one_line(&e.to_string()));
     }
     if let Err(e) = run() {
         let msg = e
@@ -93,7 +96,13 @@ fn run() -> Result<()> {
             e.print()?;
             return Ok(());
         }
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                    | clap::error::ErrorKind::MissingSubcommand
+            ) =>
+        {
             bail!("a command is required: schedules, explore, info, characterize, select, evaluate, tune or gemm-bench (see 'ficco --help')");
         }
         Err(e) => {
@@ -112,6 +121,7 @@ fn run() -> Result<()> {
         // Read by the GPU executor's run options; set before any thread starts.
         std::env::set_var(ficco_cuda::GRAPHS_ENV, "0");
     }
+    cmd::set_verbose(cli.verbose);
     match cli.command {
         Command::Schedules(args) => cmd::schedules::run(args),
         Command::Explore(args) => cmd::explore::run(*args),

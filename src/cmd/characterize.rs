@@ -45,7 +45,12 @@ pub fn run(args: CharacterizeArgs) -> Result<()> {
             }
         }
     }
-    ficco_cuda::loader::require().map_err(|e| anyhow!("GPU backend not available: {e}"))?;
+    ficco_cuda::loader::require().map_err(|e| {
+        let hint = super::tried_hint(&e)
+            .map(|h| format!(" ({h})"))
+            .unwrap_or_default();
+        anyhow!("GPU backend not available: {}{hint}", super::gpu_reason(&e))
+    })?;
     let found = ficco_cuda::info().gpus.len();
     let gpus = match args.gpus {
         None => found,

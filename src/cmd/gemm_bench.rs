@@ -103,12 +103,16 @@ pub fn run(args: GemmBenchArgs) -> Result<()> {
     };
     let report =
         bench::run(device, &suite_name, &shapes, cfg, !args.no_hooks, &mut on).map_err(|e| {
-            use ficco_cuda::CudaError as E;
-            match e {
-                E::LibraryMissing { .. } | E::NoGpu(_) | E::NotEnoughGpus { .. } => anyhow!(
-                    "gemm-bench needs a GPU: {e} (it measures on the device; --list shows the shapes)"
-                ),
-                e => anyhow!("gemm-bench failed: {e}"),
+            if ficco_cuda::open::is_unavailable(&e) {
+                let hint = super::tried_hint(&e)
+                    .map(|h| format!("; {h}"))
+                    .unwrap_or_default();
+                anyhow!(
+                    "gemm-bench needs a GPU: {} (it measures on the device; --list shows the shapes{hint})",
+                    super::gpu_reason(&e)
+                )
+            } else {
+                anyhow!("gemm-bench failed: {e}")
             }
         })?;
     printed?;

@@ -16,12 +16,57 @@ use anyhow::{anyhow, Result};
 use ficco_core::run::Backend;
 use ficco_core::sim::profile::HwProfile;
 use ficco_cuda::CudaError;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The unavailability reason in one short line: the list of file names
-/// searched belongs to `--backend gpu`'s error, not to the fallback note.
-fn short_reason(e: &CudaError) -> String {
+/// `--verbose`, set once by `main` before the command runs.
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+/// Sets `--verbose` for the commands.
+pub fn set_verbose(on: bool) {
+    VERBOSE.store(on, Ordering::Relaxed);
+}
+
+/// Whether `--verbose` was given.
+pub fn verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
+}
+
+/// With `--verbose`, the file names tried for a missing library, on a line
+/// of their own (they are too many for the one-line message).
+fn explain(e: &CudaError) {
+    if let CudaError::LibraryMissing { lib, searched, .. } = e {
+        if verbose() {
+            eprintln!("ficco: file names tried for {lib}: {}", searched.join(", "));
+        }
+    }
+}
+
+/// Why the GPUs cannot be used, on one line: the library and the file and
+/// what is wrong with it, or why the driver does not start; for a missing
+/// library, where to put it. The file names tried come with `--verbose`.
+pub fn gpu_reason(e: &CudaError) -> String {
+    explain(e);
+    one_line(&e.to_string())
+}
+
+/// For a missing library without `--verbose`: that `--verbose` lists the
+/// file names tried.
+pub fn tried_hint(e: &CudaError) -> Option<String> {
     match e {
-        CudaError::LibraryMissing { lib, .. } => format!("{lib} library not found"),
+        CudaError::LibraryMissing { searched, .. } if !verbose() => Some(format!(
+            "--verbose lists the {} file names tried",
+            searched.len()
+        )),
+        _ => None,
+    }
+}
+
+/// The unavailability reason of the `auto` fallback note, in one short
+/// line: a missing library's advice belongs to `--backend gpu`'s error.
+fn short_reason(e: &CudaError) -> String {
+    explain(e);
+    match e {
+        CudaError::LibraryMissing { lib, .. } => format!("{lib} not found"),
         e => one_line(&e.to_string()),
     }
 }
@@ -30,7 +75,11 @@ fn short_reason(e: &CudaError) -> String {
 /// says so on stderr and returns the simulator on `hw`.
 pub fn open_backend(choice: BackendArg, gpus: usize, hw: &HwProfile) -> Result<Box<dyn Backend>> {
     let opened = ficco_cuda::open(choice.into(), gpus, hw).map_err(|e| {
-        anyhow!("GPU backend not available: {e} (or run with --backend sim to simulate)")
+        let hint = tried_hint(&e).map(|h| format!("; {h}")).unwrap_or_default();
+        anyhow!(
+            "GPU backend not available: {} (or run with --backend sim to simulate{hint})",
+            gpu_reason(&e)
+        )
     })?;
     if let Some(e) = &opened.fallback {
         eprintln!(

@@ -46,7 +46,15 @@ pub fn run(args: TuneArgs) -> Result<()> {
     let path = args.cache.clone().unwrap_or_else(tune::default_path);
     let max_gpus = problems.iter().map(|(_, p)| p.gpus).max().unwrap_or(0);
     let mut m = ficco_cuda::open(ficco_cuda::BackendChoice::Gpu, max_gpus, &hw)
-        .map_err(|e| anyhow!("tune measures on GPUs and none is usable: {e}"))?
+        .map_err(|e| {
+            let hint = super::tried_hint(&e)
+                .map(|h| format!(" ({h})"))
+                .unwrap_or_default();
+            anyhow!(
+                "tune measures on GPUs and none is usable: {}{hint}",
+                super::gpu_reason(&e)
+            )
+        })?
         .backend;
     let (mut cache, warn) = TuneCache::load(&path);
     if let Some(w) = warn {

@@ -7,17 +7,31 @@ use thiserror::Error;
 /// it ends up here.
 #[derive(Debug, Error)]
 pub enum CudaError {
-    /// A shared library could not be loaded. `searched` lists the names tried.
-    #[error("{lib} library not found (searched: {searched}){hint}")]
+    /// A shared library is not on the loader's search path. `searched` lists
+    /// the file names tried (too long for a one-line message; `ficco
+    /// --verbose` prints it).
+    #[error("{lib} not found{hint}")]
     LibraryMissing {
         lib: &'static str,
-        searched: String,
+        searched: Vec<String>,
         /// Extra advice, starting with "; " when present.
         hint: String,
+    },
+    /// A shared library is there but cannot be used: it does not load, lacks
+    /// a function ficco calls, or is of another version.
+    #[error("{lib} unusable: {problem}")]
+    LibraryUnusable {
+        lib: &'static str,
+        problem: crate::loader::LibProblem,
     },
     /// The driver loaded but reports no device.
     #[error("no CUDA GPU found: {0}")]
     NoGpu(String),
+    /// The driver loaded but cannot start (`cuInit` failed other than with
+    /// "no device"): a stub library, a driver/kernel-module mismatch, no
+    /// permission on the device files.
+    #[error("the CUDA driver cannot start: cuInit returned {code:?}{}", init_meaning(*.code))]
+    DriverInit { code: cudarc::driver::sys::CUresult },
     #[error("{wanted} GPUs requested but only {found} present")]
     NotEnoughGpus { wanted: usize, found: usize },
     #[error("CUDA driver call {call} failed: {code:?}")]
@@ -91,6 +105,27 @@ pub(crate) fn blas(
     call: &'static str,
 ) -> impl Fn(cudarc::cublaslt::result::CublasError) -> CudaError {
     move |e| CudaError::Cublas { call, code: e.0 }
+}
+
+/// What a `cuInit` failure means, in words, starting with " (" when known.
+pub fn init_meaning(code: cudarc::driver::sys::CUresult) -> &'static str {
+    use cudarc::driver::sys::CUresult as R;
+    match code {
+        R::CUDA_ERROR_STUB_LIBRARY => {
+            " (libcuda is the CUDA toolkit's link stub, not the driver; take its folder off LD_LIBRARY_PATH)"
+        }
+        R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => {
+            " (libcuda does not match the loaded kernel driver; reinstall the driver or reboot)"
+        }
+        R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE => {
+            " (the forward-compatibility libcuda does not support this GPU)"
+        }
+        R::CUDA_ERROR_NOT_PERMITTED | R::CUDA_ERROR_OPERATING_SYSTEM => {
+            " (the system refused access to the GPU: device permissions, or a container without GPUs)"
+        }
+        R::CUDA_ERROR_SYSTEM_NOT_READY => " (the driver is not ready: is the fabric manager running?)",
+        _ => "",
+    }
 }
 
 /// What an NCCL result code means, in words.

@@ -1,9 +1,11 @@
 //! What the machine has: GPUs, SMs, memory, copy engines, the peer matrix and
-//! library versions. Serializable, and `Display` prints a small table.
+//! the CUDA libraries (file, version, or why each cannot be used).
+//! Serializable; `Display` prints a small table, and `{:#}` adds the file
+//! names tried for each library that is not usable.
 
-use crate::driver::{self, cuda as cu};
+use crate::driver::cuda as cu;
 use crate::error::Result;
-use crate::loader::Libraries;
+use crate::loader::{LibProblem, LibStatus, Libraries};
 use cudarc::driver::sys;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -99,32 +101,28 @@ fn peer(from: usize, to: usize) -> Result<PeerLink> {
     })
 }
 
-/// Gathers the machine description. Never panics: a missing library or GPU is
-/// reported in `libraries` / `error`, and versions of libraries not found are `None`.
+/// Gathers the machine description. Never panics: a missing or unusable
+/// library, or no GPU, is reported in `libraries` / `error`. Versions are
+/// those the libraries report, whether or not ficco can use them.
 pub fn info() -> SystemInfo {
     let libraries = Libraries::probe();
+    let raw = |l: &LibStatus| l.version.as_ref().map(|v| v.raw);
     let mut out = SystemInfo {
-        libraries: libraries.clone(),
-        driver_version: None,
-        nccl_version: None,
-        cublaslt_version: None,
-        nvrtc_version: None,
+        driver_version: raw(&libraries.cuda).map(|v| v as i32),
+        nccl_version: raw(&libraries.nccl).map(|v| v as i32),
+        cublaslt_version: raw(&libraries.cublaslt).map(|v| v as usize),
+        nvrtc_version: libraries
+            .nvrtc
+            .version
+            .as_ref()
+            .map(|v| (v.major as i32, v.minor as i32)),
+        libraries,
         gpus: vec![],
         peers: vec![],
         error: None,
     };
-    if libraries.nccl.found {
-        out.nccl_version = driver::nccl::version().ok();
-    }
-    if libraries.cublaslt.found {
-        out.cublaslt_version = Some(driver::blas::version());
-    }
-    if libraries.nvrtc.found {
-        out.nvrtc_version = driver::nvrtc::version().ok();
-    }
     let res = (|| -> Result<()> {
         let n = device_count()?;
-        out.driver_version = Some(cu::driver_version()?);
         for i in 0..n {
             out.gpus.push(gpu(i)?);
         }
@@ -143,40 +141,46 @@ pub fn info() -> SystemInfo {
     out
 }
 
-fn ver(v: Option<String>) -> String {
-    v.unwrap_or_else(|| "-".into())
+/// One library's row: name, state, then the version and file, the reason
+/// it cannot be used, or how many file names were tried.
+fn library_row(l: &LibStatus) -> String {
+    let state = match (&l.problem, l.usable) {
+        (_, true) => "ok",
+        (Some(LibProblem::NotFound) | None, false) => "missing",
+        (Some(_), false) => "UNUSABLE",
+    };
+    let what = match &l.problem {
+        None => format!(
+            "{:<7} {}",
+            l.version
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+            l.path.as_deref().unwrap_or("-")
+        ),
+        Some(LibProblem::NotFound) => {
+            format!("not found ({} file names tried)", l.searched.len())
+        }
+        Some(p) => p.to_string(),
+    };
+    let note = l
+        .note
+        .as_ref()
+        .map(|n| format!(" ({n})"))
+        .unwrap_or_default();
+    format!("{:<9} {state:<8}  {what}{note}", l.name)
 }
 
 impl fmt::Display for SystemInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# libraries")?;
         for l in self.libraries.all() {
-            writeln!(
-                f,
-                "{:<9} {}{}",
-                l.name,
-                if l.found { "found" } else { "MISSING" },
-                l.note
-                    .as_ref()
-                    .map(|n| format!(" ({n})"))
-                    .unwrap_or_default()
-            )?;
+            writeln!(f, "{}", library_row(l))?;
+            // `{:#}` adds the file names tried for each library not usable.
+            if f.alternate() && !l.usable {
+                writeln!(f, "{:<9} tried {}", "", l.searched.join(", "))?;
+            }
         }
-        writeln!(
-            f,
-            "driver {}  NCCL {}  cuBLASLt {}  NVRTC {}",
-            ver(self
-                .driver_version
-                .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))),
-            ver(self.nccl_version.map(|v| format!(
-                "{}.{}.{}",
-                v / 10000,
-                (v / 100) % 100,
-                v % 100
-            ))),
-            ver(self.cublaslt_version.map(|v| v.to_string())),
-            ver(self.nvrtc_version.map(|(a, b)| format!("{a}.{b}"))),
-        )?;
         if let Some(e) = &self.error {
             writeln!(f, "# no GPUs: {e}")?;
             return Ok(());

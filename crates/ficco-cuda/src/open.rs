@@ -38,7 +38,11 @@ pub struct Opened {
 pub fn is_unavailable(e: &CudaError) -> bool {
     matches!(
         e,
-        CudaError::LibraryMissing { .. } | CudaError::NoGpu(_) | CudaError::NotEnoughGpus { .. }
+        CudaError::LibraryMissing { .. }
+            | CudaError::LibraryUnusable { .. }
+            | CudaError::NoGpu(_)
+            | CudaError::DriverInit { .. }
+            | CudaError::NotEnoughGpus { .. }
     )
 }
 

@@ -40,9 +40,12 @@ fn gpu(test: &str) -> Option<MutexGuard<'static, Result<GpuBackend, Missing>>> {
                 Ok(b)
             }
             Err(CudaError::NotEnoughGpus { found, .. }) if found > 0 => Err(Missing::TooFew(found)),
-            Err(e @ (CudaError::LibraryMissing { .. } | CudaError::NoGpu(_))) => {
-                Err(Missing::NoGpu(e.to_string()))
-            }
+            Err(
+                e @ (CudaError::LibraryMissing { .. }
+                | CudaError::LibraryUnusable { .. }
+                | CudaError::NoGpu(_)
+                | CudaError::DriverInit { .. }),
+            ) => Err(Missing::NoGpu(e.to_string())),
             Err(CudaError::NotEnoughGpus { .. }) => Err(Missing::NoGpu("no GPU found".into())),
             Err(e) => panic!("GpuBackend::open failed on a GPU machine: {e}"),
         })
@@ -710,7 +713,7 @@ fn open_matches_the_environment() {
     let libs = ficco_cuda::Libraries::probe();
     if let Err(missing) = libs.require_all() {
         match GpuBackend::open(1) {
-            Err(CudaError::LibraryMissing { .. }) => {}
+            Err(CudaError::LibraryMissing { .. } | CudaError::LibraryUnusable { .. }) => {}
             Err(e) => panic!("libraries missing ({missing}) but open said: {e}"),
             Ok(_) => panic!("libraries missing ({missing}) but open succeeded"),
         }
@@ -720,7 +723,7 @@ fn open_matches_the_environment() {
     let found = ficco_cuda::info().gpus.len();
     if found == 0 {
         match GpuBackend::open(1) {
-            Err(CudaError::NoGpu(_) | CudaError::Driver { .. }) => {}
+            Err(CudaError::NoGpu(_) | CudaError::DriverInit { .. } | CudaError::Driver { .. }) => {}
             Err(e) => panic!("no GPU listed but open said: {e}"),
             Ok(_) => panic!("no GPU listed but open succeeded"),
         }

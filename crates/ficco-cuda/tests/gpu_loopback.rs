@@ -24,7 +24,12 @@ use std::time::Instant;
 fn open(test: &str, ranks: usize) -> Option<GpuBackend> {
     match GpuBackend::open_loopback(ranks) {
         Ok(b) => Some(b),
-        Err(e @ (CudaError::LibraryMissing { .. } | CudaError::NoGpu(_))) => {
+        Err(
+            e @ (CudaError::LibraryMissing { .. }
+            | CudaError::LibraryUnusable { .. }
+            | CudaError::NoGpu(_)
+            | CudaError::DriverInit { .. }),
+        ) => {
             no_gpu(test, &e.to_string());
             None
         }

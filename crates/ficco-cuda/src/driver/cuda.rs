@@ -15,14 +15,21 @@ use std::ffi::{c_void, CStr};
 // Driver, devices
 
 /// Initialises the driver and returns the device count; no device is
-/// [`CudaError::NoGpu`]. The caller has checked that libcuda loads.
+/// [`CudaError::NoGpu`], any other `cuInit` failure (a stub library, a
+/// driver/kernel-module mismatch, no permission) [`CudaError::DriverInit`]:
+/// either way there is no usable GPU here. The caller has checked that
+/// libcuda is usable ([`crate::loader::require_driver`]).
 pub(crate) fn init_and_count() -> Result<usize> {
     // SAFETY: cuInit takes no pointers; the library is present (caller).
     let r = unsafe { sys::cuInit(0) };
     if r == sys::CUresult::CUDA_ERROR_NO_DEVICE {
-        return Err(CudaError::NoGpu("cuInit: CUDA_ERROR_NO_DEVICE".into()));
+        return Err(CudaError::NoGpu(
+            "cuInit: CUDA_ERROR_NO_DEVICE (the driver sees no GPU)".into(),
+        ));
     }
-    check("cuInit", r)?;
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::DriverInit { code: r });
+    }
     let mut n = 0;
     // SAFETY: valid out-pointer after cuInit.
     check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;

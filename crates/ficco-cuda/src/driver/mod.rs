@@ -8,6 +8,7 @@
 //! | [`nccl`] | NCCL: communicators, groups, collectives, send/recv |
 //! | [`blas`] | cuBLASLt: handles, descriptors, heuristics, matmul |
 //! | [`nvrtc`] | NVRTC: source to CUBIN |
+//! | [`dl`] | any of them, raw: `dlopen` a candidate, its path, its symbols, its version function |
 //!
 //! Conventions: a wrapper returns [`crate::error::Result`] with the call's
 //! name; a wrapper is `unsafe` exactly when a caller must promise something
@@ -15,34 +16,19 @@
 //! what under `# Safety`. cudarc's safe API (`CudaContext`, `CudaStream`,
 //! `CudaEvent`, launch builders) is used directly by the other modules.
 //!
-//! The presence probes below only `dlopen`: cudarc panics on a call into a
-//! library that is missing, so [`crate::loader`] checks these first.
+//! [`dl`] is the raw dynamic loading behind [`crate::loader`]'s probe:
+//! cudarc panics on a call into a library or function that is missing, so
+//! the loader checks every library with it first.
 
 pub(crate) mod blas;
 pub(crate) mod cuda;
+pub(crate) mod dl;
 pub(crate) mod nccl;
 pub(crate) mod nvrtc;
 
-/// Whether libcuda loads.
-pub(crate) fn cuda_present() -> bool {
-    // SAFETY: only dlopen attempts on fixed library names.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-}
-
-/// Whether cuBLASLt loads.
-pub(crate) fn cublaslt_present() -> bool {
-    // SAFETY: as above.
-    unsafe { cudarc::cublaslt::sys::is_culib_present() }
-}
-
-/// Whether NCCL loads (under the names cudarc tries).
-pub(crate) fn nccl_present() -> bool {
-    // SAFETY: as above.
-    unsafe { cudarc::nccl::sys::is_culib_present() }
-}
-
-/// Whether NVRTC loads.
+/// Whether NVRTC is usable (found, complete, version 13): the compile tests
+/// that need no GPU skip without it.
+#[cfg(test)]
 pub(crate) fn nvrtc_present() -> bool {
-    // SAFETY: as above.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    crate::loader::Libraries::probe().nvrtc.usable
 }
