@@ -2,8 +2,11 @@
 //! name that parses back to the same schedule.
 //!
 //! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-acc][-smN][-gcN][-occB][-ctaN][-hi]` where
-//! GRAN is `shard`, `fineC` (C chunks per shard) or `bulk` (communication
-//! per shard, but the GEMMs over peers' rows coalesced into at most two calls), ENGINE is `nccl` or `copy`,
+//! GRAN is `shard`, `fineC` (C chunks per shard), `bulk` (communication
+//! per shard, but the GEMMs over peers' rows coalesced into at most two calls)
+//! or `tile` (one persistent GEMM launch for the whole operator, its row
+//! blocks gated and drained by flags in device memory; copy engines only),
+//! ENGINE is `nccl` or `copy`,
 //! ORDER is `ring` or `all`, `-2s` alternates GEMMs over two compute streams,
 //! `-acc` fuses the reduction into the own block's GEMM (C += A·B: peers'
 //! partials are summed first, then the own partial is added by the GEMM
@@ -48,21 +51,30 @@ pub enum Granularity {
     /// the local shard's GEMM hides the transfers, and the big GEMM avoids
     /// the wave-quantization loss of P small ones.
     Bulk,
+    /// Tile-level overlap: one persistent GEMM launch covers the whole
+    /// operator; copy engines move chunks of rows and flags in device memory
+    /// gate each block of GEMM rows on its arrival (ag-gemm) or announce each
+    /// finished output block to the copy streams that drain it (gemm-rs,
+    /// gemm-ar). The chunk size is derived from the shape
+    /// ([`crate::plan::lower::tile_chunks`]). Copy engines only.
+    Tile,
 }
 
 impl Granularity {
-    /// Chunks per shard (1 for `shard` and `seq`).
+    /// Chunks per shard (1 for `shard` and `seq`; for `tile` the shape
+    /// decides, see [`crate::plan::lower::tile_chunks`], and this is 1).
     pub fn chunks(self) -> usize {
         match self {
-            Granularity::Seq | Granularity::Shard | Granularity::Bulk => 1,
+            Granularity::Seq | Granularity::Shard | Granularity::Bulk | Granularity::Tile => 1,
             Granularity::Fine(c) => c,
         }
     }
 
-    /// The name's part: `seq`, `shard`, `bulk` or `fineC`.
+    /// The name's part: `seq`, `shard`, `bulk`, `fineC` or `tile`.
     pub fn name(self) -> String {
         match self {
             Granularity::Seq => "seq".to_string(),
+            Granularity::Tile => "tile".to_string(),
             Granularity::Shard => "shard".to_string(),
             Granularity::Bulk => "bulk".to_string(),
             Granularity::Fine(c) => format!("fine{c}"),
@@ -340,6 +352,14 @@ impl Schedule {
         if self.engine == Engine::Copy && self.nccl_ctas.is_some() {
             return false;
         }
+        // `tile` is one launch of ficco's Hopper GEMM fed and drained by copy
+        // engines: no NCCL, no second GEMM stream, no shaped kernel.
+        if self.granularity == Granularity::Tile {
+            return self.engine == Engine::Copy
+                && self.compute_streams == 1
+                && self.occupancy.is_none()
+                && !(self.fused_reduce && op == Op::AgGemm);
+        }
         // gemm-ar over NCCL has only per-chunk all-reduce; "all" would be the same plan.
         let ar_nccl = op == Op::GemmAr && self.engine == Engine::Nccl;
         if ar_nccl && self.order == Order::All {
@@ -414,12 +434,38 @@ impl Schedule {
         None
     }
 
+    /// Why this schedule cannot run on `gpus` GPUs whatever the shape, or
+    /// `None`: `tile -acc` runs on 2 GPUs only (with more, the own block
+    /// would wait for a reduce kernel that the persistent GEMM's waiting
+    /// blocks leave no SMs for).
+    pub fn gpus_misfit(&self, gpus: usize) -> Option<String> {
+        (self.granularity == Granularity::Tile && self.fused_reduce && gpus != 2).then(|| {
+            format!(
+                "tile -acc runs on 2 GPUs only: with {gpus} the own block would wait for a reduce \
+                 kernel that the persistent GEMM's waiting blocks leave no SMs for"
+            )
+        })
+    }
+
     /// Why this schedule cannot run `problem`, or `None` when it fits.
     pub fn misfit(&self, problem: &Problem) -> Option<String> {
         if !self.applies_to(problem.op) {
             return Some(format!("{} has no {} schedule", problem.op, self.name()));
         }
         let p = problem.gpus;
+        if self.granularity == Granularity::Tile {
+            let rows = crate::plan::lower::TILE_BLOCK_ROWS;
+            if problem.m % (p * rows) != 0 {
+                return Some(format!(
+                    "tile needs shards of whole {rows}-row GEMM blocks: m = {} is not divisible by gpus x {rows} = {}",
+                    problem.m,
+                    p * rows
+                ));
+            }
+        }
+        if let Some(why) = self.gpus_misfit(p) {
+            return Some(why);
+        }
         let c = self.granularity.chunks();
         // `concurrent` runs whole GEMMs; the dependent operators split M.
         let split = problem.op != Op::Concurrent;
@@ -471,6 +517,7 @@ impl FromStr for Schedule {
         let mut parts = name.split('-');
         let granularity = match parts.next() {
             Some("shard") => Granularity::Shard,
+            Some("tile") => Granularity::Tile,
             Some("bulk") => Granularity::Bulk,
             Some(g) if g.starts_with("fine") => {
                 let c: usize = g[4..]
@@ -483,7 +530,7 @@ impl FromStr for Schedule {
             }
             _ => {
                 return Err(bad(
-                    "expected 'seq' or a name starting with shard-, bulk- or fineC-",
+                    "expected 'seq' or a name starting with shard-, bulk-, fineC- or tile-",
                 ))
             }
         };

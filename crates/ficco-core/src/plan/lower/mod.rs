@@ -15,6 +15,8 @@
 //! * `gemm-ar`: NCCL all-reduces each chunk as soon as its GEMM is done; copy
 //!   engines do gemm-rs's push + reduce and then push each reduced chunk to
 //!   every peer.
+//! * `tile` (any of the three): one persistent GEMM per rank whose row
+//!   blocks are gated and drained by device flags (`tile.rs`).
 //!
 //! Tasks are created step by step for all ranks at once, so a dependency on
 //! another rank always names a task created earlier: issuing tasks in plan
@@ -24,6 +26,9 @@ mod concurrent;
 mod dependent;
 mod parts;
 pub mod probe;
+mod tile;
+
+pub use tile::{tile_chunks, TILE_BLOCK_ROWS, TILE_MAX_CHUNKS, TILE_MIN_CHUNK_ROWS};
 
 use crate::error::{Error, Result};
 use crate::plan::{BufferRole, Plan, RankPlan, Resources, StreamRole, Task, TaskKind, View};
@@ -41,6 +46,9 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
     }
     if problem.op == Op::Concurrent {
         return Ok(concurrent::lower(problem, schedule));
+    }
+    if schedule.granularity == crate::space::Granularity::Tile {
+        return Ok(tile::lower(problem, schedule));
     }
     Ok(dependent::lower(problem, schedule))
 }
