@@ -6,7 +6,7 @@
 //!   near ties. It considers `seq` and the copy-engine schedules with one
 //!   compute stream only: NCCL-beside-GEMM and two-GEMM contention are where
 //!   the simulator is least trustworthy (see [`select_model_among`]).
-//! - [`Selector::Rules`] (`rules.rs`): seven FiCCO-style rules over quantities a user can
+//! - [`Selector::Rules`] (`rules.rs`): eight FiCCO-style rules over quantities a user can
 //!   compute by hand from the cost model and the shape ([`RuleInputs`]): the
 //!   compute-to-communication ratio T_comp / T_comm, the GPU count, waves of
 //!   128x128 output tiles of a step's GEMM, the per-copy fixed cost, and
