@@ -153,11 +153,13 @@ mod tests {
     fn each_rule_decides_where_documented() {
         // Rule 1: a tiny all-reduce on 4 GPUs cannot pay 6 copy latencies.
         assert_eq!(rule_pick(Op::GemmAr, 2048, 1024, 4096, 4), "seq");
-        // Rule 5: comm-bound gemm-ar with a half-shard chunk of 3.9 waves.
+        // Rule 5: comm-bound gemm-rs with a half-shard chunk of 3.9 waves.
         assert_eq!(
-            rule_pick(Op::GemmAr, 16384, 1024, 4096, 4),
+            rule_pick(Op::GemmRs, 16384, 1024, 4096, 4),
             "fine2-copy-ring"
         );
+        // Rule 8: gemm-ar on 4 GPUs is one tile GEMM, broadcast to all peers.
+        assert_eq!(rule_pick(Op::GemmAr, 16384, 1024, 4096, 4), "tile-copy-all");
         // Rules 6 and 7: comm-bound ag-gemm, shard GEMM of 0.4 waves.
         assert_eq!(
             rule_pick(Op::AgGemm, 2048, 4096, 1536, 4),
