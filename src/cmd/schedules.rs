@@ -44,7 +44,11 @@ pub fn run(args: SchedulesArgs) -> Result<()> {
         )));
     }
     let hw = load_hw(&args.hw)?;
-    let all = enumerate(op, space(args.controls, &hw));
+    // Schedules that cannot run on this many GPUs whatever the shape are not listed.
+    let all: Vec<_> = enumerate(op, space(args.controls, &hw))
+        .into_iter()
+        .filter(|s| s.gpus_misfit(gpus).is_none())
+        .collect();
     let w = all.iter().map(|s| s.name().len()).max().unwrap_or(0);
     let mut text = format!(
         "# {} schedules of {op} on {gpus} GPUs (hardware profile '{}')\n# {:<w$}  description\n",

@@ -63,6 +63,10 @@ fn every_schedule_is_exact_at_p8() {
         let inputs = Inputs::random(&p, 8);
         let want = reference(&p, &inputs);
         for s in enumerate(op, space(&hw)) {
+            // `tile` needs 128-row blocks: tests/tile.rs proves it at P = 8.
+            if s.granularity == ficco_core::space::Granularity::Tile {
+                continue;
+            }
             let plan = lower(&p, &s).unwrap();
             validate(&plan).unwrap();
             assert_eq!(interpret(&plan, &inputs).unwrap(), want, "{op} {s}");

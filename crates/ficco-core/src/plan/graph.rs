@@ -22,8 +22,9 @@ pub struct Graph {
     stream_pred: Vec<Option<usize>>,
     /// Per node: explicit dependencies, as nodes (sorted, deduplicated).
     deps: Vec<Vec<usize>>,
-    /// Per node: for a Wait, the Signal of its flag.
-    flag_pred: Vec<Option<usize>>,
+    /// Per node: for a Wait, the Signal of its flag; for a tile GEMM, the
+    /// signallers of its blocks' flags (sorted, deduplicated).
+    flag_pred: Vec<Vec<usize>>,
 }
 
 impl Graph {
@@ -63,9 +64,13 @@ impl Graph {
                 deps[me] = ds;
             }
         }
-        let mut flag_pred = vec![None; total];
+        let mut flag_pred = vec![vec![]; total];
         for (sig, wait) in crate::plan::signal::flag_edges(plan)? {
-            flag_pred[offsets[wait.rank] + wait.index] = Some(offsets[sig.rank] + sig.index);
+            flag_pred[offsets[wait.rank] + wait.index].push(offsets[sig.rank] + sig.index);
+        }
+        for ps in &mut flag_pred {
+            ps.sort_unstable();
+            ps.dedup();
         }
         Ok(Graph {
             offsets,
@@ -115,10 +120,11 @@ impl Graph {
         &self.deps[node]
     }
 
-    /// For a Wait, the Signal of its flag (a happens-before edge that the
-    /// device keeps, not the host: issue order ignores it).
-    pub fn flag_pred(&self, node: usize) -> Option<usize> {
-        self.flag_pred[node]
+    /// For a Wait, the Signal of its flag; for a tile GEMM, the signallers of
+    /// its blocks' flags (happens-before edges that the device keeps, not the
+    /// host: issue order ignores them).
+    pub fn flag_preds(&self, node: usize) -> &[usize] {
+        &self.flag_pred[node]
     }
 
     /// Every predecessor: the stream predecessor, the explicit dependencies
@@ -126,7 +132,7 @@ impl Graph {
     pub fn preds(&self, node: usize) -> Vec<usize> {
         let mut ps: Vec<usize> = self.stream_pred[node].into_iter().collect();
         ps.extend_from_slice(&self.deps[node]);
-        ps.extend(self.flag_pred[node]);
+        ps.extend_from_slice(&self.flag_pred[node]);
         ps.sort_unstable();
         ps.dedup();
         ps

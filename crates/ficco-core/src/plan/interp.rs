@@ -6,10 +6,17 @@
 //! happens-before order (which includes Signal → Wait through flags; both are
 //! no-ops on memory); an NCCL rendezvous runs as one step for all ranks.
 //! Memory nothing has written is NaN, so a read of it shows in the output.
+//!
+//! Tile GEMMs run block by block ([`crate::plan::tile::expand`]). Every
+//! element remembers the task that last wrote it, and a read is an error
+//! ("read before arrival") when that writer is not ordered before the reader,
+//! or when the reader ran before any write of the element and a write not
+//! ordered after the reader comes later: whichever order the run picks, a
+//! block that reads rows whose flag does not cover them is caught.
 
 use crate::error::{Error, Result};
-use crate::plan::validate::HappensBefore;
-use crate::plan::{BufferRole, NcclOp, Plan, TaskKind, View};
+use crate::plan::validate::{accesses, HappensBefore};
+use crate::plan::{BufferRole, NcclOp, Plan, TaskId, TaskKind, View};
 use crate::problem::workload::{Op, Problem};
 use std::collections::HashSet;
 
@@ -243,6 +250,104 @@ fn concurrent_reference(problem: &Problem, inputs: &Inputs) -> Vec<Matrix> {
 /// Memory of every rank: one matrix per buffer.
 struct Memory(Vec<Vec<Matrix>>);
 
+/// What is known about one element: who wrote it last, or who read it
+/// before anything wrote it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mark {
+    Fresh,
+    ReadUnwritten(TaskId),
+    Written(TaskId),
+}
+
+/// Per rank, per buffer, per element: its [`Mark`] (inputs start written by
+/// nobody: they are there before the plan runs).
+struct Marks {
+    marks: Vec<Vec<Vec<Mark>>>,
+    inputs: Vec<Vec<bool>>,
+}
+
+impl Marks {
+    fn elems(v: &View, cols: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..v.rows).flat_map(move |i| {
+            let start = (v.row + i) * cols + v.col;
+            start..start + v.cols
+        })
+    }
+
+    /// Checks a read of `v` on `rank` by `reader`.
+    fn read(
+        &mut self,
+        plan: &Plan,
+        hb: &HappensBefore,
+        rank: usize,
+        v: &View,
+        reader: TaskId,
+    ) -> Result<()> {
+        if self.inputs[rank][v.buf] {
+            return Ok(());
+        }
+        let cols = plan.ranks[rank].buffers[v.buf].cols;
+        let marks = &mut self.marks[rank][v.buf];
+        let mut checked: HashSet<TaskId> = HashSet::new();
+        for e in Self::elems(v, cols) {
+            match marks[e] {
+                Mark::Fresh => marks[e] = Mark::ReadUnwritten(reader),
+                Mark::ReadUnwritten(_) => {}
+                Mark::Written(w) => {
+                    if w != reader && checked.insert(w) && !hb.before(w, reader) {
+                        return Err(before_arrival(plan, rank, v, e / cols, reader, w));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a write of `v` on `rank` by `writer`.
+    fn write(
+        &mut self,
+        plan: &Plan,
+        hb: &HappensBefore,
+        rank: usize,
+        v: &View,
+        writer: TaskId,
+    ) -> Result<()> {
+        let cols = plan.ranks[rank].buffers[v.buf].cols;
+        let marks = &mut self.marks[rank][v.buf];
+        for e in Self::elems(v, cols) {
+            if let Mark::ReadUnwritten(reader) = marks[e] {
+                if reader != writer && !hb.before(reader, writer) {
+                    return Err(before_arrival(plan, rank, v, e / cols, reader, writer));
+                }
+            }
+            marks[e] = Mark::Written(writer);
+        }
+        Ok(())
+    }
+}
+
+fn before_arrival(
+    plan: &Plan,
+    rank: usize,
+    v: &View,
+    row: usize,
+    reader: TaskId,
+    writer: TaskId,
+) -> Error {
+    let label = |id: TaskId| plan.task(id).map_or("?", |t| t.label.as_str()).to_string();
+    Error::InvalidPlan(format!(
+        "read before arrival: rank {} task {} '{}' reads row {row} of rank {rank} buffer '{}' \
+         that rank {} task {} '{}' writes, and the two are not ordered",
+        reader.rank,
+        reader.index,
+        label(reader),
+        plan.ranks[rank].buffers[v.buf].name,
+        writer.rank,
+        writer.index,
+        label(writer)
+    ))
+}
+
 impl Memory {
     fn read(&self, rank: usize, v: &View) -> Matrix {
         let b = &self.0[rank][v.buf];
@@ -272,7 +377,41 @@ fn add(acc: &mut Matrix, x: &Matrix) {
 /// Runs `plan` on `inputs`; returns each rank's output buffer. The plan must
 /// be valid ([`crate::plan::validate::validate`]); this only rechecks ordering.
 pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
+    let expanded;
+    let plan = if crate::plan::tile::has_tiles(plan) {
+        expanded = crate::plan::tile::expand(plan);
+        &expanded
+    } else {
+        plan
+    };
     let hb = HappensBefore::build(plan, crate::plan::graph::Graph::new(plan)?)?;
+    let mut marks = Marks {
+        marks: plan
+            .ranks
+            .iter()
+            .map(|rp| {
+                rp.buffers
+                    .iter()
+                    .map(|b| vec![Mark::Fresh; b.rows * b.cols])
+                    .collect()
+            })
+            .collect(),
+        inputs: plan
+            .ranks
+            .iter()
+            .map(|rp| {
+                rp.buffers
+                    .iter()
+                    .map(|b| {
+                        matches!(
+                            b.role,
+                            BufferRole::InputA | BufferRole::InputB | BufferRole::InputX
+                        )
+                    })
+                    .collect()
+            })
+            .collect(),
+    };
     let mut mem = Memory(
         plan.ranks
             .iter()
@@ -304,6 +443,20 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
     for id in &hb.order {
         let rank = id.rank;
         let task = &plan.ranks[rank].tasks[id.index];
+        // An NCCL rendezvous runs (and so reads and writes) once, for every member.
+        let members: Vec<TaskId> = match &task.kind {
+            TaskKind::Nccl { group, .. } if done_groups.contains(group) => vec![],
+            TaskKind::Nccl { group, .. } => group_members(plan, *group),
+            _ => vec![*id],
+        };
+        for m in &members {
+            let kind = &plan.ranks[m.rank].tasks[m.index].kind;
+            for (owner, v, write) in accesses(m.rank, kind) {
+                if !write {
+                    marks.read(plan, &hb, owner, &v, *m)?;
+                }
+            }
+        }
         match &task.kind {
             TaskKind::Gemm {
                 a,
@@ -340,10 +493,22 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
             // Wait after its Signal.
             TaskKind::Signal { .. } | TaskKind::Wait { .. } => {}
             TaskKind::Nccl { group, .. } => {
-                if !done_groups.insert(*group) {
-                    continue;
+                if done_groups.insert(*group) {
+                    run_group(plan, *group, &mut mem)?;
                 }
-                run_group(plan, *group, &mut mem)?;
+            }
+            TaskKind::TileGemm(_) => {
+                return Err(Error::InvalidPlan(
+                    "a tile GEMM left after expansion".into(),
+                ))
+            }
+        }
+        for m in &members {
+            let kind = &plan.ranks[m.rank].tasks[m.index].kind;
+            for (owner, v, write) in accesses(m.rank, kind) {
+                if write {
+                    marks.write(plan, &hb, owner, &v, *m)?;
+                }
             }
         }
     }
@@ -355,6 +520,20 @@ pub fn interpret(plan: &Plan, inputs: &Inputs) -> Result<Vec<Matrix>> {
                 .buffer_with(BufferRole::Output)
                 .ok_or_else(|| Error::InvalidPlan(format!("rank {r} has no output buffer")))?;
             Ok(mem.0[r][id].clone())
+        })
+        .collect()
+}
+
+/// The tasks of NCCL group `group`, one per rank that has it.
+fn group_members(plan: &Plan, group: usize) -> Vec<TaskId> {
+    plan.ranks
+        .iter()
+        .enumerate()
+        .filter_map(|(r, rp)| {
+            rp.tasks
+                .iter()
+                .position(|t| matches!(t.kind, TaskKind::Nccl { group: g, .. } if g == group))
+                .map(|index| TaskId { rank: r, index })
         })
         .collect()
 }

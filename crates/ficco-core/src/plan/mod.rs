@@ -22,6 +22,7 @@ pub mod interp;
 pub mod lower;
 pub mod shapes;
 pub mod signal;
+pub mod tile;
 pub mod validate;
 
 use crate::problem::workload::{Collective, Problem, ELEM_BYTES};
@@ -224,6 +225,80 @@ pub enum TaskKind {
     /// signalled (a device-side wait; the host does not block). Touches no
     /// buffer.
     Wait { flag: usize },
+    /// One persistent GEMM launch whose row blocks are gated and announced
+    /// through flags of this rank (the `tile` granularity); see [`TileGemm`].
+    TileGemm(TileGemm),
+}
+
+/// One persistent GEMM, `c = a @ b` over all rows of `a`, cut into blocks of
+/// `block_rows` rows that run independently of each other (the kernel's
+/// CTAs take tiles in block order starting at `first_block`, wrapping):
+///
+/// * with `wait = Some(w)`, block i reads its rows of `a` only once flag
+///   `w + i` of this rank has been signalled (a [`TaskKind::Signal`] after
+///   the copy that lands those rows, or before the GEMM for rows that are
+///   already there); every block waits, on its own flag;
+/// * with `signal = Some(s)`, once every row of block i is stored, flag
+///   `s + i` of this rank is signalled (the kernel increments a counter);
+///   a [`TaskKind::Wait`] on it (a copy stream that drains the block) then
+///   follows that block only, not the whole GEMM. Unlike a Signal task's
+///   flag, a block's flag may go unwaited (nobody drains the last block);
+/// * `dest[i] = Some(v)` stores block i into `v` (a view of this rank with
+///   the block's shape) instead of its rows of `c`, adding to what is there
+///   when `dest_add` (`v += a·b`: the fused reduction of `-acc`). `dest` is
+///   empty or has one entry per block.
+///
+/// Blocks start when the task starts (its stream predecessor and
+/// dependencies are done) and their waits allow; the task is done when every
+/// block is. The validator and the interpreter see each block as its own task
+/// ([`tile::expand`]), so a block that reads rows before their flag is caught.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileGemm {
+    pub a: View,
+    pub b: View,
+    pub c: View,
+    pub block_rows: usize,
+    pub first_block: usize,
+    pub wait: Option<usize>,
+    pub signal: Option<usize>,
+    #[serde(default)]
+    pub dest: Vec<Option<View>>,
+    #[serde(default)]
+    pub dest_add: bool,
+    /// At most this many SMs (persistent CTAs), if the schedule sets one.
+    #[serde(default)]
+    pub sm_target: Option<usize>,
+}
+
+impl TileGemm {
+    /// Number of row blocks (`a.rows / block_rows`, rounded up).
+    pub fn blocks(&self) -> usize {
+        self.a.rows.div_ceil(self.block_rows.max(1))
+    }
+
+    /// Block indices in the order the kernel takes them.
+    pub fn order(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.blocks();
+        (0..n).map(move |i| (self.first_block + i) % n.max(1))
+    }
+
+    /// Rows [row, row + rows) of `a` and `c` that block `i` covers.
+    pub fn block_span(&self, i: usize) -> (usize, usize) {
+        let row = i * self.block_rows;
+        (row, self.block_rows.min(self.a.rows.saturating_sub(row)))
+    }
+
+    /// Where block `i` stores its rows: its `dest` view, else its rows of `c`;
+    /// and whether it adds to what is there.
+    pub fn block_out(&self, i: usize) -> (View, bool) {
+        match self.dest.get(i).copied().flatten() {
+            Some(v) => (v, self.dest_add),
+            None => {
+                let (row, rows) = self.block_span(i);
+                (self.c.rows(row, rows), false)
+            }
+        }
+    }
 }
 
 impl TaskKind {
@@ -236,6 +311,7 @@ impl TaskKind {
             TaskKind::Reduce { .. } => "reduce",
             TaskKind::Signal { .. } => "signal",
             TaskKind::Wait { .. } => "wait",
+            TaskKind::TileGemm(_) => "tile-gemm",
         }
     }
 }
@@ -319,15 +395,27 @@ impl Plan {
     }
 
     /// Signal words each rank needs (index = rank): one more than the highest
-    /// flag that a Wait of the rank, or a Signal to it, names; 0 without
-    /// signals. Flags live on the waiter's rank.
+    /// flag that a Wait of the rank, a Signal to it, or a tile GEMM's block
+    /// on it names; 0 without signals. Flags live on the waiter's rank.
     pub fn signal_words(&self) -> Vec<usize> {
         let mut words = vec![0; self.ranks.len()];
         for (r, rp) in self.ranks.iter().enumerate() {
             for t in &rp.tasks {
-                let (rank, flag) = match t.kind {
-                    TaskKind::Signal { to_rank, flag } => (to_rank, flag),
-                    TaskKind::Wait { flag } => (r, flag),
+                let (rank, flag) = match &t.kind {
+                    TaskKind::Signal { to_rank, flag } => (*to_rank, *flag),
+                    TaskKind::Wait { flag } => (r, *flag),
+                    TaskKind::TileGemm(g) => {
+                        let blocks = g.blocks();
+                        let top = [g.wait, g.signal]
+                            .into_iter()
+                            .flatten()
+                            .map(|f| f + blocks)
+                            .max();
+                        match top {
+                            Some(top) if blocks > 0 => (r, top - 1),
+                            _ => continue,
+                        }
+                    }
                     _ => continue,
                 };
                 if let Some(w) = words.get_mut(rank) {

@@ -39,66 +39,126 @@ fn name(plan: &Plan, id: TaskId) -> String {
     format!("rank {} task {} '{}'", id.rank, id.index, label)
 }
 
-/// Happens-before edges through flags, as (Signal, Wait) pairs in plan order
-/// of the waits: the Signal of (rank, flag) precedes every Wait on flag of
-/// that rank.
-///
-/// Errors (an invalid plan) when a Signal names a rank that does not exist,
-/// when a flag is signalled more than once, when a Wait's flag is never
-/// signalled ("wait on flag F of rank r is never signalled", the static form
-/// of a run that would hang), or when a signalled flag is never waited on.
-pub fn flag_edges(plan: &Plan) -> Result<Vec<(TaskId, TaskId)>> {
-    let mut signals: HashMap<(usize, usize), TaskId> = HashMap::new();
+/// One happens-before edge through a flag: `signal` (a Signal task, or
+/// block `signal_block` of a tile GEMM) sets flag `flag` of rank `rank`, and
+/// `wait` (a Wait task, or block `wait_block` of a tile GEMM) holds until it
+/// is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlagLink {
+    pub rank: usize,
+    pub flag: usize,
+    pub signal: TaskId,
+    pub signal_block: Option<usize>,
+    pub wait: TaskId,
+    pub wait_block: Option<usize>,
+}
+
+/// Every flag edge of the plan, in plan order of the waiters (see
+/// [`flag_edges`] for the errors).
+pub fn flag_links(plan: &Plan) -> Result<Vec<FlagLink>> {
+    // (rank, flag) -> (signaller, its block when a tile GEMM signals it).
+    let mut signals: HashMap<(usize, usize), (TaskId, Option<usize>)> = HashMap::new();
+    let mut set = |key: (usize, usize), id: TaskId, block: Option<usize>| -> Result<()> {
+        if let Some((first, _)) = signals.insert(key, (id, block)) {
+            return Err(Error::InvalidPlan(format!(
+                "flag {} of rank {} is signalled twice, by {} and by {}: a flag is signalled at most once per plan",
+                key.1,
+                key.0,
+                name(plan, first),
+                name(plan, id)
+            )));
+        }
+        Ok(())
+    };
     for (r, rp) in plan.ranks.iter().enumerate() {
         for (i, t) in rp.tasks.iter().enumerate() {
-            let TaskKind::Signal { to_rank, flag } = t.kind else {
-                continue;
-            };
             let id = TaskId { rank: r, index: i };
-            if to_rank >= plan.ranks.len() {
-                return Err(Error::InvalidPlan(format!(
-                    "{}: signals rank {to_rank}, which does not exist ({} ranks)",
-                    name(plan, id),
-                    plan.ranks.len()
-                )));
-            }
-            if let Some(first) = signals.insert((to_rank, flag), id) {
-                return Err(Error::InvalidPlan(format!(
-                    "flag {flag} of rank {to_rank} is signalled twice, by {} and by {}: a flag is signalled at most once per plan",
-                    name(plan, first),
-                    name(plan, id)
-                )));
+            match &t.kind {
+                TaskKind::Signal { to_rank, flag } => {
+                    if *to_rank >= plan.ranks.len() {
+                        return Err(Error::InvalidPlan(format!(
+                            "{}: signals rank {to_rank}, which does not exist ({} ranks)",
+                            name(plan, id),
+                            plan.ranks.len()
+                        )));
+                    }
+                    set((*to_rank, *flag), id, None)?;
+                }
+                TaskKind::TileGemm(g) => {
+                    if let Some(s) = g.signal {
+                        for b in 0..g.blocks() {
+                            set((r, s + b), id, Some(b))?;
+                        }
+                    }
+                }
+                _ => {}
             }
         }
     }
-    let mut edges = vec![];
+    let mut links = vec![];
     let mut waited = std::collections::HashSet::new();
     for (r, rp) in plan.ranks.iter().enumerate() {
         for (i, t) in rp.tasks.iter().enumerate() {
-            let TaskKind::Wait { flag } = t.kind else {
-                continue;
-            };
             let id = TaskId { rank: r, index: i };
-            let Some(&sig) = signals.get(&(r, flag)) else {
-                return Err(Error::InvalidPlan(format!(
-                    "wait on flag {flag} of rank {r} is never signalled: {} would hang",
-                    name(plan, id)
-                )));
+            let waits: Vec<(usize, Option<usize>)> = match &t.kind {
+                TaskKind::Wait { flag } => vec![(*flag, None)],
+                TaskKind::TileGemm(g) => match g.wait {
+                    Some(w) => (0..g.blocks()).map(|b| (w + b, Some(b))).collect(),
+                    None => vec![],
+                },
+                _ => continue,
             };
-            waited.insert((r, flag));
-            edges.push((sig, id));
+            for (flag, wait_block) in waits {
+                let Some(&(sig, signal_block)) = signals.get(&(r, flag)) else {
+                    return Err(Error::InvalidPlan(format!(
+                        "wait on flag {flag} of rank {r} is never signalled: {} would hang",
+                        name(plan, id)
+                    )));
+                };
+                waited.insert((r, flag));
+                links.push(FlagLink {
+                    rank: r,
+                    flag,
+                    signal: sig,
+                    signal_block,
+                    wait: id,
+                    wait_block,
+                });
+            }
         }
     }
-    if let Some((&(rank, flag), &sig)) = signals
+    // A tile GEMM's block flag may go unwaited (nothing drains that block);
+    // a Signal task's may not.
+    if let Some((&(rank, flag), &(sig, _))) = signals
         .iter()
-        .filter(|(k, _)| !waited.contains(*k))
-        .min_by_key(|(_, id)| **id)
+        .filter(|(k, (_, block))| block.is_none() && !waited.contains(*k))
+        .min_by_key(|(_, (id, _))| *id)
     {
         return Err(Error::InvalidPlan(format!(
             "{} signals flag {flag} of rank {rank}, which no task waits on",
             name(plan, sig)
         )));
     }
+    Ok(links)
+}
+
+/// Happens-before edges through flags, as (signaller, waiter) pairs in plan
+/// order of the waits: the Signal of (rank, flag) precedes every Wait on flag
+/// of that rank. A tile GEMM appears as a whole (as the waiter of its
+/// blocks' flags and the signaller of its blocks' counters): per-block
+/// edges are in [`flag_links`].
+///
+/// Errors (an invalid plan) when a Signal names a rank that does not exist,
+/// when a flag is signalled more than once, when a Wait's flag is never
+/// signalled ("wait on flag F of rank r is never signalled", the static form
+/// of a run that would hang), or when a flag signalled by a Signal task is
+/// never waited on.
+pub fn flag_edges(plan: &Plan) -> Result<Vec<(TaskId, TaskId)>> {
+    let mut edges: Vec<(TaskId, TaskId)> = flag_links(plan)?
+        .into_iter()
+        .map(|l| (l.signal, l.wait))
+        .collect();
+    edges.dedup();
     Ok(edges)
 }
 

@@ -22,13 +22,28 @@
 use crate::error::{Error, Result};
 use crate::plan::graph::{topo, Graph};
 use crate::plan::{
-    BufferRole, GemmGroup, NcclOp, Plan, TaskId, TaskKind, View, MAX_REDUCE_SOURCES,
+    BufferRole, GemmGroup, NcclOp, Plan, TaskId, TaskKind, TileGemm, View, MAX_REDUCE_SOURCES,
 };
 use std::collections::HashMap;
 
 /// Rejects structural errors, cycles, reads not ordered after their writes, and races.
+///
+/// Tile GEMMs are checked as a whole for structure, then every block as its
+/// own task chain ([`crate::plan::tile::expand`]): errors about a block name
+/// the expanded task (the GEMM's label and ` bI`).
 pub fn validate(plan: &Plan) -> Result<()> {
     check_structure(plan)?;
+    Graph::new(plan)?;
+    if crate::plan::tile::has_tiles(plan) {
+        let expanded = crate::plan::tile::expand(plan);
+        check_structure(&expanded)?;
+        return validate_flat(&expanded);
+    }
+    validate_flat(plan)
+}
+
+/// [`validate`] of a plan without tile GEMMs.
+fn validate_flat(plan: &Plan) -> Result<()> {
     let g = Graph::new(plan)?;
     check_issue_order(plan, &g)?;
     let hb = HappensBefore::build(plan, g)?;
@@ -169,6 +184,7 @@ fn check_structure(plan: &Plan) -> Result<()> {
                 }
                 // Flags are checked with the graph (`signal::flag_edges`).
                 TaskKind::Signal { .. } | TaskKind::Wait { .. } => {}
+                TaskKind::TileGemm(g) => check_tile(plan, r, id, g)?,
                 TaskKind::Nccl { op, .. } => {
                     let views: Vec<&View> = match op {
                         NcclOp::AllGather { send, recv }
@@ -262,6 +278,75 @@ fn check_grouped(plan: &Plan, r: usize, id: TaskId, groups: &[GemmGroup]) -> Res
                     name(plan, id)
                 )));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A tile GEMM's shapes, blocks and destinations.
+fn check_tile(plan: &Plan, r: usize, id: TaskId, g: &TileGemm) -> Result<()> {
+    for (v, w) in [(&g.a, "a"), (&g.b, "b"), (&g.c, "c")] {
+        check_view(plan, r, v, w, id)?;
+    }
+    if g.a.rows != g.c.rows || g.a.cols != g.b.rows || g.b.cols != g.c.cols {
+        return Err(invalid(format!(
+            "{}: tile GEMM shapes disagree: [{}x{}] x [{}x{}] -> [{}x{}]",
+            name(plan, id),
+            g.a.rows,
+            g.a.cols,
+            g.b.rows,
+            g.b.cols,
+            g.c.rows,
+            g.c.cols
+        )));
+    }
+    if g.block_rows == 0 || g.a.rows % g.block_rows != 0 {
+        return Err(invalid(format!(
+            "{}: {} rows are not whole blocks of {} rows",
+            name(plan, id),
+            g.a.rows,
+            g.block_rows
+        )));
+    }
+    let blocks = g.blocks();
+    if g.first_block >= blocks {
+        return Err(invalid(format!(
+            "{}: first block {} of {blocks}",
+            name(plan, id),
+            g.first_block
+        )));
+    }
+    if g.sm_target == Some(0) {
+        return Err(invalid(format!("{}: SM target 0", name(plan, id))));
+    }
+    if !g.dest.is_empty() && g.dest.len() != blocks {
+        return Err(invalid(format!(
+            "{}: {} destinations for {blocks} blocks",
+            name(plan, id),
+            g.dest.len()
+        )));
+    }
+    let mut ld = None;
+    for (b, d) in g.dest.iter().enumerate() {
+        let Some(v) = d else { continue };
+        check_view(plan, r, v, "tile destination", id)?;
+        if (v.rows, v.cols) != (g.block_rows, g.c.cols) {
+            return Err(invalid(format!(
+                "{}: destination of block {b} is [{}x{}], the block [{}x{}]",
+                name(plan, id),
+                v.rows,
+                v.cols,
+                g.block_rows,
+                g.c.cols
+            )));
+        }
+        // The kernel takes one leading dimension for every destination.
+        let cols = plan.ranks[r].buffers[v.buf].cols;
+        if *ld.get_or_insert(cols) != cols {
+            return Err(invalid(format!(
+                "{}: destinations in buffers of different widths",
+                name(plan, id)
+            )));
         }
     }
     Ok(())
@@ -545,6 +630,18 @@ pub(crate) fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)>
             v
         }
         TaskKind::Signal { .. } | TaskKind::Wait { .. } => vec![],
+        // The whole GEMM; per block after `tile::expand`.
+        TaskKind::TileGemm(g) => {
+            let mut v = vec![(rank, g.a, false), (rank, g.b, false)];
+            for b in 0..g.blocks() {
+                let (out, add) = g.block_out(b);
+                v.push((rank, out, true));
+                if add {
+                    v.push((rank, out, false));
+                }
+            }
+            v
+        }
         TaskKind::Nccl { op, .. } => match op {
             NcclOp::AllGather { send, recv }
             | NcclOp::ReduceScatter { send, recv }

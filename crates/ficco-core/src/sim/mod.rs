@@ -47,6 +47,19 @@
 //!   a Wait takes no time and ends when its flag's Signal has (the Signal is
 //!   one of its predecessors). Plans without signals simulate as before.
 //!
+//! - **Tile GEMMs** ([`crate::plan::TaskKind::TileGemm`], the `tile`
+//!   granularity). One persistent launch: after its launch overhead it takes
+//!   min(tiles, SM cap) SMs, as many as are free and more as they free up,
+//!   and hands them tiles in the kernel's block order, one tile at a time per
+//!   SM (the whole GEMM's tiles, spread evenly over its row blocks). A tile
+//!   of a block whose wait flag is not yet signalled still takes its SM,
+//!   which spins until the flag's Signal is done and then computes the tile;
+//!   the SMs behind it take the next tiles, so a late block holds back only
+//!   the SMs that reached it. When every tile of a block is done, the
+//!   block's counter is signalled: a Wait on it ends then (not at the end of
+//!   the GEMM). SMs with no tile left are freed at once (the kernel's tail).
+//!   Contention applies to its tiles as to any GEMM wave.
+//!
 //! - **Resource controls** (the plan's [`crate::plan::Resources`] and GEMM
 //!   fields). `-ctaN`: an NCCL kernel holds N SMs instead of `nccl_sms`, and
 //!   its bandwidth cap scales by min(1, N / `nccl_sms`) (fewer channels move
@@ -143,6 +156,33 @@ enum Work {
     Flag {
         ms: f64,
     },
+    Tile(TileWork),
+}
+
+/// A tile GEMM in flight (see the module doc).
+#[derive(Debug, Clone)]
+struct TileWork {
+    /// Block indices in the kernel's order.
+    order: Vec<usize>,
+    /// Next position in `order` with tiles not yet handed to an SM.
+    pos: usize,
+    /// Per block: tiles not yet handed out, SMs spinning on its flag, tiles
+    /// in flight, tiles done.
+    undispatched: Vec<usize>,
+    spinning: Vec<usize>,
+    done: Vec<usize>,
+    tiles_per_block: usize,
+    /// Per block: the node whose completion signals its wait flag.
+    gate: Vec<Option<usize>>,
+    /// SMs the kernel wants (min(tiles, cap)) and holds now.
+    want: usize,
+    held: usize,
+    /// SMs held with no tile.
+    idle: usize,
+    /// Tile waves in flight.
+    waves: usize,
+    wave_ms: f64,
+    launch_ms: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -180,6 +220,8 @@ struct Flow {
 enum ActKind {
     /// A GEMM's wave: (task, SMs it holds).
     Wave(usize, usize),
+    /// Tiles of a tile GEMM's block: (task, block, SMs).
+    Tile(usize, usize, usize),
     Reduce(usize),
     Flow(usize),
 }
@@ -231,6 +273,10 @@ struct Sim<'a> {
     nccl_beside: bool,
     /// NCCL bandwidth factor of the CTA limit.
     nccl_scale: f64,
+    /// Per node: tile GEMM blocks (node, block) its completion makes ready.
+    gates: Vec<Vec<(usize, usize)>>,
+    /// (tile GEMM node, block) -> Wait nodes that end when the block is stored.
+    block_waiters: HashMap<(usize, usize), Vec<usize>>,
 }
 
 /// Simulates `plan` on `hw` and returns the predicted timeline.
@@ -409,6 +455,32 @@ impl<'a> Sim<'a> {
                         ms: hw.nvlink.latency_us / 1000.0,
                     },
                     TaskKind::Wait { .. } => Work::Flag { ms: 0.0 },
+                    TaskKind::TileGemm(g) => {
+                        let green = plan.resources.green_sms.unwrap_or(hw.sm_count);
+                        let cap = g
+                            .sm_target
+                            .unwrap_or(hw.sm_count)
+                            .min(green)
+                            .clamp(1, hw.sm_count);
+                        let c = cost::gemm_cost(hw, g.a.rows, g.a.cols, g.b.cols, cap);
+                        let blocks = g.blocks().max(1);
+                        let tiles_per_block = c.tiles.div_ceil(blocks).max(1);
+                        Work::Tile(TileWork {
+                            order: g.order().collect(),
+                            pos: 0,
+                            undispatched: vec![tiles_per_block; blocks],
+                            spinning: vec![0; blocks],
+                            done: vec![0; blocks],
+                            tiles_per_block,
+                            gate: vec![None; blocks],
+                            want: (tiles_per_block * blocks).min(cap),
+                            held: 0,
+                            idle: 0,
+                            waves: 0,
+                            wave_ms: c.effective_wave_ms(),
+                            launch_ms: c.launch_ms,
+                        })
+                    }
                 };
                 nodes.push(Node {
                     rank,
@@ -424,13 +496,42 @@ impl<'a> Sim<'a> {
                 });
             }
         }
-        // Stream order and explicit dependencies.
+        // Stream order and explicit dependencies; flags through tile GEMM
+        // blocks are per block (gates and block waiters), not whole-task edges.
         let graph = Graph::new(plan)?;
+        let node_of = |id: TaskId| offset[id.rank] + id.index;
+        let mut gates: Vec<Vec<(usize, usize)>> = vec![vec![]; total];
+        let mut block_waiters: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        let mut via_block = std::collections::HashSet::new();
+        for l in crate::plan::signal::flag_links(plan)? {
+            let (sig, wait) = (node_of(l.signal), node_of(l.wait));
+            if let Some(b) = l.wait_block {
+                gates[sig].push((wait, b));
+                if let Work::Tile(t) = &mut nodes[wait].work {
+                    t.gate[b] = Some(sig);
+                }
+                via_block.insert((sig, wait));
+            } else if let Some(b) = l.signal_block {
+                block_waiters.entry((sig, b)).or_default().push(wait);
+                nodes[wait].preds_left += 1;
+                via_block.insert((sig, wait));
+            }
+        }
         for (rank, rp) in plan.ranks.iter().enumerate() {
             for index in 0..rp.tasks.len() {
+                let v = graph.node(TaskId { rank, index });
                 let me = offset[rank] + index;
-                let preds = graph.preds(graph.node(TaskId { rank, index }));
-                nodes[me].preds_left = preds.len();
+                let mut preds: Vec<usize> = graph.stream_pred(v).into_iter().collect();
+                preds.extend_from_slice(graph.deps(v));
+                preds.extend(
+                    graph
+                        .flag_preds(v)
+                        .iter()
+                        .filter(|&&u| !via_block.contains(&(u, v))),
+                );
+                preds.sort_unstable();
+                preds.dedup();
+                nodes[me].preds_left += preds.len();
                 for pr in preds {
                     nodes[pr].succs.push(me);
                 }
@@ -472,6 +573,8 @@ impl<'a> Sim<'a> {
                 .resources
                 .nccl_ctas
                 .map_or(1.0, |n| (n as f64 / hw.nccl_sms.max(1) as f64).min(1.0)),
+            gates,
+            block_waiters,
         })
     }
 
@@ -583,7 +686,7 @@ impl<'a> Sim<'a> {
         self.nodes[i].seq = self.next_seq;
         self.next_seq += 1;
         match self.nodes[i].work {
-            Work::Gemm { launch_ms, .. } => {
+            Work::Tile(TileWork { launch_ms, .. }) | Work::Gemm { launch_ms, .. } => {
                 self.nodes[i].state = State::Launching;
                 self.nodes[i].start = self.now;
                 self.timers
@@ -710,6 +813,17 @@ impl<'a> Sim<'a> {
                     } else {
                         (false, true)
                     }
+                }
+                Work::Tile(ref mut t) => {
+                    // A kernel with every tile handed out needs no more SMs.
+                    let left = t.pos < t.order.len();
+                    let g = if left { free.min(t.want - t.held) } else { 0 };
+                    t.held += g;
+                    t.idle += g;
+                    self.held[r] += g;
+                    let full = t.held == t.want || !left;
+                    self.dispatch_tiles(i);
+                    (full, false)
                 }
                 Work::Copy { .. } => unreachable!("copies wait for copy engines"),
                 Work::Flag { .. } => unreachable!("signals and waits take no SMs"),
@@ -867,6 +981,26 @@ impl<'a> Sim<'a> {
                     self.complete(i);
                 }
             }
+            ActKind::Tile(i, b, n) => {
+                let per_block = {
+                    let Work::Tile(t) = &mut self.nodes[i].work else {
+                        unreachable!()
+                    };
+                    t.done[b] += n;
+                    t.idle += n;
+                    t.waves -= 1;
+                    (t.done[b] == t.tiles_per_block).then_some(b)
+                };
+                if let Some(b) = per_block {
+                    for w in self.block_waiters.remove(&(i, b)).unwrap_or_default() {
+                        self.nodes[w].preds_left -= 1;
+                        if self.nodes[w].preds_left == 0 {
+                            self.launch(w);
+                        }
+                    }
+                }
+                self.dispatch_tiles(i);
+            }
             ActKind::Reduce(i) => {
                 let r = self.nodes[i].rank;
                 if let Work::Reduce { sms, .. } = self.nodes[i].work {
@@ -892,10 +1026,79 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Hands a running tile GEMM's idle SMs the next tiles in block order
+    /// (spinning on blocks whose flag is not yet signalled), starts spinning
+    /// SMs of blocks that became ready, frees SMs with no tile left, and
+    /// completes the GEMM when every tile is done.
+    fn dispatch_tiles(&mut self, i: usize) {
+        if self.nodes[i].state != State::Running {
+            return;
+        }
+        let r = self.nodes[i].rank;
+        let ready: Vec<bool> = {
+            let Work::Tile(t) = &self.nodes[i].work else {
+                return;
+            };
+            t.gate
+                .iter()
+                .map(|g| g.is_none_or(|s| self.nodes[s].state == State::Done))
+                .collect()
+        };
+        let Work::Tile(t) = &mut self.nodes[i].work else {
+            return;
+        };
+        let mut start: Vec<(usize, usize)> = vec![];
+        for (b, &ok) in ready.iter().enumerate() {
+            if ok && t.spinning[b] > 0 {
+                start.push((b, std::mem::take(&mut t.spinning[b])));
+            }
+        }
+        while t.idle > 0 && t.pos < t.order.len() {
+            let b = t.order[t.pos];
+            let n = t.idle.min(t.undispatched[b]);
+            t.idle -= n;
+            t.undispatched[b] -= n;
+            if ready[b] {
+                start.push((b, n));
+            } else {
+                t.spinning[b] += n;
+            }
+            if t.undispatched[b] == 0 {
+                t.pos += 1;
+            }
+        }
+        let wave_ms = t.wave_ms;
+        t.waves += start.len();
+        let mut freed = 0;
+        if t.pos == t.order.len() {
+            // Nothing left to hand out: idle CTAs exit.
+            freed = std::mem::take(&mut t.idle);
+            t.held -= freed;
+        }
+        let finished = t.pos == t.order.len() && t.waves == 0 && t.held == 0;
+        for (b, n) in start {
+            self.active.push(Active {
+                kind: ActKind::Tile(i, b, n),
+                remaining: wave_ms,
+                rate: 0.0,
+            });
+        }
+        if freed > 0 {
+            self.held[r] -= freed;
+            self.dirty[r] = true;
+        }
+        if finished {
+            self.complete(i);
+        }
+    }
+
     fn complete(&mut self, i: usize) {
         self.nodes[i].state = State::Done;
         self.nodes[i].end = self.now;
         self.done += 1;
+        for (g, _) in std::mem::take(&mut self.gates[i]) {
+            self.dispatch_tiles(g);
+        }
         let succs = std::mem::take(&mut self.nodes[i].succs);
         for &s in &succs {
             self.nodes[s].preds_left -= 1;
@@ -919,7 +1122,7 @@ impl<'a> Sim<'a> {
         let mut copy_on = vec![false; p];
         for a in &self.active {
             match a.kind {
-                ActKind::Wave(i, _) => {
+                ActKind::Wave(i, _) | ActKind::Tile(i, _, _) => {
                     let r = self.nodes[i].rank;
                     gemm_on[r] = true;
                     match gemm_task[r] {
@@ -964,7 +1167,7 @@ impl<'a> Sim<'a> {
         let full = self.hw.reduce.full_bw_sms as f64;
         for a in &mut self.active {
             match a.kind {
-                ActKind::Wave(i, _) => {
+                ActKind::Wave(i, _) | ActKind::Tile(i, _, _) => {
                     let r = self.nodes[i].rank;
                     let mut s: f64 = 1.0;
                     if nccl_on[r] {

@@ -20,6 +20,10 @@ impl Schedule {
                 "transfers per shard, peer GEMMs coalesced (<= 3 GEMMs)".to_string()
             }
             Granularity::Fine(c) => format!("{c} chunks per shard ({} steps)", c * gpus),
+            Granularity::Tile => {
+                "one persistent GEMM launch, row blocks gated and drained by device flags"
+                    .to_string()
+            }
         };
         let engine = match self.engine {
             Engine::Nccl => "NCCL kernels",

@@ -60,7 +60,8 @@ pub fn enumerate(op: Op, opts: SpaceOptions) -> Vec<Schedule> {
     let mut out = vec![Schedule::SEQ];
     let grans = [Granularity::Shard, Granularity::Bulk]
         .into_iter()
-        .chain(FINE_CHUNKS.iter().map(|&c| Granularity::Fine(c)));
+        .chain(FINE_CHUNKS.iter().map(|&c| Granularity::Fine(c)))
+        .chain([Granularity::Tile]);
     for granularity in grans {
         for engine in [Engine::Nccl, Engine::Copy] {
             for order in [Order::Ring, Order::All] {

@@ -2,8 +2,12 @@
 //! name that parses back to the same schedule.
 //!
 //! Grammar: `seq`, or `GRAN-ENGINE-ORDER[-2s][-acc][-own][-smN][-gcN][-occS][-ctaN][-hi]` where
-//! GRAN is `shard`, `fineC` (C chunks per shard) or `bulk` (communication
-//! per shard, but the GEMMs over peers' rows coalesced into at most two calls), ENGINE is `nccl` or `copy`,
+//! GRAN is `shard`, `fineC` (C chunks per shard), `bulk` (communication
+//! per shard, but the GEMMs over peers' rows coalesced into at most two calls)
+//! or `tile` (one persistent launch of ficco's own GEMM for the whole
+//! operator, its row blocks gated and drained by flags in device memory;
+//! copy engines only; `-own` is implied and not written),
+//! ENGINE is `nccl` or `copy`,
 //! ORDER is `ring` or `all`, `-2s` alternates GEMMs over two compute streams,
 //! `-acc` fuses the reduction into the own block's GEMM (C += A·B: peers'
 //! partials are summed first, then the own partial is added by the GEMM
@@ -63,21 +67,30 @@ pub enum Granularity {
     /// the local shard's GEMM hides the transfers, and the big GEMM avoids
     /// the wave-quantization loss of P small ones.
     Bulk,
+    /// Tile-level overlap: one persistent GEMM launch covers the whole
+    /// operator; copy engines move chunks of rows and flags in device memory
+    /// gate each block of GEMM rows on its arrival (ag-gemm) or announce each
+    /// finished output block to the copy streams that drain it (gemm-rs,
+    /// gemm-ar). The chunk size is derived from the shape
+    /// ([`crate::plan::lower::tile_chunks`]). Copy engines only.
+    Tile,
 }
 
 impl Granularity {
-    /// Chunks per shard (1 for `shard` and `seq`).
+    /// Chunks per shard (1 for `shard` and `seq`; for `tile` the shape
+    /// decides, see [`crate::plan::lower::tile_chunks`], and this is 1).
     pub fn chunks(self) -> usize {
         match self {
-            Granularity::Seq | Granularity::Shard | Granularity::Bulk => 1,
+            Granularity::Seq | Granularity::Shard | Granularity::Bulk | Granularity::Tile => 1,
             Granularity::Fine(c) => c,
         }
     }
 
-    /// The name's part: `seq`, `shard`, `bulk` or `fineC`.
+    /// The name's part: `seq`, `shard`, `bulk`, `fineC` or `tile`.
     pub fn name(self) -> String {
         match self {
             Granularity::Seq => "seq".to_string(),
+            Granularity::Tile => "tile".to_string(),
             Granularity::Shard => "shard".to_string(),
             Granularity::Bulk => "bulk".to_string(),
             Granularity::Fine(c) => format!("fine{c}"),
@@ -404,7 +417,19 @@ impl Schedule {
             // No reduction to fuse; ficco's own kernel has no grouped tile
             // scheduler yet, so grouped GEMMs stay on cuBLASLt (which also
             // rules out `-smN` and `-occS`, which imply the own kernel).
-            return !self.fused_reduce && self.gemm == GemmEngine::Cublas;
+            return !self.fused_reduce
+                && self.gemm == GemmEngine::Cublas
+                && self.granularity != Granularity::Tile;
+        }
+        // `tile` is one launch of ficco's Hopper GEMM fed and drained by copy
+        // engines: no NCCL, no second GEMM stream, no shaped kernel.
+        if self.granularity == Granularity::Tile {
+            return self.engine == Engine::Copy
+                && self.compute_streams == 1
+                && self.occupancy.is_none()
+                // Always ficco's kernel: an explicit `-own` would name the same plan twice.
+                && (self.gemm == GemmEngine::Cublas || self.sm_target.is_some())
+                && !(self.fused_reduce && op == Op::AgGemm);
         }
         // gemm-ar over NCCL has only per-chunk all-reduce; "all" would be the same plan.
         let ar_nccl = op == Op::GemmAr && self.engine == Engine::Nccl;
@@ -482,12 +507,38 @@ impl Schedule {
         None
     }
 
+    /// Why this schedule cannot run on `gpus` GPUs whatever the shape, or
+    /// `None`: `tile -acc` runs on 2 GPUs only (with more, the own block
+    /// would wait for a reduce kernel that the persistent GEMM's waiting
+    /// blocks leave no SMs for).
+    pub fn gpus_misfit(&self, gpus: usize) -> Option<String> {
+        (self.granularity == Granularity::Tile && self.fused_reduce && gpus != 2).then(|| {
+            format!(
+                "tile -acc runs on 2 GPUs only: with {gpus} the own block would wait for a reduce \
+                 kernel that the persistent GEMM's waiting blocks leave no SMs for"
+            )
+        })
+    }
+
     /// Why this schedule cannot run `problem`, or `None` when it fits.
     pub fn misfit(&self, problem: &Problem) -> Option<String> {
         if !self.applies_to(problem.op) {
             return Some(format!("{} has no {} schedule", problem.op, self.name()));
         }
         let p = problem.gpus;
+        if self.granularity == Granularity::Tile {
+            let rows = crate::plan::lower::TILE_BLOCK_ROWS;
+            if problem.m % (p * rows) != 0 {
+                return Some(format!(
+                    "tile needs shards of whole {rows}-row GEMM blocks: m = {} is not divisible by gpus x {rows} = {}",
+                    problem.m,
+                    p * rows
+                ));
+            }
+        }
+        if let Some(why) = self.gpus_misfit(p) {
+            return Some(why);
+        }
         let c = self.granularity.chunks();
         // `concurrent` runs whole GEMMs, and the MoE operators cut blocks of
         // any size (chunks may be uneven or empty); the dependent operators split M.
@@ -537,6 +588,7 @@ impl FromStr for Schedule {
         let mut parts = name.split('-');
         let granularity = match parts.next() {
             Some("shard") => Granularity::Shard,
+            Some("tile") => Granularity::Tile,
             Some("bulk") => Granularity::Bulk,
             Some(g) if g.starts_with("fine") => {
                 let c: usize = g[4..]
@@ -549,7 +601,7 @@ impl FromStr for Schedule {
             }
             _ => {
                 return Err(bad(
-                    "expected 'seq' or a name starting with shard-, bulk- or fineC-",
+                    "expected 'seq' or a name starting with shard-, bulk-, fineC- or tile-",
                 ))
             }
         };

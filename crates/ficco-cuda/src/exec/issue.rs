@@ -36,10 +36,12 @@ pub(super) fn issue(
         TaskKind::Copy { src, dst } => copy(sh, stream.cu_stream(), src, dst),
         TaskKind::Reduce { srcs, dst } => reduce(rank, sh, stream, srcs, dst),
         TaskKind::Nccl { op, .. } => nccl(rank, sh, stream.cu_stream(), op),
-        TaskKind::Signal { .. } | TaskKind::Wait { .. } => Err(CudaError::Plan(format!(
-            "{} tasks are not supported by this executor yet",
-            kind.short()
-        ))),
+        TaskKind::Signal { .. } | TaskKind::Wait { .. } | TaskKind::TileGemm(_) => {
+            Err(CudaError::Plan(format!(
+                "{} tasks are not supported by this executor yet",
+                kind.short()
+            )))
+        }
     };
     if sh.plan.resources.green_sms.is_some() {
         // SAFETY: the stream is live (held by the rank for the plan).

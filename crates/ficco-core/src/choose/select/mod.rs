@@ -6,7 +6,7 @@
 //!   near ties. It considers `seq` and the copy-engine schedules with one
 //!   compute stream only: NCCL-beside-GEMM and two-GEMM contention are where
 //!   the simulator is least trustworthy (see [`select_model_among`]).
-//! - [`Selector::Rules`] (`rules.rs`): seven FiCCO-style rules over quantities a user can
+//! - [`Selector::Rules`] (`rules.rs`): eight FiCCO-style rules over quantities a user can
 //!   compute by hand from the cost model and the shape ([`RuleInputs`]): the
 //!   compute-to-communication ratio T_comp / T_comm, the GPU count, waves of
 //!   128x128 output tiles of a step's GEMM, the per-copy fixed cost, and
@@ -28,7 +28,8 @@ mod rules;
 
 pub use model::{in_model_space, select_model, select_model_among, MODEL_MARGIN};
 pub use rules::{
-    moe_rules, rule_inputs, rules, select_rules, select_rules_among, RuleInputs, RULE_TILE,
+    moe_rules, rule_inputs, rules, select_rules, select_rules_among, RuleInputs, RULES_PICK_TILE,
+    RULE_TILE,
 };
 
 use crate::error::{Error, Result};
@@ -155,11 +156,18 @@ mod tests {
     fn each_rule_decides_where_documented() {
         // Rule 1: a tiny all-reduce on 4 GPUs cannot pay 6 copy latencies.
         assert_eq!(rule_pick(Op::GemmAr, 2048, 1024, 4096, 4), "seq");
-        // Rule 5: comm-bound gemm-ar with a half-shard chunk of 3.9 waves.
+        // Rule 5: comm-bound gemm-rs with a half-shard chunk of 3.9 waves.
         assert_eq!(
-            rule_pick(Op::GemmAr, 16384, 1024, 4096, 4),
+            rule_pick(Op::GemmRs, 16384, 1024, 4096, 4),
             "fine2-copy-ring"
         );
+        // Rule 8: gemm-ar on 4 GPUs is one tile GEMM, broadcast to all peers
+        // (when the rules may pick `tile`, see RULES_PICK_TILE).
+        if RULES_PICK_TILE {
+            assert_eq!(rule_pick(Op::GemmAr, 16384, 1024, 4096, 4), "tile-copy-all");
+        } else {
+            assert!(!rule_pick(Op::GemmAr, 16384, 1024, 4096, 4).starts_with("tile"));
+        }
         // Rules 6 and 7: comm-bound ag-gemm, shard GEMM of 0.4 waves.
         assert_eq!(
             rule_pick(Op::AgGemm, 2048, 4096, 1536, 4),

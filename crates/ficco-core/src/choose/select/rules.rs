@@ -1,4 +1,4 @@
-//! The rule selector: seven documented rules over quantities computed from
+//! The rule selector: eight documented rules over quantities computed from
 //! the cost model and the shape ([`RuleInputs`]); each rule and why it holds
 //! is on [`rules`], and the expert-parallel operators' rules on
 //! [`moe_rules`]. The rules build typed [`Schedule`]s.
@@ -10,6 +10,10 @@ use crate::sim::cost;
 use crate::sim::profile::HwProfile;
 use crate::space::{Engine, Granularity, Order, Schedule};
 use serde::{Deserialize, Serialize};
+
+/// Whether rule 8 may pick `tile`. Off until the GPU executor runs `tile`
+/// plans (issue 14): a pick must be a schedule the GPUs can run.
+pub const RULES_PICK_TILE: bool = false;
 
 /// Edge of the square output tiles the rules count waves in.
 pub const RULE_TILE: usize = 128;
@@ -46,6 +50,10 @@ pub struct RuleInputs {
     /// (true for the current space; false when scoring data measured before
     /// they existed).
     pub fused_reduce: bool,
+    /// Whether the design space offers `tile` schedules (false when scoring
+    /// data measured before they existed).
+    #[serde(default)]
+    pub tile: bool,
 }
 
 impl RuleInputs {
@@ -79,6 +87,7 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
         gpus: p.gpus,
         copy_latency_ms: hw.copy_engine.latency_us * 1e-3,
         fused_reduce: true,
+        tile: RULES_PICK_TILE,
     };
     x.shard_waves = x.waves(1);
     x.chunk_waves = x.waves(2);
@@ -110,9 +119,14 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    hides everything but a short reduce, and fusing buys less than chunking
 ///    costs. C is the finest of 2, 4, 8 whose chunk GEMM still fills every SM
 ///    (waves(C) ≥ 1): finer chunks shrink the exposed last transfer until the
-///    chunk GEMMs leave SMs idle. Not on P > 2: the P−1 peer partials still
-///    need a reduce before the own GEMM can add them, so the reduce stays on
-///    the critical path and the own GEMM now waits for it.
+///    chunk GEMMs leave SMs idle; when even a half-shard chunk is less than
+///    one tile row (M/P/2 < 128 rows, a few hundred tokens), one step per
+///    shard (`shard-copy-ring-acc`): every half-shard GEMM would compute
+///    whole 128-row tiles of which it keeps a fraction (the simulator put
+///    `fine2` 1.2-1.6x above `seq` for llama3-70b's gemm-ar at 128-256
+///    tokens). Not on P > 2: the P−1
+///    peer partials still need a reduce before the own GEMM can add them, so
+///    the reduce stays on the critical path and the own GEMM now waits for it.
 /// 4. **`bulk` when the local GEMM hides the whole collective.** For ag-gemm
 ///    and gemm-rs on P > 2 GPUs with T_comp ≥ P·T_comm, the local (own)
 ///    block's GEMM, T_comp/P, covers every transfer by itself, so cutting the
@@ -171,9 +185,14 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
             .into_iter()
             .filter(|&c| fits(c) && x.waves(c) >= 1.0)
             .max()
-            .unwrap_or(2);
+            .unwrap_or(if x.chunk_rows >= RULE_TILE { 2 } else { 1 });
         let streams = if chunks >= 4 { 2 } else { 1 };
-        let s = Schedule::base(Granularity::Fine(chunks), Engine::Copy, Order::Ring)
+        let gran = if chunks == 1 {
+            Granularity::Shard
+        } else {
+            Granularity::Fine(chunks)
+        };
+        let s = Schedule::base(gran, Engine::Copy, Order::Ring)
             .with_compute_streams(streams)
             .with_fused_reduce();
         let why = format!(
@@ -185,6 +204,24 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
             },
             x.waves(chunks),
             if chunks >= 4 { "; 2 compute streams" } else { "" }
+        );
+        return (s, why);
+    }
+    // Rule 8.
+    let tile_rows = crate::plan::lower::TILE_BLOCK_ROWS;
+    let tile =
+        x.tile && gpus > 2 && (ar || (rs && x.waves(1) < 2.0)) && p.m % (gpus * tile_rows) == 0;
+    if tile {
+        let order = if ar { Order::All } else { Order::Ring };
+        let s = Schedule::base(Granularity::Tile, Engine::Copy, order);
+        let why = format!(
+            "rules 2, 8: {gpus} GPUs, {}; one tile GEMM, order {}",
+            if ar {
+                "gemm-ar".to_string()
+            } else {
+                format!("gemm-rs with a {:.2}-wave shard GEMM (< 2)", x.waves(1))
+            },
+            order.name()
         );
         return (s, why);
     }
@@ -329,18 +366,54 @@ pub fn select_rules_among(p: &Problem, hw: &HwProfile, among: &[Schedule]) -> Re
     let mut x = rule_inputs(p, hw);
     if !among.is_empty() {
         x.fused_reduce = among.iter().any(|s| s.fused_reduce);
+        x.tile = among.iter().any(|s| s.granularity == Granularity::Tile);
     }
-    let (s, reason) = rules(p, &x);
-    // A shape the chosen schedule cannot split falls back to seq.
-    let (s, reason) = match s.misfit(p) {
-        Some(why) if !s.is_seq() => (Schedule::SEQ, format!("{reason}; but {why}: seq")),
-        _ => (s, reason),
-    };
+    let seq_ms = predict_ms(p, &Schedule::SEQ, hw)?;
+    // The rules' pick; when the simulator predicts it slower than seq and it
+    // is rule 8's `tile`, the pick of the other rules; else seq.
+    let mut vetoed = vec![];
+    let mut tries = vec![x];
+    if x.tile {
+        tries.push(RuleInputs { tile: false, ..x });
+    }
+    for x in tries {
+        let (s, reason) = rules(p, &x);
+        // A shape the chosen schedule cannot split falls back to seq.
+        let (s, reason) = match s.misfit(p) {
+            Some(why) if !s.is_seq() => (Schedule::SEQ, format!("{reason}; but {why}: seq")),
+            _ => (s, reason),
+        };
+        let predicted_ms = if s.is_seq() {
+            seq_ms
+        } else {
+            predict_ms(p, &s, hw)?
+        };
+        if predicted_ms <= seq_ms {
+            let reason = if vetoed.is_empty() {
+                reason
+            } else {
+                format!("{}; then {reason}", vetoed.join("; "))
+            };
+            return Ok(Selection {
+                schedule: s,
+                selector: Selector::Rules,
+                predicted_ms,
+                reason,
+            });
+        }
+        if vetoed.iter().any(|v: &String| v.starts_with(&s.name())) {
+            continue;
+        }
+        vetoed.push(format!(
+            "{} ({reason}) is predicted at {predicted_ms:.4} ms > seq {seq_ms:.4} ms",
+            s.name()
+        ));
+    }
     Ok(Selection {
-        schedule: s,
+        schedule: Schedule::SEQ,
         selector: Selector::Rules,
-        predicted_ms: predict_ms(p, &s, hw)?,
-        reason,
+        predicted_ms: seq_ms,
+        reason: format!("{}: seq", vetoed.join("; ")),
     })
 }
 

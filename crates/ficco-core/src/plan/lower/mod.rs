@@ -15,7 +15,8 @@
 //! * `gemm-ar`: NCCL all-reduces each chunk as soon as its GEMM is done; copy
 //!   engines do gemm-rs's push + reduce and then push each reduced chunk to
 //!   every peer.
-//!
+//! * `tile` (any of the three): one persistent GEMM per rank whose row
+//!   blocks are gated and drained by device flags (`tile.rs`).
 //! * `a2a-gemm` / `gemm-a2a` (expert parallelism, see [`moe`]): blocks of
 //!   routed rows of variable size go to (or come back from) their experts'
 //!   ranks, and each rank's experts run as grouped GEMMs over the blocks
@@ -30,6 +31,9 @@ mod dependent;
 mod moe;
 mod parts;
 pub mod probe;
+mod tile;
+
+pub use tile::{tile_chunks, TILE_BLOCK_ROWS, TILE_MAX_CHUNKS, TILE_MIN_CHUNK_ROWS};
 
 use crate::error::{Error, Result};
 use crate::plan::{BufferRole, Plan, RankPlan, Resources, StreamRole, Task, TaskKind, View};
@@ -50,6 +54,9 @@ pub fn lower(problem: &Problem, schedule: &Schedule) -> Result<Plan> {
     }
     if problem.op.is_moe() {
         return moe::lower(problem, schedule);
+    }
+    if schedule.granularity == crate::space::Granularity::Tile {
+        return Ok(tile::lower(problem, schedule));
     }
     Ok(dependent::lower(problem, schedule))
 }
