@@ -540,6 +540,87 @@ fn hook6_destination_table() {
     }
 }
 
+/// The staged epilogue ([`Hooks::staged_epilogue`]) writes exactly what the
+/// register epilogue writes, to the same places, with the destination hook
+/// (rows redirected, half of them not 16-byte aligned), C rows not 16-byte
+/// aligned, split-K and the signal hook.
+#[test]
+fn staged_epilogue_matches_register_epilogue() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (1000usize, 520, 200);
+    let rows = 96usize;
+    let blocks = m.div_ceil(rows);
+    // ldc = ldd = n + 4: every other row starts off a 16-byte boundary.
+    let p = Problem::new(m, n, k, (0, 0, 4), 41);
+    let d = device(ctx, &p);
+    let ldd = n + 4;
+    let x = rand(m * ldd, 78);
+    let dst = upload(ctx, &x);
+    let table: Vec<u64> = (0..blocks)
+        .map(|b| {
+            if b % 2 == 1 {
+                dst.ptr().raw() + (b * rows * ldd * 2) as u64
+            } else {
+                0
+            }
+        })
+        .collect();
+    let tbl = upload_u64(ctx, &table);
+    let counters = upload_u32(ctx, &vec![0u32; blocks]);
+    for tile in [TileN::N256, TileN::N128] {
+        for splits in [1u32, 3] {
+            for with_dest in [false, true] {
+                let mut outs = vec![];
+                for staged in [false, true] {
+                    d.c.upload(&to_bytes(&vec![NAN; m * p.ldc]))
+                        .expect("poison");
+                    dst.upload(&to_bytes(&x)).expect("reset dst");
+                    counters.upload(&vec![0u8; blocks * 4]).expect("reset");
+                    let args = GemmArgs {
+                        hooks: Hooks {
+                            split_k: Some(splits),
+                            tile_n: Some(tile),
+                            staged_epilogue: staged,
+                            signal: Some(SignalHook {
+                                counters: DevPtr::new(counters.ptr().raw()),
+                                rows_per_counter: rows as u32,
+                            }),
+                            dest: with_dest.then_some(DestHook {
+                                table: DevPtr::new(tbl.ptr().raw()),
+                                ld: ldd,
+                                rows_per_block: rows as u32,
+                                add: false,
+                            }),
+                            ..Hooks::default()
+                        },
+                        ..d.args
+                    };
+                    let shape = g.shape(&args).expect("shape");
+                    assert_eq!(shape.staged, staged, "{tile:?} split {splits}");
+                    assert!(!shape.tma_store);
+                    run(ctx, g, &args);
+                    let counts = download_u32(&counters, blocks);
+                    assert!(counts.iter().all(|&c| c == 1), "counters {counts:?}");
+                    outs.push((download(&d.c, m * p.ldc), download(&dst, m * ldd)));
+                }
+                let (reg, stg) = (&outs[0], &outs[1]);
+                let dc = reg.0.iter().zip(&stg.0).filter(|(a, b)| a != b).count();
+                let dd = reg.1.iter().zip(&stg.1).filter(|(a, b)| a != b).count();
+                eprintln!(
+                    "hgemm staged epilogue {tile:?} split {splits} dest {with_dest}: {dc} C and {dd} dst elements differ"
+                );
+                assert_eq!((dc, dd), (0, 0));
+                assert!(padding_untouched(&stg.0, m, n, p.ldc));
+                if !with_dest {
+                    let err = rel_err(&view(&stg.0, m, n, p.ldc), &p.reference());
+                    assert!(err < 1e-2, "rel err {err}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn split_k_matches_host_reference() {
     let Some(guard) = gpu() else { return };

@@ -43,7 +43,8 @@ struct Params {
   u32 dest_rows;
   u32 dest_add;
   u32 splits;        // K splits per tile (1: none)
-  u32 tma_store;     // 1: plain epilogue through shared memory and TMA stores
+  u32 tma_store;     // epilogue through shared memory: 1 TMA stores (plain C),
+                     // 2 16-byte thread stores (destination hook, no add)
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -191,7 +192,7 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
 // the user's counter with a system-scope release.
 static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
   const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
-  if (p.tma_store) {
+  if (p.tma_store == 1) {
     // This thread issued the half tile's TMA stores: wait until they are
     // performed, then order them (async proxy) before the release below.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -216,6 +217,58 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
       asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
       asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
                    : "memory");
+    }
+  }
+}
+
+// Epilogue mode 2: the warpgroup's 64 x BN bf16 half tile, staged in shared
+// memory as 128-byte-swizzled 64 x 64 boxes, goes to global memory in
+// 16-byte chunks, a warp writing 4 full 128-byte row segments per store
+// (the register epilogue writes 4-byte pieces of 8 rows). Rows may be
+// redirected by the destination hook (overwrite only: an add would round
+// twice); a row whose address is not 16-byte aligned is stored 4 bytes at a time.
+template <int BN>
+static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u32 rbase, u32 n0,
+                                                    u32 lt) {
+  const u32 j = lt & 7;  // 16-byte chunk of a 128-byte box row
+  u64 rowp[4];
+  bool rok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const u32 row = rbase + lt / 8 + 16 * i;
+    rok[i] = row < p.m;
+    rowp[i] = p.c + 2ull * ((u64)row * p.ldc);
+    if (p.dest_table != 0 && rok[i]) {
+      const u32 b = row / p.dest_rows;
+      const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
+      if (dp != 0) rowp[i] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < BN / 64; ++b) {
+    const u32 col = n0 + 64 * b + 8 * j;  // N is a multiple of 8: a chunk is all in or all out
+    if (col >= p.n) continue;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (!rok[i]) continue;
+      const u32 r = lt / 8 + 16 * i;
+      const u32 sa = wst + (u32)b * 8192u + r * 128u + ((j ^ (r & 7u)) << 4);
+      u32 x0, x1, x2, x3;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                   : "r"(sa)
+                   : "memory");
+      const u64 addr = rowp[i] + 2ull * col;
+      if ((addr & 15ull) == 0) {
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(x0), "r"(x1),
+                     "r"(x2), "r"(x3)
+                     : "memory");
+      } else {
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr), "r"(x0) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr + 4), "r"(x1) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr + 8), "r"(x2) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr + 12), "r"(x3) : "memory");
+      }
     }
   }
 }
@@ -403,7 +456,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // columns >= N are clipped by the tensor map) and moves on; the
         // stores drain while the next tile's main loop runs.
         const u32 wst = stg + cw * (64u * BN * 2u);
-        if (lt == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        if (lt == 0 && p.tma_store == 1)
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         named_sync(1 + cw, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -417,14 +471,21 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
                          : "memory");
           }
         }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        named_sync(1 + cw, 128);
-        if (lt == 0) {
+        if (p.tma_store == 1) {
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          named_sync(1 + cw, 128);
+          if (lt == 0) {
 #pragma unroll
-          for (int b = 0; b < BN / 64; ++b) {
-            tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+            for (int b = 0; b < BN / 64; ++b) {
+              tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        } else {
+          // The next tile's staging writes wait at the barrier above until
+          // every thread of this warpgroup has read this tile back.
+          named_sync(1 + cw, 128);
+          staged_store<BN>(p, wst, m0 + cw * 64, n0, lt);
         }
       } else {
       // Epilogue: registers -> global, bf16x2 per store, bounds-checked.

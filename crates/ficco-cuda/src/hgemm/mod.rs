@@ -282,6 +282,12 @@ pub struct Hooks {
     pub tile_n: Option<TileN>,
     /// M-blocks per scheduling group (not a hook: L2 reuse); `None` is [`GROUP_M`].
     pub group_m: Option<u32>,
+    /// Epilogue variant (not a hook): where the TMA-store epilogue cannot
+    /// run (a destination hook, C rows not 16-byte aligned) but nothing is
+    /// added to the output, stage the tile in shared memory too and store
+    /// it with 16-byte thread stores instead of 4-byte stores from the
+    /// registers ([`LaunchShape::staged`]). Off by default until measured.
+    pub staged_epilogue: bool,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -401,6 +407,9 @@ pub struct LaunchShape {
     /// The epilogue goes through shared memory and TMA stores (plain
     /// output: no accumulate, no destination hook, C 16-byte aligned rows).
     pub tma_store: bool,
+    /// The epilogue stages the tile in shared memory and stores it with
+    /// 16-byte thread stores ([`Hooks::staged_epilogue`]); excludes `tma_store`.
+    pub staged: bool,
 }
 
 /// The loaded kernel on one device.
@@ -578,7 +587,13 @@ impl HopperGemm {
             group_m: h.group_m.unwrap_or(GROUP_M),
             accumulate: args.accumulate as u32,
             splits: shape.splits,
-            tma_store: shape.tma_store as u32,
+            tma_store: if shape.tma_store {
+                1
+            } else if shape.staged {
+                2
+            } else {
+                0
+            },
             ws: self.workspace.ptr().raw(),
             ws_tickets: self.tickets.ptr().raw() + (MAX_SIGNAL_BLOCKS * 4) as u64,
             ..KernelParams::default()
@@ -739,11 +754,16 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     // The plain epilogue goes through shared memory and TMA stores when C
     // can be a tensor map and nothing reads or redirects the output.
     let tma_able = !a.accumulate && h.dest.is_none() && a.c.addr() % 16 == 0 && a.ldc % 8 == 0;
+    // The staged variant writes whatever the TMA path cannot, except adds
+    // (they would round twice: once into the staging buffer, once after the add).
+    let staged_able =
+        !tma_able && h.staged_epilogue && !a.accumulate && h.dest.is_none_or(|d| !d.add);
+    let stage_out = tma_able || staged_able;
     let staging = tile.staging_bytes() as u64;
     let fixed = |st: u32| 1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16;
     let st = if h.occupancy.stages != 0 {
         h.occupancy.stages
-    } else if tma_able {
+    } else if stage_out {
         // The most stages that still leave room for the staging buffer.
         (MIN_STAGES..=tile.max_stages())
             .rev()
@@ -758,9 +778,11 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             tile.max_stages()
         )));
     }
-    let tma_store =
-        tma_able && fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
-    let dyn_smem = fixed(st) + if tma_store { staging } else { 0 } + h.occupancy.extra_smem as u64;
+    let staging_fits = fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
+    let tma_store = tma_able && staging_fits;
+    let staged = staged_able && staging_fits;
+    let dyn_smem =
+        fixed(st) + if tma_store || staged { staging } else { 0 } + h.occupancy.extra_smem as u64;
     if dyn_smem > max_smem as u64 {
         return Err(bad(format!(
             "{st} stages + {} extra bytes need {dyn_smem} bytes of shared memory; the device allows {max_smem}",
@@ -848,6 +870,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         tile_n: tile,
         stages: st,
         tma_store,
+        staged,
     })
 }
 
@@ -1089,6 +1112,53 @@ mod tests {
         narrow.hooks.tile_n = None;
         let s = validate(&narrow, 232448, 132).unwrap();
         assert_eq!((s.tile_n, s.tiles_n, s.stages), (TileN::N128, 33, 6));
+    }
+
+    #[test]
+    fn staged_epilogue_only_where_asked_and_exact() {
+        let max = 232448;
+        let dest = DestHook {
+            table: DevPtr::new(0x4000),
+            ld: 4104,
+            rows_per_block: 100,
+            add: false,
+        };
+        let mut a = args(1000, 4104, 72);
+        a.hooks.dest = Some(dest);
+        // Off by default: the register epilogue, the most stages.
+        let s = validate(&a, max, 132).unwrap();
+        assert!(!s.staged && !s.tma_store);
+        assert_eq!(s.stages, 4);
+        a.hooks.staged_epilogue = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert!(s.staged && !s.tma_store);
+        assert_eq!(s.stages, 3);
+        assert_eq!(
+            s.dyn_smem,
+            smem_bytes(TileN::N256, 3, 0) + TileN::N256.staging_bytes()
+        );
+        // Adds stay in registers (one rounding).
+        a.hooks.dest = Some(DestHook { add: true, ..dest });
+        assert!(!validate(&a, max, 132).unwrap().staged);
+        let mut acc = args(1000, 4104, 72);
+        acc.accumulate = true;
+        acc.hooks.staged_epilogue = true;
+        assert!(!validate(&acc, max, 132).unwrap().staged);
+        // Plain aligned output keeps the TMA stores.
+        let mut plain = args(1000, 4104, 72);
+        plain.hooks.staged_epilogue = true;
+        let s = validate(&plain, max, 132).unwrap();
+        assert!(s.tma_store && !s.staged);
+        // C rows not 16-byte aligned: staged (4-byte stores where unaligned).
+        plain.c = DevPtr::new(0x3004);
+        let s = validate(&plain, max, 132).unwrap();
+        assert!(!s.tma_store && s.staged);
+        // No room for the staging buffer: the register epilogue.
+        plain.hooks.occupancy = Occupancy {
+            stages: 4,
+            extra_smem: 0,
+        };
+        assert!(!validate(&plain, max, 132).unwrap().staged);
     }
 
     #[test]
