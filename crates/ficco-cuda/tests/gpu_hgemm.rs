@@ -442,13 +442,18 @@ fn hook4_wait_blocks_until_flags_arrive() {
 fn hook5_signal_counts_each_block_once() {
     let Some(guard) = gpu() else { return };
     let (ctx, g) = (&guard.0, &guard.1);
-    for &(m, n, rows) in &[
-        (1000, 520, 100),
-        (1024, 1024, 256),
-        (700, 264, 64),
-        (300, 8, 1000),
+    // signal_delay 3 with 5 k-blocks per tile: the deferred signal goes out
+    // mid-way through the next tile, or at the end of a CTA's last one.
+    for &(m, n, rows, delay) in &[
+        (1000, 520, 100, 0u32),
+        (1024, 1024, 256, 0),
+        (700, 264, 64, 0),
+        (300, 8, 1000, 0),
+        (1000, 520, 100, 3),
+        (700, 264, 64, 3),
     ] {
-        let p = Problem::new(m, n, 64, (0, 0, 0), 5);
+        let k = if delay == 0 { 64 } else { 320 };
+        let p = Problem::new(m, n, k, (0, 0, 0), 5);
         let d = device(ctx, &p);
         let blocks = m.div_ceil(rows);
         let counters = upload_u32(ctx, &vec![0u32; blocks]);
@@ -459,6 +464,7 @@ fn hook5_signal_counts_each_block_once() {
                     rows_per_counter: rows as u32,
                 }),
                 sm_budget: Some(7),
+                signal_delay: delay,
                 ..Hooks::default()
             },
             ..d.args
@@ -466,7 +472,7 @@ fn hook5_signal_counts_each_block_once() {
         run(ctx, g, &args);
         run(ctx, g, &args);
         let got = download_u32(&counters, blocks);
-        eprintln!("hgemm signal {m}x{n} rows/counter {rows}: counters {got:?}");
+        eprintln!("hgemm signal {m}x{n}x{k} rows/counter {rows} delay {delay}: counters {got:?}");
         assert!(got.iter().all(|&c| c == 2), "{got:?}");
         let c = download(&d.c, m * n);
         assert!(rel_err(&view(&c, m, n, n), &p.reference()) < 1e-2);
@@ -582,6 +588,7 @@ fn staged_epilogue_matches_register_epilogue() {
                             split_k: Some(splits),
                             tile_n: Some(tile),
                             staged_epilogue: staged,
+                            signal_delay: if staged { 2 } else { 0 },
                             signal: Some(SignalHook {
                                 counters: DevPtr::new(counters.ptr().raw()),
                                 rows_per_counter: rows as u32,

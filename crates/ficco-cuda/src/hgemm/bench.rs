@@ -671,6 +671,16 @@ impl Bench {
                 ..Hooks::default()
             },
         ));
+        for delay in [2, 4] {
+            settings.push((
+                format!("signal delay={delay}"),
+                Hooks {
+                    signal: Some(signal),
+                    signal_delay: delay,
+                    ..Hooks::default()
+                },
+            ));
+        }
         settings.push((
             "dest(table->C) staged".into(),
             Hooks {
@@ -691,6 +701,7 @@ impl Bench {
             HOOKS_3_TO_6_STAGED.into(),
             Hooks {
                 staged_epilogue: true,
+                signal_delay: 4,
                 ..h36
             },
         ));
@@ -990,7 +1001,10 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
     }
     for (setting, label) in [
         (HOOKS_3_TO_6, "hooks 3-6"),
-        (HOOKS_3_TO_6_STAGED, "hooks 3-6, staged epilogue"),
+        (
+            HOOKS_3_TO_6_STAGED,
+            "hooks 3-6, staged epilogue, signal delay 4",
+        ),
     ] {
         let h36: Vec<String> = hooks
             .iter()
@@ -1031,8 +1045,9 @@ pub const HOOK_SHAPES: [(usize, usize, usize); 3] =
 /// The hook setting with the tile order, input wait, output signal and
 /// destination hooks all on.
 pub const HOOKS_3_TO_6: &str = "hooks 3-6";
-/// [`HOOKS_3_TO_6`] with [`Hooks::staged_epilogue`].
-pub const HOOKS_3_TO_6_STAGED: &str = "hooks 3-6 staged";
+/// [`HOOKS_3_TO_6`] with [`Hooks::staged_epilogue`] and a
+/// [`Hooks::signal_delay`] of 4 k-blocks.
+pub const HOOKS_3_TO_6_STAGED: &str = "hooks 3-6 staged,delay=4";
 
 #[cfg(test)]
 mod tests {

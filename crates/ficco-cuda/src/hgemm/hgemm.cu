@@ -45,6 +45,7 @@ struct Params {
   u32 splits;        // K splits per tile (1: none)
   u32 tma_store;     // epilogue through shared memory: 1 TMA stores (plain C),
                      // 2 16-byte thread stores (destination hook, no add)
+  u32 sig_delay;     // k-blocks of the next unit issued before a deferred signal
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -382,7 +383,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           }
         }
         wgmma_commit();
-        if (pend != NONE) {
+        // A deferred signal goes out `sig_delay` k-blocks into the next unit
+        // (or at its last k-block): by then the stores it publishes have
+        // drained, so its wait and fence do not hold up the warpgroup's wgmma.
+        if (pend != NONE && (kb - kb0 >= p.sig_delay || kb + 1 == kb1)) {
           if (lt == 0) signal_half(p, pend);
           pend = NONE;
         }

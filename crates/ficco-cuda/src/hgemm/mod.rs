@@ -66,6 +66,18 @@
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
 //!
+//! # Variants under measurement (off by default)
+//! - [`Hooks::staged_epilogue`]: where the TMA-store epilogue cannot run
+//!   (destination hook, C rows not 16-byte aligned) and nothing is added,
+//!   the tile is staged in shared memory as for TMA stores and written back
+//!   with 16-byte thread stores, full 128-byte row segments per warp, instead
+//!   of 4-byte stores from the registers (mode 2 of the kernel's `tma_store`).
+//! - [`Hooks::signal_delay`]: the deferred signal goes out a few k-blocks
+//!   into the next unit, when its stores have drained.
+//!
+//! `gemm-bench` times both against the defaults in its hook rows, and every
+//! other tile width and K split on every shape ([`bench::schedule_variants`]).
+//!
 //! # Split-K
 //! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
 //! rows), each tile's K range is split ([`Hooks::split_k`], by default
@@ -288,6 +300,12 @@ pub struct Hooks {
     /// it with 16-byte thread stores instead of 4-byte stores from the
     /// registers ([`LaunchShape::staged`]). Off by default until measured.
     pub staged_epilogue: bool,
+    /// Signal-hook variant (not a hook): a tile's signal is sent after
+    /// k-block `signal_delay` of the warpgroup's next unit is issued (0, the
+    /// default: right after its first; at its last if it has fewer), so that waiting for its stores and
+    /// the release fence overlap more tensor-core work. Delays the signal
+    /// by about as many k-blocks (≈ 1 µs each).
+    pub signal_delay: u32,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -386,6 +404,7 @@ struct KernelParams {
     dest_add: u32,
     splits: u32,
     tma_store: u32,
+    sig_delay: u32,
 }
 
 /// A CUtensorMap, passed by value as a `__grid_constant__`.
@@ -607,6 +626,7 @@ impl HopperGemm {
             p.sig_counters = s.counters.addr();
             p.sig_tickets = self.tickets.ptr().raw();
             p.sig_rows = s.rows_per_counter;
+            p.sig_delay = h.signal_delay;
         }
         if let Some(d) = h.dest {
             p.dest_table = d.table.addr();
@@ -1079,8 +1099,8 @@ mod tests {
 
     #[test]
     fn params_layout_matches_kernel() {
-        // 9 u64 then 16 u32 (see struct Params in hgemm.cu).
-        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 16 * 4);
+        // 9 u64 then 17 u32, padded to 8 bytes (see struct Params in hgemm.cu).
+        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 18 * 4);
         assert_eq!(std::mem::align_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
         assert_eq!(STAGE_BYTES, 48 * 1024);
