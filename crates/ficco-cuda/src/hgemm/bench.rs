@@ -136,6 +136,8 @@ pub struct ShapeRow {
 pub struct VariantRow {
     pub tile_n: TileN,
     pub splits: u32,
+    /// Only the last partial wave's tiles split ([`Hooks::split_tail_only`]).
+    pub tail_only: bool,
     /// Median time; `None` when the variant could not run (see `error`).
     pub ms: Option<f64>,
     pub ratio_tuned: Option<f64>,
@@ -148,26 +150,49 @@ pub struct VariantRow {
 /// Largest relative error a variant may have and still count as the best.
 pub const VARIANT_MAX_REL_ERR: f64 = 1e-2;
 
+/// One schedule of ficco's kernel: tile width, K splits, and whether only
+/// the last partial wave's tiles are split.
+pub type Schedule = (TileN, u32, bool);
+
+/// The label of a schedule in the table: "tile/splits", "t" appended when
+/// only the tail wave is split.
+pub fn schedule_label((tile, splits, tail): Schedule) -> String {
+    format!("{}/{splits}{}", tile.cols(), if tail { "t" } else { "" })
+}
+
 /// The schedules [`Bench::shape`] also times: both tile widths, unsplit
 /// and split 2 to 8 ways, except `chosen` (the chooser's own, timed anyway),
 /// splits beyond the k-blocks or the split-K workspace, and splits whose
-/// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the machine).
+/// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the
+/// machine); and where the tiles leave a partial last wave, that wave's
+/// tiles split 2 to 8 ways (at most 2 waves of split units).
 pub fn schedule_variants(
     m: usize,
     n: usize,
     k: usize,
     grid: u32,
-    chosen: (TileN, u32),
-) -> Vec<(TileN, u32)> {
+    chosen: Schedule,
+) -> Vec<Schedule> {
     let k_blocks = k.div_ceil(super::BLOCK_K) as u64;
+    let grid = grid.max(1) as u64;
     let mut out = vec![];
     for tile in [TileN::N256, TileN::N128] {
         let tiles = (m.div_ceil(BLOCK_M) * n.div_ceil(tile.cols())) as u64;
+        let tail = if tiles >= grid { tiles % grid } else { 0 };
         for s in [1u32, 2, 3, 4, 6, 8] {
+            if s as u64 > k_blocks {
+                continue;
+            }
             let units = tiles * s as u64;
-            let fits = s == 1 || (units <= tile.max_units() && units <= 4 * grid as u64);
-            if s as u64 <= k_blocks && fits && (tile, s) != chosen {
-                out.push((tile, s));
+            let fits = s == 1 || (units <= tile.max_units() && units <= 4 * grid);
+            if fits && (tile, s, false) != chosen {
+                out.push((tile, s, false));
+            }
+            let tail_units = tail * s as u64;
+            let tail_fits =
+                s > 1 && tail > 0 && tail_units <= tile.max_units() && tail_units <= 2 * grid;
+            if tail_fits && (tile, s, true) != chosen {
+                out.push((tile, s, true));
             }
         }
     }
@@ -442,7 +467,7 @@ impl Bench {
         let sched = self.gemm.shape(&args)?;
         let (splits, tile_n) = (sched.splits, sched.tile_n);
         let candidates = if self.cfg.variants {
-            schedule_variants(m, n, k, self.gemm.sms(), (tile_n, splits))
+            schedule_variants(m, n, k, self.gemm.sms(), (tile_n, splits, false))
         } else {
             vec![]
         };
@@ -467,11 +492,12 @@ impl Bench {
             Engine::Tuned(key, pa, pb, pc),
             Engine::Default(key, pa, pb, pc),
         ];
-        for (tile, s) in candidates {
+        for (tile, s, tail) in candidates {
             let v = GemmArgs {
                 hooks: Hooks {
                     tile_n: Some(tile),
                     split_k: Some(s),
+                    split_tail_only: tail,
                     ..Hooks::default()
                 },
                 ..args
@@ -488,6 +514,7 @@ impl Bench {
                     VariantRow {
                         tile_n: tile,
                         splits: s,
+                        tail_only: tail,
                         ms: None,
                         ratio_tuned: None,
                         rel_err: Some(self.rel_err(pc, pr, m * n)?),
@@ -497,6 +524,7 @@ impl Bench {
                 Err(e) => VariantRow {
                     tile_n: tile,
                     splits: s,
+                    tail_only: tail,
                     ms: None,
                     ratio_tuned: None,
                     rel_err: None,
@@ -748,12 +776,12 @@ impl Bench {
 /// The fastest of the chooser's schedule and the correct measured variants:
 /// ("tile/splits", ms). Ties keep the chooser's.
 pub fn best_schedule(tile: TileN, splits: u32, ms: f64, variants: &[VariantRow]) -> (String, f64) {
-    let mut best = (format!("{}/{splits}", tile.cols()), ms);
+    let mut best = (schedule_label((tile, splits, false)), ms);
     for v in variants {
         let ok = v.rel_err.is_some_and(|e| e < VARIANT_MAX_REL_ERR);
         if let (Some(t), true) = (v.ms, ok) {
             if t < best.1 {
-                best = (format!("{}/{}", v.tile_n.cols(), v.splits), t);
+                best = (schedule_label((v.tile_n, v.splits, v.tail_only)), t);
             }
         }
     }
@@ -1125,26 +1153,35 @@ mod tests {
 
     #[test]
     fn variants_cover_both_tiles_and_useful_splits() {
-        // 8192^3: 2048 wide tiles fill 15 waves; no split can help.
-        let v = schedule_variants(8192, 8192, 8192, 132, (TileN::N256, 1));
-        assert_eq!(v, vec![(TileN::N128, 1)]);
+        // 2048 wide tiles = 15 full waves + 68; 4096 narrow = 31 + 4.
+        let v = schedule_variants(8192, 8192, 8192, 132, (TileN::N256, 1, false));
+        assert!(v.contains(&(TileN::N128, 1, false)));
+        assert!(v.iter().all(|&(_, s, t)| s == 1 || t), "{v:?}");
+        // 68 x 3 tail units fit 2 waves of 132, 68 x 4 do not.
+        assert!(v.contains(&(TileN::N256, 3, true)));
+        assert!(!v.contains(&(TileN::N256, 4, true)));
+        assert!(v.contains(&(TileN::N128, 8, true)));
         // 1536 x 1536 x 4096: 72 wide / 144 narrow tiles, 64 k-blocks.
-        let v = schedule_variants(1536, 1536, 4096, 132, (TileN::N256, 1));
-        assert!(!v.contains(&(TileN::N256, 1)));
+        let v = schedule_variants(1536, 1536, 4096, 132, (TileN::N256, 1, false));
+        assert!(!v.contains(&(TileN::N256, 1, false)));
         for want in [
             (TileN::N256, 2),
             (TileN::N256, 6),
             (TileN::N128, 1),
             (TileN::N128, 3),
         ] {
-            assert!(v.contains(&want), "{want:?} in {v:?}");
+            assert!(v.contains(&(want.0, want.1, false)), "{want:?} in {v:?}");
         }
         // 144 narrow tiles x 4 = 576 units > 4 waves of 132.
-        assert!(!v.contains(&(TileN::N128, 4)));
+        assert!(!v.contains(&(TileN::N128, 4, false)));
+        // 72 wide tiles: no full wave, no tail variant; 144 narrow: 12 left.
+        assert!(!v.iter().any(|&(t, _, tail)| tail && t == TileN::N256));
+        assert!(v.contains(&(TileN::N128, 8, true)));
         // K = 128: two k-blocks, at most two splits.
-        let v = schedule_variants(64, 4096, 128, 132, (TileN::N128, 2));
-        assert!(v.iter().all(|&(_, s)| s <= 2), "{v:?}");
-        assert!(v.contains(&(TileN::N256, 2)) && v.contains(&(TileN::N128, 1)));
+        let v = schedule_variants(64, 4096, 128, 132, (TileN::N128, 2, false));
+        assert!(v.iter().all(|&(_, s, _)| s <= 2), "{v:?}");
+        assert!(v.contains(&(TileN::N256, 2, false)) && v.contains(&(TileN::N128, 1, false)));
+        assert_eq!(schedule_label((TileN::N128, 4, true)), "128/4t");
     }
 
     #[test]
@@ -1152,6 +1189,7 @@ mod tests {
         let v = |tile, splits, ms: Option<f64>, err: Option<f64>| VariantRow {
             tile_n: tile,
             splits,
+            tail_only: splits == 2,
             ms,
             ratio_tuned: None,
             rel_err: err,
@@ -1165,7 +1203,7 @@ mod tests {
         ];
         assert_eq!(
             best_schedule(TileN::N256, 1, 1.0, &vs),
-            ("256/2".to_string(), 0.8)
+            ("256/2t".to_string(), 0.8)
         );
         assert_eq!(
             best_schedule(TileN::N256, 1, 0.7, &vs),
@@ -1197,6 +1235,7 @@ mod tests {
             variants: vec![VariantRow {
                 tile_n: TileN::N128,
                 splits: 1,
+                tail_only: false,
                 ms: Some(1.55),
                 ratio_tuned: Some(1.55 / 1.6),
                 rel_err: Some(1e-4),

@@ -46,6 +46,7 @@ struct Params {
   u32 tma_store;     // epilogue through shared memory: 1 TMA stores (plain C),
                      // 2 16-byte thread stores (destination hook, no add)
   u32 sig_delay;     // k-blocks of the next unit issued before a deferred signal
+  u32 dp_tiles;      // tiles 0..dp_tiles run unsplit, the rest split `splits` ways
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -276,6 +277,26 @@ static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u3
 
 extern __shared__ __align__(1024) unsigned char smem_raw[];
 
+// Work unit u -> (tile t, split sp of ns, k-blocks kb0..kb1). The first
+// `dp_tiles` units are whole tiles (full waves); each later tile is split
+// `splits` ways (the last, partial wave). dp_tiles = 0: every tile split.
+static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u32& t, u32& sp,
+                                               u32& ns, u32& kb0, u32& kb1) {
+  if (u < p.dp_tiles) {
+    t = u;
+    sp = 0;
+    ns = 1;
+  } else {
+    const u32 r = u - p.dp_tiles;
+    const u32 q = r / p.splits;
+    t = p.dp_tiles + q;
+    sp = r - q * p.splits;
+    ns = p.splits;
+  }
+  kb0 = sp * nk / ns;
+  kb1 = (sp + 1) * nk / ns;
+}
+
 template <int BN>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
                                                   const TMap& cmap, const Params& p) {
@@ -291,7 +312,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
   const u32 tid = thread_x();
   const u32 wg = tid / 128;
   const u32 tiles = p.tiles_m * p.tiles_n;
-  const u32 units = tiles * p.splits;
+  const u32 units = p.dp_tiles + (tiles - p.dp_tiles) * p.splits;
   const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
   const u32 nk = (p.k + BK - 1) / BK;
 
@@ -310,8 +331,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     if (tid == 0) {
       u32 stage = 0, phase = 0;
       for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
-        const u32 t = u / p.splits, sp = u - t * p.splits;
-        const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
+        u32 t, sp, ns, kb0, kb1;
+        unit_of(p, u, nk, t, sp, ns, kb0, kb1);
         u32 mb, nb;
         tile_coords(p, t, mb, nb);
         const u32 m0 = mb * BM, n0 = nb * BN;
@@ -355,8 +376,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
     for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
-      const u32 t = u / p.splits, sp = u - t * p.splits;
-      const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
+      u32 t, sp, ns, kb0, kb1;
+      unit_of(p, u, nk, t, sp, ns, kb0, kb1);
       u32 mb, nb;
       tile_coords(p, t, mb, nb);
       const u32 m0 = mb * BM, n0 = nb * BN;
@@ -404,13 +425,13 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       fence_acc<NACC>(d);
       if (lt == 0) mbar_arrive(empty + 8 * prev);
 
-      if (p.splits > 1) {
+      if (ns > 1) {
         // Split-K: publish this split's partial, count it; the last split of
         // this (tile, half) sums all partials in split order (deterministic)
         // and runs the epilogue.
         if (m0 + cw * 64 >= p.m) continue;  // no rows in this half
-        const u64 slot = (u64)t * 2 + cw;
-        const u64 wsb = p.ws + slot * p.splits * SLOT;
+        const u64 slot = (u64)(t - p.dp_tiles) * 2 + cw;  // split tiles only
+        const u64 wsb = p.ws + slot * ns * SLOT;
         const u64 mine = wsb + (u64)sp * SLOT + 16ull * lt;
 #pragma unroll
         for (int q = 0; q < NACC / 4; ++q) {
@@ -424,7 +445,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           u32 old;
           asm volatile("fence.acq_rel.gpu;" ::: "memory");
           asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
-          const u32 last = old + 1 == p.splits;
+          const u32 last = old + 1 == ns;
           if (last) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
           asm volatile("st.shared.u32 [%0], %1;" ::"r"(flag_slot + 4 * cw), "r"(last) : "memory");
         }
@@ -436,7 +457,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // split order, so the sum does not depend on which split came last.
 #pragma unroll
         for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
-        for (u32 j = 0; j < p.splits; ++j) {
+        for (u32 j = 0; j < ns; ++j) {
           const u64 src = wsb + (u64)j * SLOT + 16ull * lt;
 #pragma unroll
           for (int q = 0; q < NACC / 4; ++q) {

@@ -74,6 +74,11 @@
 //!   of 4-byte stores from the registers (mode 2 of the kernel's `tma_store`).
 //! - [`Hooks::signal_delay`]: the deferred signal goes out a few k-blocks
 //!   into the next unit, when its stores have drained.
+//! - [`Hooks::split_tail_only`]: with a K split and at least a full wave of
+//!   tiles, the full waves run whole tiles and only the last, partial
+//!   wave's tiles are split (a data-parallel + split-K hybrid against wave
+//!   quantization, e.g. 288 wide tiles on 132 SMs: 2 whole waves, then 24
+//!   tiles split 5 ways instead of a third wave at 18% occupancy).
 //!
 //! `gemm-bench` times both against the defaults in its hook rows, and every
 //! other tile width and K split on every shape ([`bench::schedule_variants`]).
@@ -306,6 +311,11 @@ pub struct Hooks {
     /// the release fence overlap more tensor-core work. Delays the signal
     /// by about as many k-blocks (≈ 1 µs each).
     pub signal_delay: u32,
+    /// Schedule variant (not a hook): with a K split and more tiles than
+    /// CTAs, run the full waves' tiles whole and split only the tiles of
+    /// the last, partial wave (`splits` units each), so that it fills the
+    /// machine instead of leaving SMs idle. Off by default until measured.
+    pub split_tail_only: bool,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -405,6 +415,7 @@ struct KernelParams {
     splits: u32,
     tma_store: u32,
     sig_delay: u32,
+    dp_tiles: u32,
 }
 
 /// A CUtensorMap, passed by value as a `__grid_constant__`.
@@ -429,6 +440,8 @@ pub struct LaunchShape {
     /// The epilogue stages the tile in shared memory and stores it with
     /// 16-byte thread stores ([`Hooks::staged_epilogue`]); excludes `tma_store`.
     pub staged: bool,
+    /// Tiles run whole before the split ones ([`Hooks::split_tail_only`]; 0: all split).
+    pub dp_tiles: u32,
 }
 
 /// The loaded kernel on one device.
@@ -606,6 +619,7 @@ impl HopperGemm {
             group_m: h.group_m.unwrap_or(GROUP_M),
             accumulate: args.accumulate as u32,
             splits: shape.splits,
+            dp_tiles: shape.dp_tiles,
             tma_store: if shape.tma_store {
                 1
             } else if shape.staged {
@@ -870,13 +884,25 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         }
         Some(s) => s,
     };
+    // Split only the last, partial wave's tiles: the full waves run whole.
+    let (splits, dp_tiles) = if h.split_tail_only && splits > 1 && tiles >= budget as u64 {
+        let dp = tiles / budget as u64 * budget as u64;
+        if dp == tiles {
+            (1, 0)
+        } else {
+            (splits, dp)
+        }
+    } else {
+        (splits, 0)
+    };
+    let split_tiles = tiles - dp_tiles;
     let max_units = tile.max_units();
-    if splits > 1 && tiles * splits as u64 > max_units {
+    if splits > 1 && split_tiles * splits as u64 > max_units {
         return Err(bad(format!(
-            "{tiles} tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
+            "{split_tiles} split tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
         )));
     }
-    let units = tiles * splits as u64;
+    let units = dp_tiles + split_tiles * splits as u64;
     if units > u32::MAX as u64 {
         return Err(bad("too many work units".into()));
     }
@@ -891,6 +917,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         stages: st,
         tma_store,
         staged,
+        dp_tiles: dp_tiles as u32,
     })
 }
 
@@ -1099,7 +1126,7 @@ mod tests {
 
     #[test]
     fn params_layout_matches_kernel() {
-        // 9 u64 then 17 u32, padded to 8 bytes (see struct Params in hgemm.cu).
+        // 9 u64 then 18 u32 (see struct Params in hgemm.cu).
         assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 18 * 4);
         assert_eq!(std::mem::align_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
@@ -1179,6 +1206,41 @@ mod tests {
             extra_smem: 0,
         };
         assert!(!validate(&plain, max, 132).unwrap().staged);
+    }
+
+    #[test]
+    fn split_tail_only_splits_the_last_wave() {
+        let max = 232448;
+        // 6144 x 1536: 48 x 6 = 288 wide tiles on 132 CTAs: 2 full waves
+        // (264 tiles) whole, the 24 left split 5 ways.
+        let mut a = args(6144, 1536, 4096);
+        a.hooks.split_k = Some(5);
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits, s.grid), (264, 5, 132));
+        // Off: every tile split; 288 x 5 units exceed the workspace.
+        a.hooks.split_tail_only = false;
+        assert!(validate(&a, max, 132).is_err());
+        // Fewer tiles than CTAs: plain split-K.
+        let mut a = args(1536, 1536, 4096);
+        a.hooks.split_k = Some(2);
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits, s.grid), (0, 2, 132));
+        // Whole waves only: nothing to split.
+        let mut a = args(128 * 132, 256, 4096);
+        a.hooks.split_k = Some(4);
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits), (0, 1));
+        // The workspace bounds only the split tiles: 20000 tiles x 4 splits
+        // do not fit, 20000 - 19932 = 68 split tiles do.
+        let mut a = args(128 * 100, 256 * 200, 4096);
+        a.hooks.split_k = Some(4);
+        assert!(validate(&a, max, 132).is_err());
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits), (19932, 4));
     }
 
     #[test]
