@@ -213,6 +213,8 @@ pub struct HookRow {
     pub cost: f64,
     /// Output vs the plain launch's output (0: identical).
     pub rel_err: f64,
+    /// Why the setting was not measured (rejected or failed to launch).
+    pub error: Option<String>,
 }
 
 /// Aggregates over the shape rows.
@@ -733,8 +735,9 @@ impl Bench {
                 ..h36
             },
         ));
-        let mut errs = vec![];
-        let mut engines = vec![];
+        // A setting the kernel rejects or cannot launch is reported as
+        // failed; the others are still measured.
+        let mut checked = vec![];
         for (_, hooks) in &settings {
             let args = GemmArgs {
                 hooks: *hooks,
@@ -742,34 +745,52 @@ impl Bench {
             };
             self.poison(&o.c, m * n)?;
             // SAFETY: operands and hook arrays sized for the shape.
-            unsafe { self.gemm.launch(self.cu(), &args)? };
-            errs.push(self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?);
-            engines.push(Engine::Ficco(args));
+            let launched = unsafe { self.gemm.launch(self.cu(), &args) };
+            checked.push(match launched {
+                Ok(()) => Ok((args, self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?)),
+                Err(e) => Err(e.to_string()),
+            });
         }
         // Each setting is timed against the plain launch in interleaved
         // pairs: the GPU's clock follows its power draw, so settings timed
         // apart would compare different clocks.
-        let mut pairs = vec![];
-        for e in &engines {
-            // SAFETY: as above; the buffers live until the end of this function.
-            let t = unsafe { self.time_interleaved(&[Engine::Ficco(plain), e.clone()])? };
-            pairs.push((t[0], t[1]));
+        let mut rows = vec![];
+        for ((setting, _), c) in settings.into_iter().zip(checked) {
+            let row = match c {
+                Ok((args, rel_err)) => {
+                    // SAFETY: as above; the buffers live until the end of this function.
+                    let t = unsafe {
+                        self.time_interleaved(&[Engine::Ficco(plain), Engine::Ficco(args)])?
+                    };
+                    let (base, ms) = (t[0], t[1]);
+                    HookRow {
+                        m,
+                        n,
+                        k,
+                        setting,
+                        ms,
+                        tflops: tflops(m, n, k, ms),
+                        cost: if base > 0.0 { ms / base - 1.0 } else { 0.0 },
+                        rel_err,
+                        error: None,
+                    }
+                }
+                Err(e) => HookRow {
+                    m,
+                    n,
+                    k,
+                    setting,
+                    ms: 0.0,
+                    tflops: 0.0,
+                    cost: 0.0,
+                    rel_err: 0.0,
+                    error: Some(e),
+                },
+            };
+            rows.push(row);
         }
         self.sync()?;
-        Ok(settings
-            .into_iter()
-            .zip(pairs.into_iter().zip(errs))
-            .map(|((setting, _), ((base, ms), rel_err))| HookRow {
-                m,
-                n,
-                k,
-                setting,
-                ms,
-                tflops: tflops(m, n, k, ms),
-                cost: if base > 0.0 { ms / base - 1.0 } else { 0.0 },
-                rel_err,
-            })
-            .collect())
+        Ok(rows)
     }
 }
 
@@ -982,6 +1003,13 @@ pub fn hook_table(rows: &[HookRow]) -> String {
         "M", "N", "K", "setting", "ms", "TFLOP/s", "cost", "err"
     );
     for h in rows {
+        if let Some(e) = &h.error {
+            s += &format!(
+                " {:>6} {:>6} {:>6} {:>30} failed: {e}\n",
+                h.m, h.n, h.k, h.setting
+            );
+            continue;
+        }
         s += &format!(
             " {:>6} {:>6} {:>6} {:>30} {:>9.4} {:>7.1} {:>+7.1}% {:>8.1e}\n",
             h.m,
@@ -1036,7 +1064,7 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
     ] {
         let h36: Vec<String> = hooks
             .iter()
-            .filter(|h| h.setting == setting)
+            .filter(|h| h.setting == setting && h.error.is_none())
             .map(|h| format!("{:+.1}% at {}x{}x{}", 100.0 * h.cost, h.m, h.n, h.k))
             .collect();
         if !h36.is_empty() {
@@ -1254,6 +1282,12 @@ mod tests {
             tflops: 687.0,
             cost: 0.092,
             rel_err: 0.0,
+            error: None,
+        };
+        let failed = HookRow {
+            setting: HOOKS_3_TO_6_STAGED.into(),
+            error: Some("ficco hgemm: rejected".into()),
+            ..hook.clone()
         };
         let rows = vec![row];
         let report = Report {
@@ -1269,7 +1303,7 @@ mod tests {
             suite: "suites/llama3.toml".into(),
             summary: summarize(&rows),
             rows,
-            hooks: vec![hook],
+            hooks: vec![hook, failed],
         };
         let t = table(&report);
         for want in [
@@ -1280,13 +1314,14 @@ mod tests {
             "# 8192^3: ficco 733 TFLOP/s, cuBLASLt autotuned 687, default 687 (target >= 760)",
             "geomean ficco/cuBLASLt 0.938",
             "# hooks 3-6 (flags set): +9.2% at 8192x8192x8192 (target <= 3%)",
+            "hooks 3-6 staged,delay=4 failed: ficco hgemm: rejected",
             "1.0e-4    0.0e0   256/1  0.938  8192^3 (+2)",
         ] {
             assert!(t.contains(want), "{want:?} not in\n{t}");
         }
-        // Every line is a comment or a data row of the same columns.
+        // Every line is a comment, a data row of the same columns, or a failed setting.
         let data: Vec<&str> = t.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(data.len(), 2, "{t}");
+        assert_eq!(data.len(), 3, "{t}");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["rows"][0]["first_use"], "8192^3");
         assert_eq!(json["summary"]["square_tflops"][0], 733.0);
