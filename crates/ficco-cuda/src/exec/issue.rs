@@ -19,7 +19,9 @@ use crate::driver::cuda as cu;
 use crate::driver::nccl as nc;
 use crate::error::{CudaError, Result};
 use crate::gemm::GemmKey;
-use crate::hgemm::{DestHook, DevPtr, GemmArgs, Hooks, Occupancy, SignalHook, WaitHook, BLOCK_M};
+use crate::hgemm::{
+    DestHook, DevPtr, GemmArgs, Hooks, Occupancy, SignalHook, WaitHook, BLOCK_M, GROUP_M,
+};
 use crate::kernels::ReduceSrcs;
 use crate::mem::{copy_2d_async, CopyEnd, DevicePtr};
 use crate::signal::{word, SET};
@@ -228,9 +230,13 @@ fn plan_flag(sh: &Shared<'_>, rank: usize, flag: usize) -> Result<DevicePtr> {
 /// their flags, signal their counters and store through the destination
 /// table that the run wrote before it started ([`Shared::tables`]), and the
 /// kernel's M order starts at the task's first block. The SM budget is the
-/// task's, capped at this rank's share of the device ([`Shared::tile_share`]):
-/// in loopback every rank's persistent GEMM must be resident at once, or one
-/// spinning on a flag whose producer GEMM cannot get an SM never ends.
+/// task's, capped at this rank's share of the SMs its stream can use (the
+/// device's, or its green context's; [`Shared::tile_share`]): in loopback
+/// every rank's persistent GEMM must be resident at once, or one spinning on
+/// a flag whose producer GEMM cannot get an SM never ends (on 2 GPUs with
+/// `-acc` each rank's own blocks wait for the peer GEMM's pushed blocks).
+/// One CTA per SM each (the kernel's shared memory allows no more), so
+/// P GEMMs of SMs / P CTAs fit side by side.
 fn tile_gemm(
     rank: &Rank,
     sh: &Shared<'_>,
@@ -248,12 +254,15 @@ fn tile_gemm(
     let (pa, lda) = local(rank, sh, &g.a, "tile gemm a")?;
     let (pb, ldb) = local(rank, sh, &g.b, "tile gemm b")?;
     let (pc, ldc) = local(rank, sh, &g.c, "tile gemm c")?;
+    // The SMs the GEMM's stream can use: a green context's, else the device's.
+    let sms = rank
+        .green_compute_sms(sh.plan.resources.green_sms)
+        .map_or(kernel.sms(), |g| g.min(kernel.sms()));
     let share = sh.tile_share.get(r).copied().unwrap_or(1).max(1) as u32;
-    let cap = kernel.sms() / share;
+    let cap = sms / share;
     if cap == 0 {
         return Err(CudaError::Plan(format!(
-            "{share} persistent tile GEMMs share {} SMs: not every one can be resident",
-            kernel.sms()
+            "{share} persistent tile GEMMs share {sms} SMs: not every one can be resident"
         )));
     }
     let table = sh
@@ -309,6 +318,26 @@ pub(crate) struct TileFlags {
     pub dest: Option<(DevicePtr, usize)>,
 }
 
+/// M-blocks per scheduling group of a tile GEMM with blocks of `block_rows`
+/// rows: the most, up to the kernel's [`GROUP_M`], that divides a block's
+/// M-blocks, so that no group mixes two flag blocks. The kernel walks a
+/// group column by column and each CTA takes its units in order, so with
+/// mixed groups a CTA could hold a tile of an early block behind one of a
+/// late block that spins on its flag; on 2 GPUs with `-acc` the early
+/// (peer) blocks feed, through the peer's pushes, the flags that the late
+/// (own) blocks of both GEMMs wait on: a cycle. With whole blocks per group
+/// every unit of an earlier block comes before every unit of a later one.
+pub(crate) fn tile_group_m(block_rows: usize) -> u32 {
+    if block_rows % BLOCK_M != 0 {
+        return 1;
+    }
+    let per_block = block_rows / BLOCK_M;
+    (1..=GROUP_M as usize)
+        .rev()
+        .find(|d| per_block % d == 0)
+        .unwrap_or(1) as u32
+}
+
 /// The launch of ficco's own GEMM for tile GEMM `g` on views given as
 /// (address, pitch in bytes) of A, B and C, with at most `sm_cap` CTAs.
 /// Block flags and counters are one word per `block_rows` rows; the
@@ -330,6 +359,7 @@ pub(crate) fn tile_gemm_args(
     };
     let hooks = Hooks {
         sm_budget: Some(budget.max(1)),
+        group_m: Some(tile_group_m(g.block_rows)),
         m_start_block: small(g.first_block * g.block_rows / BLOCK_M, "first block")?,
         wait: flags.wait.map(|f| WaitHook {
             flags: DevPtr::new(f.raw()),
@@ -532,8 +562,10 @@ mod tests {
         assert_eq!((args.lda, args.ldb, args.ldc), (256, 512, 512));
         assert!(!args.accumulate);
         let h = args.hooks;
-        // Block 3 of 256 rows starts at M-block 6 of 128 rows.
+        // Block 3 of 256 rows starts at M-block 6 of 128 rows; groups of
+        // 2 M-blocks are whole blocks.
         assert_eq!(h.m_start_block, 6);
+        assert_eq!(h.group_m, Some(2));
         assert_eq!(h.sm_budget, Some(66));
         let w = h.wait.unwrap();
         assert_eq!((w.flags.addr(), w.rows_per_flag, w.epoch), (0x40, 256, SET));
@@ -564,5 +596,21 @@ mod tests {
             (args.hooks.wait, args.hooks.signal, args.hooks.dest),
             (None, None, None)
         );
+    }
+
+    /// Scheduling groups never straddle two flag blocks.
+    #[test]
+    fn tile_groups_are_whole_blocks() {
+        assert_eq!(tile_group_m(128), 1);
+        assert_eq!(tile_group_m(512), 4);
+        assert_eq!(tile_group_m(2048), 16);
+        assert_eq!(tile_group_m(3 * 128), 3);
+        assert_eq!(tile_group_m(40 * 128), 10);
+        assert_eq!(tile_group_m(4096), 16);
+        assert_eq!(tile_group_m(200), 1);
+        for rows in (1..=64).map(|b| b * 128) {
+            let g = tile_group_m(rows) as usize;
+            assert!(g >= 1 && g <= GROUP_M as usize && (rows / 128) % g == 0);
+        }
     }
 }

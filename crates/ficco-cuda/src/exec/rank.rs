@@ -265,6 +265,12 @@ impl Rank {
         Ok(ptr)
     }
 
+    /// SMs of the compute green context of a split of `green_sms` SMs (as
+    /// the driver made it), if this rank has that split.
+    pub(super) fn green_compute_sms(&self, green_sms: Option<usize>) -> Option<u32> {
+        Some(self.green.get(&green_sms?)?.partition.compute_sms)
+    }
+
     /// Writes the destination table of every tile GEMM of `rp` with a
     /// destination hook (one device address per block, 0 where the block
     /// stores to C) into this rank's table buffer, synchronously: call only
