@@ -388,7 +388,7 @@ fn tile_schedules(op: Op) -> Vec<Schedule> {
 fn every_tile_schedule_is_exact_in_loopback() {
     let test = "every_tile_schedule_is_exact_in_loopback";
     let mut failures = vec![];
-    let (mut passed, mut misfit) = (0, 0);
+    let (mut passed, mut misfit, mut ran) = (0, 0, 0);
     for p in [2, 4] {
         let Some(mut be) = open(test, p) else {
             return;
@@ -411,6 +411,7 @@ fn every_tile_schedule_is_exact_in_loopback() {
                             continue;
                         }
                     };
+                    ran += 1;
                     for graphs in [false, true] {
                         be.run_opts.graphs = graphs;
                         let t0 = Instant::now();
@@ -455,13 +456,16 @@ fn every_tile_schedule_is_exact_in_loopback() {
         be.run_opts.graphs = true;
     }
     eprintln!(
-        "loopback tile schedules: {passed} runs passed, {} failed, {misfit} do not fit",
+        "loopback tile schedules: {ran} plans, {passed} runs passed, {} failed, {misfit} do not fit \
+         (-acc on 4 GPUs)",
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // ring and all for each of the three operators, both rank counts, and
-    // -acc for gemm-rs and gemm-ar on 2 GPUs, each direct and graphed.
-    assert!(passed >= 2 * 2 * (3 * 2 * 2 + 2), "{passed} runs passed");
+    // 96 plans on the space as of this writing: ring and all, with and
+    // without -hi, for the three operators, and -acc for gemm-rs and gemm-ar
+    // on 2 GPUs, at three shapes.
+    assert!(ran > 0);
+    assert_eq!(passed, 2 * ran);
 }
 
 /// A tile GEMM whose block flag is never signalled spins in its kernel:
