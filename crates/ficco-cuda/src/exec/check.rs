@@ -50,8 +50,9 @@ pub fn precheck(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
 /// What ficco's own kernel needs of every tile GEMM, checked before any rank
 /// issues anything (a launch that fails on one rank would leave its peers
 /// waiting on its flags): N and K multiples of 8 and A and B pitches
-/// multiples of 8 elements (TMA), every view in bounds, and one pitch for
-/// every destination view (the destination hook has one leading dimension).
+/// multiples of 8 elements (TMA), every view in bounds, one pitch for every
+/// destination view (the destination hook has one leading dimension), and
+/// no more signalling blocks than the kernel has tickets for.
 pub fn check_tiles(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
     for (r, rp) in plan.ranks.iter().enumerate() {
         for t in &rp.tasks {
@@ -77,6 +78,13 @@ pub fn check_tiles(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
             }
             if g.block_rows == 0 {
                 return Err(bad("a block of 0 rows".into()));
+            }
+            if g.signal.is_some() && g.blocks() > crate::hgemm::MAX_SIGNAL_BLOCKS {
+                return Err(bad(format!(
+                    "{} signalling blocks, the kernel counts at most {}",
+                    g.blocks(),
+                    crate::hgemm::MAX_SIGNAL_BLOCKS
+                )));
             }
             if !g.dest.is_empty() && g.dest.len() != g.blocks() {
                 return Err(bad(format!(
