@@ -11,9 +11,10 @@ use crate::sim::profile::HwProfile;
 use crate::space::{Engine, Granularity, Order, Schedule};
 use serde::{Deserialize, Serialize};
 
-/// Whether rule 8 may pick `tile`. Off until the GPU executor runs `tile`
-/// plans (issue 14): a pick must be a schedule the GPUs can run.
-pub const RULES_PICK_TILE: bool = false;
+/// Whether rule 8 may pick `tile`. On since the GPU executor runs every
+/// `tile` plan exactly (loopback on one H200, 2026-11-23); a switch because a
+/// pick must be a schedule the GPUs can run.
+pub const RULES_PICK_TILE: bool = true;
 
 /// Edge of the square output tiles the rules count waves in.
 pub const RULE_TILE: usize = 128;
