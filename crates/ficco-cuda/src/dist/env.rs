@@ -1,0 +1,230 @@
+//! The launcher environment: what `torchrun` (and `ficco explore --procs N`)
+//! put in every rank's environment, parsed into a checked [`LaunchEnv`].
+
+use super::DistError;
+
+/// The variables every rank needs, as `torchrun` sets them.
+pub const VARS: [&str; 6] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// One rank's place in the job, checked for consistency.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Global rank, `0..world_size`.
+    pub rank: usize,
+    pub world_size: usize,
+    /// Rank on this node, `0..local_world_size`; also the GPU ordinal it drives.
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// Where rank 0 hosts the store.
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+impl LaunchEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, DistError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the variables through `get` (tests pass a map; the process uses
+    /// [`Self::from_env`]), so a missing or malformed one is named.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DistError> {
+        let text = |var: &'static str| -> Result<String, DistError> {
+            match get(var) {
+                Some(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
+                _ => Err(DistError::MissingVar { var }),
+            }
+        };
+        let num = |var: &'static str| -> Result<usize, DistError> {
+            let v = text(var)?;
+            v.parse::<usize>().map_err(|_| DistError::InvalidVar {
+                var,
+                value: v,
+                why: "not a non-negative integer",
+            })
+        };
+        let rank = num("RANK")?;
+        let world_size = num("WORLD_SIZE")?;
+        let local_rank = num("LOCAL_RANK")?;
+        let local_world_size = num("LOCAL_WORLD_SIZE")?;
+        let master_addr = text("MASTER_ADDR")?;
+        let port_text = text("MASTER_PORT")?;
+        let master_port = match port_text.parse::<u16>() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(DistError::InvalidVar {
+                    var: "MASTER_PORT",
+                    value: port_text,
+                    why: "not a TCP port (1 to 65535)",
+                })
+            }
+        };
+        let bad = |var: &'static str, value: usize, why: &'static str| DistError::InvalidVar {
+            var,
+            value: value.to_string(),
+            why,
+        };
+        if world_size == 0 {
+            return Err(bad("WORLD_SIZE", world_size, "must be at least 1"));
+        }
+        if rank >= world_size {
+            return Err(bad("RANK", rank, "must be below WORLD_SIZE"));
+        }
+        if local_world_size == 0 || local_world_size > world_size {
+            return Err(bad(
+                "LOCAL_WORLD_SIZE",
+                local_world_size,
+                "must be between 1 and WORLD_SIZE",
+            ));
+        }
+        if local_rank >= local_world_size {
+            return Err(bad(
+                "LOCAL_RANK",
+                local_rank,
+                "must be below LOCAL_WORLD_SIZE",
+            ));
+        }
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+        })
+    }
+
+    /// The variables of rank `rank` of a single-node job of `world` ranks
+    /// whose store is at `addr:port` (what `--procs N` gives each child).
+    pub fn vars_for(
+        rank: usize,
+        world: usize,
+        addr: &str,
+        port: u16,
+    ) -> Vec<(&'static str, String)> {
+        vec![
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("LOCAL_WORLD_SIZE", world.to_string()),
+            ("MASTER_ADDR", addr.to_string()),
+            ("MASTER_PORT", port.to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<LaunchEnv, DistError> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        LaunchEnv::from_lookup(|k| m.get(k).cloned())
+    }
+
+    const GOOD: [(&str, &str); 6] = [
+        ("RANK", "3"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "3"),
+        ("LOCAL_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "node0"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    fn with(var: &str, value: Option<&str>) -> Result<LaunchEnv, DistError> {
+        let pairs: Vec<(&str, &str)> = GOOD
+            .iter()
+            .filter(|(k, _)| *k != var)
+            .copied()
+            .chain(value.map(|v| (var, v)))
+            .collect();
+        env(&pairs)
+    }
+
+    #[test]
+    fn a_torchrun_environment_parses() {
+        let e = env(&GOOD).expect("valid");
+        assert_eq!(
+            e,
+            LaunchEnv {
+                rank: 3,
+                world_size: 8,
+                local_rank: 3,
+                local_world_size: 4,
+                master_addr: "node0".into(),
+                master_port: 29500,
+            }
+        );
+    }
+
+    #[test]
+    fn each_missing_variable_is_named() {
+        for var in VARS {
+            for value in [None, Some(""), Some("  ")] {
+                match with(var, value) {
+                    Err(DistError::MissingVar { var: v }) => assert_eq!(v, var),
+                    other => panic!("{var}={value:?}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_and_inconsistent_values_are_rejected_with_the_variable() {
+        let cases = [
+            ("RANK", "-1"),
+            ("RANK", "8"),
+            ("RANK", "x"),
+            ("WORLD_SIZE", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "4"),
+            ("LOCAL_WORLD_SIZE", "0"),
+            ("LOCAL_WORLD_SIZE", "9"),
+            ("MASTER_PORT", "0"),
+            ("MASTER_PORT", "65536"),
+            ("MASTER_PORT", "http"),
+        ];
+        for (var, value) in cases {
+            match with(var, Some(value)) {
+                Err(DistError::InvalidVar {
+                    var: v, value: got, ..
+                }) => {
+                    // WORLD_SIZE=2 makes RANK=3 the inconsistent one.
+                    let expect = if (var, value) == ("WORLD_SIZE", "2") {
+                        "RANK"
+                    } else {
+                        var
+                    };
+                    assert_eq!(v, expect, "{var}={value}");
+                    if v == var {
+                        assert_eq!(got, value);
+                    }
+                }
+                other => panic!("{var}={value}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn vars_for_round_trips() {
+        let v = LaunchEnv::vars_for(1, 4, "127.0.0.1", 4000);
+        let m: HashMap<&str, String> = v.into_iter().collect();
+        let e = LaunchEnv::from_lookup(|k| m.get(k).cloned()).expect("valid");
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.local_world_size),
+            (1, 4, 1, 4)
+        );
+        assert_eq!((e.master_addr.as_str(), e.master_port), ("127.0.0.1", 4000));
+    }
+}
