@@ -208,7 +208,7 @@ fn job_token() -> String {
 mod tests {
     use super::*;
     use crate::dist::LaunchEnv;
-    use std::io::{Seek, Write};
+    use std::io::Write;
     use std::os::fd::AsFd;
 
     /// A file with `text`, as an owned descriptor.
@@ -229,12 +229,14 @@ mod tests {
         f
     }
 
+    /// The file's text, read at offset 0 (`pread`: the descriptors of one
+    /// file share its offset, and other ranks read it concurrently).
     fn read_all(fd: OwnedFd) -> String {
-        let mut f = std::fs::File::from(fd);
-        f.rewind().expect("rewind");
-        let mut s = String::new();
-        f.read_to_string(&mut s).expect("read");
-        s
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::from(fd);
+        let mut buf = [0u8; 256];
+        let n = f.read_at(&mut buf, 0).expect("read");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
     }
 
     #[test]

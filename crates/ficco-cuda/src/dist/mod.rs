@@ -57,6 +57,9 @@ pub enum DistError {
         "rank {rank} disconnected without finishing (died?) while this rank waited for {key:?}"
     )]
     PeerLost { rank: usize, key: String },
+    /// Another rank gave up (its own error, passed through the store).
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed { rank: usize, reason: String },
     #[error(
         "waited {waited_ms} ms for {key:?} in the rendezvous store: {}",
         timeout_hint(key)
@@ -104,6 +107,34 @@ pub fn hostname() -> Result<String, DistError> {
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
+/// Publishes this rank's host and reads everybody's.
+fn gather_hosts(
+    store: &StoreClient,
+    env: &LaunchEnv,
+    host: &str,
+) -> Result<Vec<String>, DistError> {
+    store.set(&format!("host/{}", env.rank), host.as_bytes())?;
+    (0..env.world_size)
+        .map(|r| {
+            store
+                .get(&format!("host/{r}"))
+                .map(|h| String::from_utf8_lossy(&h).into_owned())
+        })
+        .collect()
+}
+
+/// See [`Rendezvous::fail`].
+fn fail(store: &StoreClient, e: DistError) -> DistError {
+    let secondary = matches!(
+        e,
+        DistError::PeerLost { .. } | DistError::PeerFailed { .. } | DistError::StoreLost { .. }
+    );
+    if !secondary {
+        store.abort(&e.to_string());
+    }
+    e
+}
+
 /// A rank that joined its job: the store connection (and, on rank 0, the
 /// store itself) and every rank's host.
 pub struct Rendezvous {
@@ -133,12 +164,10 @@ impl Rendezvous {
         };
         let addr = format!("{}:{}", env.master_addr, env.master_port);
         let store = StoreClient::connect(&addr, env.rank, timeout)?;
-        store.set(&format!("host/{}", env.rank), host.as_bytes())?;
-        let mut hosts = Vec::with_capacity(env.world_size);
-        for r in 0..env.world_size {
-            let h = store.get(&format!("host/{r}"))?;
-            hosts.push(String::from_utf8_lossy(&h).into_owned());
-        }
+        let hosts = match gather_hosts(&store, &env, host) {
+            Ok(h) => h,
+            Err(e) => return Err(fail(&store, e)),
+        };
         let rv = Rendezvous {
             env,
             store,
@@ -153,12 +182,19 @@ impl Rendezvous {
         let me = &hosts[env.rank];
         let local = hosts.iter().filter(|h| *h == me).count();
         if local != env.local_world_size {
-            return Err(DistError::Mismatch(format!(
+            return Err(rv.fail(DistError::Mismatch(format!(
                 "LOCAL_WORLD_SIZE is {} but {local} ranks report host {me:?}",
                 env.local_world_size
-            )));
+            ))));
         }
         Ok(rv)
+    }
+
+    /// Passes `e` on after telling every other rank (their waits end with
+    /// [`DistError::PeerFailed`] and this reason), unless `e` is itself
+    /// another rank's failure or the store's.
+    pub fn fail(&self, e: DistError) -> DistError {
+        fail(&self.store, e)
     }
 
     /// The store (for keys of the caller's own protocol).
@@ -187,6 +223,10 @@ impl Rendezvous {
 
     /// Waits until every rank reached the barrier `name` (each name once).
     pub fn barrier(&self, name: &str) -> Result<(), DistError> {
+        self.barrier_inner(name).map_err(|e| self.fail(e))
+    }
+
+    fn barrier_inner(&self, name: &str) -> Result<(), DistError> {
         let key = format!("barrier/{name}");
         let n = self.store.add(&key, 1)?;
         if n == self.env.world_size as u64 {
@@ -217,6 +257,10 @@ impl Rendezvous {
 
     /// Every rank's bytes, by rank (each rank passes its own).
     pub fn all_gather(&self, name: &str, value: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        self.all_gather_inner(name, value).map_err(|e| self.fail(e))
+    }
+
+    fn all_gather_inner(&self, name: &str, value: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
         self.store
             .set(&format!("gather/{name}/{}", self.env.rank), value)?;
         (0..self.env.world_size)
@@ -320,9 +364,11 @@ mod tests {
             })
             .collect();
         for h in handles {
+            // Its own timeout, or the other rank's (which gave up first).
             let e = h.join().expect("rank thread").expect("an error");
             assert!(
-                matches!(&e, DistError::Timeout { key, .. } if key == "host/2"),
+                matches!(&e, DistError::Timeout { key, .. } if key == "host/2")
+                    || matches!(&e, DistError::PeerFailed { rank: 0 | 1, .. }),
                 "{e:?}"
             );
             assert!(e.to_string().contains("rank 2 never arrived"), "{e}");
@@ -343,7 +389,12 @@ mod tests {
             .collect();
         for h in handles {
             let e = h.join().expect("rank thread").expect("an error");
-            assert!(matches!(e, DistError::Mismatch(_)), "{e:?}");
+            let text = e.to_string();
+            assert!(
+                matches!(e, DistError::Mismatch(_) | DistError::PeerFailed { .. }),
+                "{e:?}"
+            );
+            assert!(text.contains("LOCAL_WORLD_SIZE is 1 but 2 ranks"), "{text}");
         }
     }
 }

@@ -199,3 +199,183 @@ impl SymmetricMem {
         self.own.bytes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! GPU tests (skip without a GPU; fail under `FICCO_REQUIRE_GPU=1`).
+    //! The two-process test re-executes this test binary: the parent starts
+    //! ranks 0 and 1 as children (`FICCO_DIST_GPU_CHILD=1` and the launcher
+    //! variables), both on GPU 0, and checks they exit 0 in time.
+    use super::*;
+    use crate::dist::LaunchEnv;
+    use crate::test_common::{gate, GpuAvailability};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    fn gpu(test: &str) -> Option<Arc<CudaContext>> {
+        let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
+            Ok(n) => GpuAvailability::Found(n),
+            Err(e) => GpuAvailability::Unusable(e.to_string()),
+        };
+        if !gate(test, 1, found) {
+            return None;
+        }
+        Some(CudaContext::new(0).expect("primary context"))
+    }
+
+    fn pattern(seed: u8, n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|i| ((i as u64 * 31 + seed as u64 * 7 + 3) % 251) as u8)
+            .collect()
+    }
+
+    /// In one process: an exported allocation imported again is the same
+    /// memory (bytes written through one mapping read back through the other).
+    #[test]
+    fn an_exported_allocation_reimported_aliases_it() {
+        let Some(ctx) = gpu("an_exported_allocation_reimported_aliases_it") else {
+            return;
+        };
+        let a = SharedMem::create(&ctx, 0, 5000).expect("create");
+        assert_eq!(a.bytes() % cu::mem_granularity(0).expect("granularity"), 0);
+        assert!(a.bytes() >= 5000);
+        let fd = a.export_fd().expect("export");
+        let b = SharedMem::import(&ctx, 0, fd.as_fd(), a.bytes()).expect("import");
+        assert_ne!(a.ptr(), b.ptr());
+        let want = pattern(1, 5000);
+        let mut got = vec![0u8; 5000];
+        // SAFETY: both mappings hold a.bytes() >= 5000 bytes; ctx is current.
+        unsafe {
+            cu::memcpy_htod(a.ptr(), &want).expect("upload");
+            cu::memcpy_dtoh(&mut got, b.ptr()).expect("download");
+        }
+        assert_eq!(got, want);
+    }
+
+    /// A descriptor that is not a CUDA allocation is a driver error naming
+    /// the import (and nothing leaks: the handle was never made).
+    #[test]
+    fn importing_a_plain_file_is_a_driver_error() {
+        let Some(ctx) = gpu("importing_a_plain_file_is_a_driver_error") else {
+            return;
+        };
+        let f = std::fs::File::open("/proc/self/stat").expect("a plain file");
+        match SharedMem::import(&ctx, 0, f.as_fd(), 2 << 20) {
+            Err(CudaError::Driver { call, .. }) => {
+                assert_eq!(call, "cuMemImportFromShareableHandle")
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("imported a plain file"),
+        }
+    }
+
+    /// Two processes on GPU 0: each copies a pattern into the other's
+    /// buffer and sets the other's flag from its stream (the signal seam's
+    /// producer side); each waits on its own flag on the device and reads
+    /// its buffer: exactly the peer's pattern.
+    #[test]
+    fn two_processes_share_a_buffer_and_a_flag() {
+        if std::env::var("FICCO_DIST_GPU_CHILD").is_ok() {
+            child();
+            return;
+        }
+        if gpu("two_processes_share_a_buffer_and_a_flag").is_none() {
+            return;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let exe = std::env::current_exe().expect("test binary");
+        let mut kids: Vec<_> = (0..2)
+            .map(|r| {
+                Command::new(&exe)
+                    .args([
+                        "dist::shared::tests::two_processes_share_a_buffer_and_a_flag",
+                        "--exact",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .envs(LaunchEnv::vars_for(r, 2, "127.0.0.1", port))
+                    .env("FICCO_DIST_GPU_CHILD", "1")
+                    .env("FICCO_DIST_TIMEOUT_MS", "30000")
+                    .stdout(Stdio::inherit())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .expect("spawn a rank")
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut codes = vec![None; 2];
+        while codes.iter().any(|c| c.is_none()) && Instant::now() < deadline {
+            for (k, c) in kids.iter_mut().zip(codes.iter_mut()) {
+                if c.is_none() {
+                    *c = k.try_wait().expect("try_wait").map(|s| s.code());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for k in kids.iter_mut() {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        assert_eq!(codes, vec![Some(Some(0)), Some(Some(0))], "rank exit codes");
+    }
+
+    /// One rank of [`two_processes_share_a_buffer_and_a_flag`].
+    fn child() {
+        const N: usize = 3 << 20;
+        let env = LaunchEnv::from_env().expect("launcher env");
+        let me = env.rank;
+        let peer = 1 - me;
+        let rv = Rendezvous::join(env, crate::dist::timeout_from_env()).expect("join");
+        crate::loader::require().expect("libraries");
+        let ctx = CudaContext::new(0).expect("context");
+        let data = SymmetricMem::exchange(&rv, "data", &ctx, 0, N).expect("data");
+        let flags = SymmetricMem::exchange(&rv, "flags", &ctx, 0, 4096).expect("flags");
+        let (Some(peer_data), Some(peer_flag), Some(own_flag)) =
+            (data.ptr(peer), flags.ptr(peer), flags.ptr(me))
+        else {
+            panic!("a local peer's buffer is not mapped");
+        };
+        ctx.bind_to_thread().expect("bind");
+        let mine = pattern(me as u8, N);
+        let staging = SharedMem::create(&ctx, 0, N).expect("staging");
+        // SAFETY: every address below is a live mapping of at least the
+        // bytes used, on this context's device; the stream is ours.
+        unsafe {
+            cu::memcpy_htod(own_flag, &[0u8; 4]).expect("clear own flag");
+            cu::memcpy_htod(data.ptr(me).expect("own"), &vec![0u8; N]).expect("clear");
+            cu::memcpy_htod(staging.ptr(), &mine).expect("stage");
+        }
+        rv.barrier("cleared").expect("barrier");
+        let s = cu::stream_create_nonblocking().expect("stream");
+        let mut got = vec![0u8; N];
+        let mut flag = [0u8; 4];
+        // SAFETY: as above; the host slices live until the synchronize.
+        unsafe {
+            cu::memcpy_async(peer_data, staging.ptr(), N, s).expect("push");
+            cu::stream_write_value32(s, peer_flag, crate::signal::SET).expect("signal");
+            cu::stream_wait_value32_geq(s, own_flag, crate::signal::SET).expect("wait");
+            cu::memcpy_dtoh_async(&mut got, data.ptr(me).expect("own"), s).expect("read");
+            cu::memcpy_dtoh_async(&mut flag, own_flag, s).expect("read flag");
+            cu::stream_synchronize(s).expect("sync");
+            cu::stream_destroy(s);
+        }
+        assert_eq!(u32::from_le_bytes(flag), crate::signal::SET);
+        let want = pattern(peer as u8, N);
+        let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            bad, 0,
+            "rank {me}: {bad} of {N} bytes differ from rank {peer}'s"
+        );
+        println!(
+            "rank {me}: {N} bytes from rank {peer} exact, flag {}",
+            crate::signal::SET
+        );
+        // Nobody unmaps before the peer finished reading through its mapping.
+        rv.barrier("done").expect("barrier");
+        drop((data, flags, staging));
+        rv.close().expect("close");
+    }
+}

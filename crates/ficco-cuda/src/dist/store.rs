@@ -27,10 +27,12 @@ const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_BYE: u8 = 3;
 const OP_ADD: u8 = 4;
+const OP_ABORT: u8 = 5;
 
 const REPLY_OK: u8 = 0;
 const REPLY_TIMEOUT: u8 = 1;
 const REPLY_LOST: u8 = 2;
+const REPLY_ABORTED: u8 = 3;
 
 /// Keys and values larger than this are refused (a corrupt or foreign peer).
 const MAX_FIELD: u32 = 1 << 20;
@@ -40,11 +42,15 @@ struct State {
     map: HashMap<String, Vec<u8>>,
     /// The first rank that disconnected without saying goodbye.
     lost: Option<usize>,
+    /// The first rank that gave up, and why.
+    aborted: Option<(usize, String)>,
 }
 
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+    /// Open client connections.
+    clients: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -55,11 +61,18 @@ impl Shared {
     }
 }
 
-/// The store's server (rank 0 runs it); stops accepting on drop.
+/// How long a closing server waits for its clients to disconnect.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+/// The store's server (rank 0 runs it). On drop it stops accepting and
+/// waits up to [`LINGER`] for the other ranks to disconnect, so the answers
+/// it already gave (say, "rank 2 died") reach them before rank 0's process
+/// goes away and they would only see the store lost.
 pub struct StoreServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
 }
 
 impl StoreServer {
@@ -80,12 +93,14 @@ impl StoreServer {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            clients: std::sync::atomic::AtomicUsize::new(0),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
+        let shared2 = shared.clone();
         let accept = std::thread::Builder::new()
             .name("ficco-store".into())
-            .spawn(move || accept_loop(listener, shared, stop2))
+            .spawn(move || accept_loop(listener, shared2, stop2))
             .map_err(|e| DistError::Io {
                 what: "starting the store thread".into(),
                 source: e,
@@ -94,6 +109,7 @@ impl StoreServer {
             addr: local,
             stop,
             accept: Some(accept),
+            shared,
         })
     }
 
@@ -108,6 +124,10 @@ impl Drop for StoreServer {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.accept.take() {
             let _ = t.join();
+        }
+        let t0 = Instant::now();
+        while self.shared.clients.load(Ordering::Acquire) > 0 && t0.elapsed() < LINGER {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -132,7 +152,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Arc<AtomicBool>
 }
 
 /// Serves one client until it says goodbye or disconnects.
-fn serve(mut conn: TcpStream, shared: &Shared) {
+fn serve(conn: TcpStream, shared: &Shared) {
+    shared.clients.fetch_add(1, Ordering::AcqRel);
+    serve_requests(conn, shared);
+    shared.clients.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn serve_requests(mut conn: TcpStream, shared: &Shared) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_nodelay(true);
     let mut rank: Option<usize> = None;
@@ -176,6 +202,16 @@ fn serve(mut conn: TcpStream, shared: &Shared) {
                 }
                 _ => false,
             },
+            OP_ABORT => match read_bytes(&mut conn) {
+                Ok(why) => {
+                    let why = String::from_utf8_lossy(&why).into_owned();
+                    let r = rank.unwrap_or(usize::MAX);
+                    shared.lock().aborted.get_or_insert((r, why));
+                    shared.changed.notify_all();
+                    true
+                }
+                Err(_) => false,
+            },
             OP_BYE => break true,
             _ => false,
         };
@@ -202,6 +238,13 @@ fn wait_key(shared: &Shared, key: &str, timeout: Duration) -> Vec<u8> {
             let mut out = vec![REPLY_OK];
             out.extend_from_slice(&(v.len() as u32).to_le_bytes());
             out.extend_from_slice(v);
+            return out;
+        }
+        if let Some((r, why)) = &st.aborted {
+            let mut out = vec![REPLY_ABORTED];
+            out.extend_from_slice(&(*r as u64).to_le_bytes());
+            out.extend_from_slice(&(why.len() as u32).to_le_bytes());
+            out.extend_from_slice(why.as_bytes());
             return out;
         }
         if let Some(r) = st.lost {
@@ -402,6 +445,7 @@ impl StoreClient {
         let mut status = 0u8;
         let mut value = vec![];
         let mut lost = 0u64;
+        let mut why = vec![];
         self.send(
             &msg,
             Some((wait, &mut |c: &mut TcpStream| {
@@ -409,6 +453,10 @@ impl StoreClient {
                 match status {
                     REPLY_OK => value = read_bytes(c)?,
                     REPLY_LOST => lost = read_u64(c)?,
+                    REPLY_ABORTED => {
+                        lost = read_u64(c)?;
+                        why = read_bytes(c)?;
+                    }
                     _ => {}
                 }
                 Ok(())
@@ -424,8 +472,21 @@ impl StoreClient {
                 rank: lost as usize,
                 key: key.to_string(),
             }),
+            REPLY_ABORTED => Err(DistError::PeerFailed {
+                rank: lost as usize,
+                reason: String::from_utf8_lossy(&why).into_owned(),
+            }),
             s => Err(self.lost(bad_reply(s))),
         }
+    }
+
+    /// Tells every rank that this one gives up and why: their waits end
+    /// with [`DistError::PeerFailed`] carrying `reason` (the first abort
+    /// wins). Best effort: the store may already be gone.
+    pub fn abort(&self, reason: &str) {
+        let mut msg = vec![OP_ABORT];
+        field(&mut msg, reason.as_bytes());
+        let _ = self.send(&msg, None);
     }
 
     /// Says goodbye: the server stops watching this rank, so closing the
@@ -518,6 +579,32 @@ mod tests {
         assert!(matches!(
             c.get_within("x", Duration::from_millis(300)),
             Err(DistError::Timeout { .. })
+        ));
+    }
+
+    #[test]
+    fn an_abort_ends_every_wait_with_the_reason() {
+        let (_s, addr) = server();
+        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let b = StoreClient::connect(&addr, 2, Duration::from_secs(5)).expect("b");
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            b.abort("out of memory");
+            b
+        });
+        match a.get_within("never", Duration::from_secs(30)) {
+            Err(DistError::PeerFailed { rank, reason }) => {
+                assert_eq!((rank, reason.as_str()), (2, "out of memory"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let b = t.join().expect("thread");
+        // Later waits fail at once, even for keys that exist.
+        b.set("k", b"v").expect("set");
+        assert!(matches!(a.get("k"), Ok(v) if v == b"v"));
+        assert!(matches!(
+            a.get("other"),
+            Err(DistError::PeerFailed { rank: 2, .. })
         ));
     }
 
