@@ -6,6 +6,7 @@
 //! | [`env`] | the launcher environment (`RANK`, `WORLD_SIZE`, ... as `torchrun` sets them) |
 //! | [`store`] | a TCP key-value store hosted by rank 0, every wait bounded, dead ranks detected |
 //! | [`Rendezvous`] | joins the job: store, hostnames (one node or several), barriers, broadcast, the NCCL id |
+//! | [`nccl`] | the NCCL unique id through the store; one communicator rank per process |
 //! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket) |
 //! | [`shared`] | VMM device memory exported as a POSIX fd, imported and mapped by the node's other ranks |
 //!
@@ -18,6 +19,10 @@
 
 pub mod env;
 pub mod fdpass;
+// The per-process rank runtime that calls it is the next step; until then
+// its GPU test is its only caller.
+#[allow(dead_code)]
+pub(crate) mod nccl;
 pub mod shared;
 pub mod store;
 
@@ -275,6 +280,53 @@ impl Rendezvous {
         self.store.bye();
         r
     }
+}
+
+/// Runs this test binary again as the `world` ranks of a job on this
+/// machine: each child runs only test `test` (exact name) with the launcher
+/// variables and `child_var=1`; children still running after `limit` are
+/// killed. Returns the exit codes (`None`: killed or by a signal).
+#[cfg(test)]
+pub(crate) fn run_children(
+    test: &str,
+    world: usize,
+    child_var: &str,
+    limit: Duration,
+) -> Vec<Option<i32>> {
+    use std::process::{Command, Stdio};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut kids: Vec<_> = (0..world)
+        .map(|r| {
+            Command::new(&exe)
+                .args([test, "--exact", "--nocapture", "--test-threads=1"])
+                .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port))
+                .env(child_var, "1")
+                .env("FICCO_DIST_TIMEOUT_MS", "30000")
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn a rank")
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; world];
+    while codes.iter().any(|c| c.is_none()) && t0.elapsed() < limit {
+        for (k, c) in kids.iter_mut().zip(codes.iter_mut()) {
+            if c.is_none() {
+                *c = k.try_wait().expect("try_wait").map(|s| s.code());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for k in kids.iter_mut() {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    codes.into_iter().map(|c| c.flatten()).collect()
 }
 
 #[cfg(test)]

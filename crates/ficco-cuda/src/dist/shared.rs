@@ -209,8 +209,7 @@ mod tests {
     use super::*;
     use crate::dist::LaunchEnv;
     use crate::test_common::{gate, GpuAvailability};
-    use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     fn gpu(test: &str) -> Option<Arc<CudaContext>> {
         let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
@@ -282,44 +281,13 @@ mod tests {
         if gpu("two_processes_share_a_buffer_and_a_flag").is_none() {
             return;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let exe = std::env::current_exe().expect("test binary");
-        let mut kids: Vec<_> = (0..2)
-            .map(|r| {
-                Command::new(&exe)
-                    .args([
-                        "dist::shared::tests::two_processes_share_a_buffer_and_a_flag",
-                        "--exact",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
-                    .envs(LaunchEnv::vars_for(r, 2, "127.0.0.1", port))
-                    .env("FICCO_DIST_GPU_CHILD", "1")
-                    .env("FICCO_DIST_TIMEOUT_MS", "30000")
-                    .stdout(Stdio::inherit())
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .expect("spawn a rank")
-            })
-            .collect();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let mut codes = vec![None; 2];
-        while codes.iter().any(|c| c.is_none()) && Instant::now() < deadline {
-            for (k, c) in kids.iter_mut().zip(codes.iter_mut()) {
-                if c.is_none() {
-                    *c = k.try_wait().expect("try_wait").map(|s| s.code());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for k in kids.iter_mut() {
-            let _ = k.kill();
-            let _ = k.wait();
-        }
-        assert_eq!(codes, vec![Some(Some(0)), Some(Some(0))], "rank exit codes");
+        let codes = crate::dist::run_children(
+            "dist::shared::tests::two_processes_share_a_buffer_and_a_flag",
+            2,
+            "FICCO_DIST_GPU_CHILD",
+            Duration::from_secs(90),
+        );
+        assert_eq!(codes, vec![Some(0), Some(0)], "rank exit codes");
     }
 
     /// One rank of [`two_processes_share_a_buffer_and_a_flag`].
