@@ -268,34 +268,48 @@ mod tests {
         }
     }
 
+    /// Runs [`child`] as `world` processes on GPU 0 (the test `test`).
+    fn ring(test: &str, world: usize) {
+        if std::env::var("FICCO_DIST_GPU_CHILD").is_ok() {
+            child();
+            return;
+        }
+        if gpu(test).is_none() {
+            return;
+        }
+        let codes = crate::dist::run_children(
+            &format!("dist::shared::tests::{test}"),
+            world,
+            "FICCO_DIST_GPU_CHILD",
+            Duration::from_secs(90),
+        );
+        assert_eq!(codes, vec![Some(0); world], "rank exit codes");
+    }
+
     /// Two processes on GPU 0: each copies a pattern into the other's
     /// buffer and sets the other's flag from its stream (the signal seam's
     /// producer side); each waits on its own flag on the device and reads
     /// its buffer: exactly the peer's pattern.
     #[test]
     fn two_processes_share_a_buffer_and_a_flag() {
-        if std::env::var("FICCO_DIST_GPU_CHILD").is_ok() {
-            child();
-            return;
-        }
-        if gpu("two_processes_share_a_buffer_and_a_flag").is_none() {
-            return;
-        }
-        let codes = crate::dist::run_children(
-            "dist::shared::tests::two_processes_share_a_buffer_and_a_flag",
-            2,
-            "FICCO_DIST_GPU_CHILD",
-            Duration::from_secs(90),
-        );
-        assert_eq!(codes, vec![Some(0), Some(0)], "rank exit codes");
+        ring("two_processes_share_a_buffer_and_a_flag", 2);
     }
 
-    /// One rank of [`two_processes_share_a_buffer_and_a_flag`].
+    /// The same as a ring of four processes: rank r pushes to rank r+1.
+    #[test]
+    fn four_processes_pass_buffers_and_flags_around_a_ring() {
+        ring("four_processes_pass_buffers_and_flags_around_a_ring", 4);
+    }
+
+    /// One rank of [`ring`]: pushes its pattern to rank `me + 1` and checks
+    /// that of rank `me - 1` (mod world).
     fn child() {
         const N: usize = 3 << 20;
         let env = LaunchEnv::from_env().expect("launcher env");
         let me = env.rank;
-        let peer = 1 - me;
+        let world = env.world_size;
+        let peer = (me + 1) % world;
+        let prev = (me + world - 1) % world;
         let rv = Rendezvous::join(env, crate::dist::timeout_from_env()).expect("join");
         crate::loader::require().expect("libraries");
         let ctx = CudaContext::new(0).expect("context");
@@ -331,14 +345,14 @@ mod tests {
             cu::stream_destroy(s);
         }
         assert_eq!(u32::from_le_bytes(flag), crate::signal::SET);
-        let want = pattern(peer as u8, N);
+        let want = pattern(prev as u8, N);
         let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
         assert_eq!(
             bad, 0,
-            "rank {me}: {bad} of {N} bytes differ from rank {peer}'s"
+            "rank {me}: {bad} of {N} bytes differ from rank {prev}'s"
         );
         println!(
-            "rank {me}: {N} bytes from rank {peer} exact, flag {}",
+            "rank {me}: {N} bytes from rank {prev} exact, flag {}",
             crate::signal::SET
         );
         // Nobody unmaps before the peer finished reading through its mapping.
