@@ -25,6 +25,11 @@ pub struct LaunchEnv {
     /// Where rank 0 hosts the store.
     pub master_addr: String,
     pub master_port: u16,
+    /// The port of ficco's store on `master_addr`: `FICCO_STORE_PORT` if
+    /// set; else `MASTER_PORT + 1` when torchrun's agent already serves its
+    /// own store on `MASTER_PORT` (`TORCHELASTIC_USE_AGENT_STORE=True`);
+    /// else `MASTER_PORT`.
+    pub store_port: u16,
 }
 
 impl LaunchEnv {
@@ -66,6 +71,26 @@ impl LaunchEnv {
                 })
             }
         };
+        let agent_store = get("TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| matches!(v.trim(), "True" | "true" | "1"));
+        let store_port = match get("FICCO_STORE_PORT").filter(|v| !v.trim().is_empty()) {
+            Some(v) => match v.trim().parse::<u16>() {
+                Ok(p) if p > 0 => p,
+                _ => {
+                    return Err(DistError::InvalidVar {
+                        var: "FICCO_STORE_PORT",
+                        value: v,
+                        why: "not a TCP port (1 to 65535)",
+                    })
+                }
+            },
+            None if agent_store => master_port.checked_add(1).ok_or(DistError::InvalidVar {
+                var: "MASTER_PORT",
+                value: master_port.to_string(),
+                why: "torchrun's agent store takes it and ficco's store needs the next port; set FICCO_STORE_PORT",
+            })?,
+            None => master_port,
+        };
         let bad = |var: &'static str, value: usize, why: &'static str| DistError::InvalidVar {
             var,
             value: value.to_string(),
@@ -98,6 +123,7 @@ impl LaunchEnv {
             local_world_size,
             master_addr,
             master_port,
+            store_port,
         })
     }
 
@@ -116,6 +142,9 @@ impl LaunchEnv {
             ("LOCAL_WORLD_SIZE", world.to_string()),
             ("MASTER_ADDR", addr.to_string()),
             ("MASTER_PORT", port.to_string()),
+            // Explicit, so a torchrun variable inherited from the parent
+            // cannot move the store.
+            ("FICCO_STORE_PORT", port.to_string()),
         ]
     }
 }
@@ -164,8 +193,42 @@ mod tests {
                 local_world_size: 4,
                 master_addr: "node0".into(),
                 master_port: 29500,
+                store_port: 29500,
             }
         );
+    }
+
+    #[test]
+    fn the_store_port_avoids_torchruns_agent_store_or_follows_the_override() {
+        let port = |extra: &[(&str, &str)]| {
+            let mut pairs: Vec<(&str, &str)> = GOOD.to_vec();
+            pairs.extend_from_slice(extra);
+            env(&pairs).map(|e| e.store_port)
+        };
+        assert_eq!(port(&[]).expect("plain"), 29500);
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "True")]).expect("agent store"),
+            29501
+        );
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "False")]).expect("no agent store"),
+            29500
+        );
+        assert_eq!(
+            port(&[
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                ("FICCO_STORE_PORT", "4444")
+            ])
+            .expect("override"),
+            4444
+        );
+        assert!(matches!(
+            port(&[("FICCO_STORE_PORT", "0")]),
+            Err(DistError::InvalidVar {
+                var: "FICCO_STORE_PORT",
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -226,5 +289,6 @@ mod tests {
             (1, 4, 1, 4)
         );
         assert_eq!((e.master_addr.as_str(), e.master_port), ("127.0.0.1", 4000));
+        assert_eq!(e.store_port, 4000);
     }
 }

@@ -274,6 +274,7 @@ mod tests {
                         local_world_size: 3,
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
+                        store_port: port,
                     };
                     let rv = Rendezvous::join_as(env, Duration::from_secs(10), "n0").expect("join");
                     let f = file_with(&format!("rank {r}"));

@@ -163,11 +163,11 @@ impl Rendezvous {
     /// [`Self::join`] with a given host name (tests stand in for nodes).
     pub fn join_as(env: LaunchEnv, timeout: Duration, host: &str) -> Result<Self, DistError> {
         let server = if env.rank == 0 {
-            Some(StoreServer::bind(&format!("0.0.0.0:{}", env.master_port))?)
+            Some(StoreServer::bind(&format!("0.0.0.0:{}", env.store_port))?)
         } else {
             None
         };
-        let addr = format!("{}:{}", env.master_addr, env.master_port);
+        let addr = format!("{}:{}", env.master_addr, env.store_port);
         let store = StoreClient::connect(&addr, env.rank, timeout)?;
         let hosts = match gather_hosts(&store, &env, host) {
             Ok(h) => h,
@@ -348,6 +348,7 @@ mod tests {
             local_world_size: local_world,
             master_addr: "127.0.0.1".into(),
             master_port: port,
+            store_port: port,
         }
     }
 

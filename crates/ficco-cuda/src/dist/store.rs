@@ -79,7 +79,14 @@ impl StoreServer {
     /// Listens on `addr` (port 0 picks a free one: see [`Self::addr`]).
     pub fn bind(addr: &str) -> Result<Self, DistError> {
         let listener = TcpListener::bind(addr).map_err(|e| DistError::Io {
-            what: format!("binding the store at {addr}"),
+            what: format!(
+                "binding the rendezvous store at {addr}{}",
+                if e.kind() == std::io::ErrorKind::AddrInUse {
+                    " (the port is taken: set FICCO_STORE_PORT to a free one, the same on every rank)"
+                } else {
+                    ""
+                }
+            ),
             source: e,
         })?;
         let local = listener.local_addr().map_err(|e| DistError::Io {
