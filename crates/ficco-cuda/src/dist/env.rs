@@ -128,7 +128,8 @@ impl LaunchEnv {
     }
 
     /// The variables of rank `rank` of a single-node job of `world` ranks
-    /// whose store is at `addr:port` (what `--procs N` gives each child).
+    /// whose store is at `addr:port` (what a launcher of child processes,
+    /// such as the tests, gives each child).
     pub fn vars_for(
         rank: usize,
         world: usize,
