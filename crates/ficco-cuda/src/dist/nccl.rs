@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// The id of the communicator `name`: made by rank 0, read by the others.
 pub(crate) fn unique_id(rv: &Rendezvous, name: &str) -> Result<nsys::ncclUniqueId> {
     let mine = if rv.env.rank == 0 {
-        let id = nc::unique_id()?;
+        let id = nc::unique_id().map_err(|e| super::shared::abort_on(rv, e))?;
         Some(id.internal.iter().map(|&c| c as u8).collect::<Vec<u8>>())
     } else {
         None
@@ -44,8 +44,10 @@ pub(crate) fn communicator(
     limits: NcclLimits,
 ) -> Result<NcclComm> {
     let id = unique_id(rv, name)?;
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-    NcclComm::init_rank(rv.env.world_size, id, rv.env.rank, limits)
+    ctx.bind_to_thread()
+        .map_err(drv("cuCtxSetCurrent"))
+        .and_then(|_| NcclComm::init_rank(rv.env.world_size, id, rv.env.rank, limits))
+        .map_err(|e| super::shared::abort_on(rv, e))
 }
 
 #[cfg(test)]

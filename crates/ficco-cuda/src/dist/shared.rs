@@ -149,7 +149,19 @@ impl SymmetricMem {
     /// Every rank of the job calls this with the same `bytes` (checked):
     /// creates this rank's buffer on device `ordinal`, exchanges descriptors
     /// with the node's other ranks under `name`, and maps theirs.
+    /// A failure here (a CUDA error too) is passed to every rank through
+    /// the store, so they stop at once instead of at their timeout.
     pub fn exchange(
+        rv: &Rendezvous,
+        name: &str,
+        ctx: &Arc<CudaContext>,
+        ordinal: usize,
+        bytes: usize,
+    ) -> Result<Self> {
+        Self::exchange_inner(rv, name, ctx, ordinal, bytes).map_err(|e| abort_on(rv, e))
+    }
+
+    fn exchange_inner(
         rv: &Rendezvous,
         name: &str,
         ctx: &Arc<CudaContext>,
@@ -200,6 +212,15 @@ impl SymmetricMem {
     }
 }
 
+/// Tells the other ranks about a failure of this one that is not already
+/// the store's business (those were passed on where they happened).
+pub(crate) fn abort_on(rv: &Rendezvous, e: CudaError) -> CudaError {
+    if !matches!(e, CudaError::Dist(_)) {
+        rv.store().abort(&e.to_string());
+    }
+    e
+}
+
 #[cfg(test)]
 mod tests {
     //! GPU tests (skip without a GPU; fail under `FICCO_REQUIRE_GPU=1`).
@@ -226,6 +247,58 @@ mod tests {
         (0..n)
             .map(|i| ((i as u64 * 31 + seed as u64 * 7 + 3) % 251) as u8)
             .collect()
+    }
+
+    /// CPU: a CUDA failure of one rank reaches the others' waits at once,
+    /// with its text; a rendezvous error is not re-posted.
+    #[test]
+    fn a_cuda_failure_of_one_rank_ends_the_others_waits() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let t0 = std::time::Instant::now();
+        let hs: Vec<_> = (0..2usize)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let env = LaunchEnv {
+                        rank: r,
+                        world_size: 2,
+                        local_rank: r,
+                        local_world_size: 2,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                        store_port: port,
+                    };
+                    // Rank 0 may still be joining when rank 1 fails.
+                    let rv = match Rendezvous::join_as(env, Duration::from_secs(20), "n") {
+                        Ok(rv) => rv,
+                        Err(e) if r == 0 => return Some(e.to_string()),
+                        Err(e) => panic!("join: {e}"),
+                    };
+                    if r == 1 {
+                        let e = abort_on(&rv, CudaError::Plan("out of device memory".into()));
+                        assert!(matches!(e, CudaError::Plan(_)));
+                        // A rendezvous error is passed on as it is.
+                        let d = abort_on(&rv, CudaError::Dist(DistError::Mismatch("x".into())));
+                        assert!(matches!(d, CudaError::Dist(_)));
+                        // The failing rank stops; a later wait of its own fails too.
+                        rv.store().get("anything").err().map(|e| e.to_string())
+                    } else {
+                        rv.barrier("after").err().map(|e| e.to_string())
+                    }
+                })
+            })
+            .collect();
+        let errs: Vec<_> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+        for e in errs {
+            let e = e.expect("an error");
+            assert!(
+                e.contains("rank 1 failed") && e.contains("out of device memory"),
+                "{e}"
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
     }
 
     /// In one process: an exported allocation imported again is the same
