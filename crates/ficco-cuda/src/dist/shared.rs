@@ -324,6 +324,36 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// Every handle, mapping and address range goes on drop, also after a
+    /// failed step: eight rounds of a quarter of the GPU's memory (created,
+    /// exported, imported, plus an import whose mapping fails for a size
+    /// larger than the allocation) would run out of memory by the fourth
+    /// round if any round leaked its allocation.
+    #[test]
+    fn dropping_shared_memory_releases_it_also_after_a_failed_map() {
+        let Some(ctx) = gpu("dropping_shared_memory_releases_it_also_after_a_failed_map") else {
+            return;
+        };
+        let total = cu::device_total_mem(cu::device(0).expect("device")).expect("memory");
+        let chunk = rounded(0, total / 4).expect("granularity");
+        for round in 0..8 {
+            let a = SharedMem::create(&ctx, 0, chunk)
+                .unwrap_or_else(|e| panic!("round {round}: create {chunk} bytes: {e}"));
+            let fd = a.export_fd().expect("export");
+            let b = SharedMem::import(&ctx, 0, fd.as_fd(), a.bytes()).expect("import");
+            match SharedMem::import(&ctx, 0, fd.as_fd(), 2 * a.bytes()) {
+                Err(CudaError::Driver { call, .. }) => assert_eq!(call, "cuMemMap"),
+                Err(e) => panic!("round {round}: unexpected error {e}"),
+                Ok(_) => panic!(
+                    "mapped {} bytes of a {}-byte allocation",
+                    2 * a.bytes(),
+                    a.bytes()
+                ),
+            }
+            drop((b, fd, a));
+        }
+    }
+
     /// A descriptor that is not a CUDA allocation is a driver error naming
     /// the import (and nothing leaks: the handle was never made).
     #[test]
