@@ -35,6 +35,10 @@ pub struct GemmBenchArgs {
     /// Skip the hook-cost rows.
     #[arg(long)]
     no_hooks: bool,
+    /// Time only the chooser's schedule of ficco's kernel, not the other
+    /// tile widths and K splits (the `best` columns then repeat it).
+    #[arg(long)]
+    no_variants: bool,
     /// GPU to run on.
     #[arg(long, default_value_t = 0)]
     device: i64,
@@ -53,6 +57,7 @@ pub fn run(args: GemmBenchArgs) -> Result<()> {
     let cfg = BenchConfig {
         iters: count("--iters", args.iters, 1)?,
         warmup: count("--warmup", args.warmup, 0)?,
+        variants: !args.no_variants,
     };
     let device = count("--device", args.device, 0)?;
     let suite = ficco_core::problem::suite::load(&args.suite)?;

@@ -7,7 +7,7 @@
 use ficco_core::plan::interp::{interpret, reference, Inputs};
 use ficco_core::plan::lower::{lower, tile_chunks, TILE_BLOCK_ROWS};
 use ficco_core::plan::signal::with_signals;
-use ficco_core::plan::tile::expand;
+use ficco_core::plan::tile::{expand, expand_origins};
 use ficco_core::plan::validate::validate;
 use ficco_core::plan::{Plan, TaskKind};
 use ficco_core::problem::workload::{Op, Problem};
@@ -273,4 +273,36 @@ fn expansion_has_one_chain_per_block_in_kernel_order() {
     // Flags: counters 0..4, arrivals 4 + q (the last rank never hears from itself).
     assert_eq!(p.signal_words(), vec![8, 8, 8, 7]);
     assert!(validate(&e).is_ok());
+}
+
+/// `expand_origins` maps every expanded task back to the task it came from:
+/// one entry per expanded task, in order, every original task covered, a
+/// tile GEMM's block tasks on it and every other task unchanged.
+#[test]
+fn expand_origins_map_blocks_back_to_their_tile_gemm() {
+    for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+        for gpus in [2, 4] {
+            let problem = Problem::new(op, gpus * 1024, 256, 256, gpus).expect("problem");
+            for s in tiles(op) {
+                let Ok(p) = lower(&problem, &s) else { continue };
+                let e = expand(&p);
+                let origins = expand_origins(&p);
+                for (r, rp) in p.ranks.iter().enumerate() {
+                    let o = &origins[r];
+                    assert_eq!(o.len(), e.ranks[r].tasks.len(), "{}", p.name);
+                    assert!(o.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= 1));
+                    assert_eq!(o.first().copied(), (!rp.tasks.is_empty()).then_some(0));
+                    assert_eq!(o.last().copied(), rp.tasks.len().checked_sub(1));
+                    for (t, &i) in e.ranks[r].tasks.iter().zip(o) {
+                        match &rp.tasks[i].kind {
+                            TaskKind::TileGemm(_) => {
+                                assert!(t.label.contains(&rp.tasks[i].label), "{}", t.label)
+                            }
+                            k => assert_eq!(&t.kind, k),
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -73,7 +73,6 @@ impl DeviceBuffer {
     }
 
     /// Copies host bytes in (synchronous; at most the allocation's size).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn upload(&self, data: &[u8]) -> Result<()> {
         let n = data.len().min(self.bytes);
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;

@@ -10,10 +10,18 @@
 //! another rank: host threads only issue work.
 //!
 //! **Layout.** Each (producer task, consumer rank) pair has its own word
-//! ([`SignalLayout`]), words `0..task_words` of the consumer's buffer. After
-//! them come the barrier words: every rank's end of iteration signals every
-//! other rank (so pushes into a peer's buffers cannot overrun), in two banks
-//! by iteration parity.
+//! ([`SignalLayout`]) at the start of the consumer's buffer. Then come the
+//! plan's own flags ([`ficco_core::plan::TaskKind::Signal`] / `Wait` tasks
+//! and tile GEMM block flags, numbered per rank from 0:
+//! [`SignalLayout::plan_word`]); all of these are the rank's *task words*,
+//! `0..task_words`. After them come the barrier words: every rank's end of
+//! iteration signals every other rank (so pushes into a peer's buffers
+//! cannot overrun), in two banks by iteration parity.
+//!
+//! A tile GEMM's block counters are plan flags too: the kernel's signal
+//! hook adds 1 to a block's word once per launch, which, from the cleared
+//! 0, is exactly [`SET`]; its wait hook waits for `>= SET` (epoch = SET). So
+//! plan flags follow the same constant-value protocol as dependency words.
 //!
 //! **Constant values, consumer resets.** The values written and waited for
 //! are constants (1), not epochs, because a CUDA graph bakes them in: one
@@ -68,8 +76,13 @@ pub struct Point {
 pub struct SignalLayout {
     /// (producer task, consumer rank) -> word index in the consumer's buffer.
     slots: HashMap<(Point, usize), usize>,
-    /// Task words per rank (the barrier banks follow them).
+    /// Task words per rank: dependency words, then the plan's own flags
+    /// (the barrier banks follow them).
     pub task_words: Vec<usize>,
+    /// Per rank: the word of the plan's flag 0 (flag f is `plan_base + f`).
+    plan_base: Vec<usize>,
+    /// Per rank: the plan's own flags ([`Plan::signal_words`]).
+    plan_words: Vec<usize>,
     /// Words used per rank: task words, then two banks of `ranks` words.
     pub words: Vec<usize>,
     /// Per rank per task: the consumers to signal, as (consumer rank, word).
@@ -79,12 +92,15 @@ pub struct SignalLayout {
 
 impl SignalLayout {
     /// The flags of `plan`: one per cross-rank dependency's (producer,
-    /// consumer rank), then the two barrier banks of every rank.
+    /// consumer rank), then the plan's own flags, then the two barrier banks
+    /// of every rank.
     pub fn new(plan: &Plan) -> Self {
         let p = plan.ranks.len();
         let mut l = SignalLayout {
             slots: HashMap::new(),
             task_words: vec![0; p],
+            plan_base: vec![0; p],
+            plan_words: vec![0; p],
             words: vec![0; p],
             signals: plan
                 .ranks
@@ -106,7 +122,11 @@ impl SignalLayout {
                 }
             }
         }
+        let own = plan.signal_words();
         for r in 0..p {
+            l.plan_base[r] = l.task_words[r];
+            l.plan_words[r] = own.get(r).copied().unwrap_or(0);
+            l.task_words[r] += l.plan_words[r];
             l.words[r] = l.task_words[r] + 2 * p;
         }
         l
@@ -131,6 +151,12 @@ impl SignalLayout {
     /// The word `consumer` waits on for `producer`.
     pub fn slot(&self, producer: Point, consumer: usize) -> Option<usize> {
         self.slots.get(&(producer, consumer)).copied()
+    }
+
+    /// The word of the plan's flag `flag` of `rank` (a Signal, Wait or tile
+    /// GEMM block flag), if the plan has that flag.
+    pub fn plan_word(&self, rank: usize, flag: usize) -> Option<usize> {
+        (flag < *self.plan_words.get(rank)?).then(|| self.plan_base[rank] + flag)
     }
 
     /// The word of `consumer`'s barrier bank `bank` that `producer`'s end
@@ -204,8 +230,9 @@ mod tests {
     use ficco_core::problem::workload::{Op, Problem};
     use ficco_core::space::{enumerate, SpaceOptions};
 
-    /// Every cross-rank dependency has its own word on the consumer, and
-    /// every other rank's end has a word in each barrier bank.
+    /// Every cross-rank dependency and every plan flag (tile schedules) has
+    /// its own task word on its rank, and every other rank's end has a word
+    /// in each barrier bank.
     #[test]
     fn every_cross_rank_dependency_has_one_word() {
         for gpus in [2, 4] {
@@ -237,6 +264,15 @@ mod tests {
                                 assert!(seen.insert((r, w)), "barrier word reused");
                             }
                         }
+                    }
+                    // The plan's own flags: one task word each, distinct.
+                    for (r, &n) in plan.signal_words().iter().enumerate() {
+                        for f in 0..n {
+                            let w = l.plan_word(r, f).expect("plan word");
+                            assert!(w < l.task_words[r]);
+                            assert!(seen.insert((r, w)), "plan word reused");
+                        }
+                        assert_eq!(l.plan_word(r, n), None);
                     }
                     let total: usize = l.words.iter().sum();
                     assert_eq!(total, seen.len() + 2 * gpus, "{}", plan.name);

@@ -442,13 +442,18 @@ fn hook4_wait_blocks_until_flags_arrive() {
 fn hook5_signal_counts_each_block_once() {
     let Some(guard) = gpu() else { return };
     let (ctx, g) = (&guard.0, &guard.1);
-    for &(m, n, rows) in &[
-        (1000, 520, 100),
-        (1024, 1024, 256),
-        (700, 264, 64),
-        (300, 8, 1000),
+    // signal_delay 3 with 5 k-blocks per tile: the deferred signal goes out
+    // mid-way through the next tile, or at the end of a CTA's last one.
+    for &(m, n, rows, delay) in &[
+        (1000, 520, 100, 0u32),
+        (1024, 1024, 256, 0),
+        (700, 264, 64, 0),
+        (300, 8, 1000, 0),
+        (1000, 520, 100, 3),
+        (700, 264, 64, 3),
     ] {
-        let p = Problem::new(m, n, 64, (0, 0, 0), 5);
+        let k = if delay == 0 { 64 } else { 320 };
+        let p = Problem::new(m, n, k, (0, 0, 0), 5);
         let d = device(ctx, &p);
         let blocks = m.div_ceil(rows);
         let counters = upload_u32(ctx, &vec![0u32; blocks]);
@@ -459,6 +464,7 @@ fn hook5_signal_counts_each_block_once() {
                     rows_per_counter: rows as u32,
                 }),
                 sm_budget: Some(7),
+                signal_delay: delay,
                 ..Hooks::default()
             },
             ..d.args
@@ -466,7 +472,7 @@ fn hook5_signal_counts_each_block_once() {
         run(ctx, g, &args);
         run(ctx, g, &args);
         let got = download_u32(&counters, blocks);
-        eprintln!("hgemm signal {m}x{n} rows/counter {rows}: counters {got:?}");
+        eprintln!("hgemm signal {m}x{n}x{k} rows/counter {rows} delay {delay}: counters {got:?}");
         assert!(got.iter().all(|&c| c == 2), "{got:?}");
         let c = download(&d.c, m * n);
         assert!(rel_err(&view(&c, m, n, n), &p.reference()) < 1e-2);
@@ -537,6 +543,153 @@ fn hook6_destination_table() {
         eprintln!("hgemm dest add={add}: rel err {err:.2e}, {misplaced} misplaced writes");
         assert!(err < 1e-2, "rel err {err}");
         assert_eq!(misplaced, 0);
+    }
+}
+
+/// The staged epilogue ([`Hooks::staged_epilogue`]) writes exactly what the
+/// register epilogue writes, to the same places, with the destination hook
+/// (rows redirected, half of them not 16-byte aligned), C rows not 16-byte
+/// aligned, split-K and the signal hook.
+#[test]
+fn staged_epilogue_matches_register_epilogue() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (1000usize, 520, 200);
+    let rows = 96usize;
+    let blocks = m.div_ceil(rows);
+    // ldc = ldd = n + 4: every other row starts off a 16-byte boundary.
+    let p = Problem::new(m, n, k, (0, 0, 4), 41);
+    let d = device(ctx, &p);
+    let ldd = n + 4;
+    let x = rand(m * ldd, 78);
+    let dst = upload(ctx, &x);
+    let table: Vec<u64> = (0..blocks)
+        .map(|b| {
+            if b % 2 == 1 {
+                dst.ptr().raw() + (b * rows * ldd * 2) as u64
+            } else {
+                0
+            }
+        })
+        .collect();
+    let tbl = upload_u64(ctx, &table);
+    let counters = upload_u32(ctx, &vec![0u32; blocks]);
+    for tile in [TileN::N256, TileN::N128] {
+        for splits in [1u32, 3] {
+            for with_dest in [false, true] {
+                let mut outs = vec![];
+                for staged in [false, true] {
+                    d.c.upload(&to_bytes(&vec![NAN; m * p.ldc]))
+                        .expect("poison");
+                    dst.upload(&to_bytes(&x)).expect("reset dst");
+                    counters.upload(&vec![0u8; blocks * 4]).expect("reset");
+                    let args = GemmArgs {
+                        hooks: Hooks {
+                            split_k: Some(splits),
+                            tile_n: Some(tile),
+                            staged_epilogue: staged,
+                            signal_delay: if staged { 2 } else { 0 },
+                            signal: Some(SignalHook {
+                                counters: DevPtr::new(counters.ptr().raw()),
+                                rows_per_counter: rows as u32,
+                            }),
+                            dest: with_dest.then_some(DestHook {
+                                table: DevPtr::new(tbl.ptr().raw()),
+                                ld: ldd,
+                                rows_per_block: rows as u32,
+                                add: false,
+                            }),
+                            ..Hooks::default()
+                        },
+                        ..d.args
+                    };
+                    let shape = g.shape(&args).expect("shape");
+                    assert_eq!(shape.staged, staged, "{tile:?} split {splits}");
+                    assert!(!shape.tma_store);
+                    run(ctx, g, &args);
+                    let counts = download_u32(&counters, blocks);
+                    assert!(counts.iter().all(|&c| c == 1), "counters {counts:?}");
+                    outs.push((download(&d.c, m * p.ldc), download(&dst, m * ldd)));
+                }
+                let (reg, stg) = (&outs[0], &outs[1]);
+                let dc = reg.0.iter().zip(&stg.0).filter(|(a, b)| a != b).count();
+                let dd = reg.1.iter().zip(&stg.1).filter(|(a, b)| a != b).count();
+                eprintln!(
+                    "hgemm staged epilogue {tile:?} split {splits} dest {with_dest}: {dc} C and {dd} dst elements differ"
+                );
+                assert_eq!((dc, dd), (0, 0));
+                assert!(padding_untouched(&stg.0, m, n, p.ldc));
+                if !with_dest {
+                    let err = rel_err(&view(&stg.0, m, n, p.ldc), &p.reference());
+                    assert!(err < 1e-2, "rel err {err}");
+                }
+            }
+        }
+    }
+}
+
+/// [`Hooks::split_tail_only`]: full waves run whole tiles, the last wave's
+/// tiles are split. Every output element equals the unsplit launch's or the
+/// fully split launch's (same per-tile summation order), the result matches
+/// the host reference, and the signal hook still counts every block once.
+#[test]
+fn split_tail_only_matches_whole_and_split() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    // 1000 x 520, K = 640 (10 k-blocks) on 7 CTAs: 8 x 5 narrow tiles
+    // (35 whole + 5 split) or 8 x 3 wide ones (21 whole + 3 split).
+    let (m, n, k) = (1000usize, 520, 640);
+    let rows = 100usize;
+    let blocks = m.div_ceil(rows);
+    let p = Problem::new(m, n, k, (8, 0, 0), 51);
+    let reference = p.reference();
+    let d = device(ctx, &p);
+    let counters = upload_u32(ctx, &vec![0u32; blocks]);
+    for (tile, dp) in [(TileN::N128, 35u32), (TileN::N256, 21)] {
+        let launch = |splits: u32, tail: bool, signal: bool| -> Vec<u16> {
+            d.c.upload(&to_bytes(&vec![NAN; m * n])).expect("poison");
+            let args = GemmArgs {
+                hooks: Hooks {
+                    sm_budget: Some(7),
+                    tile_n: Some(tile),
+                    split_k: Some(splits),
+                    split_tail_only: tail,
+                    signal: signal.then_some(SignalHook {
+                        counters: DevPtr::new(counters.ptr().raw()),
+                        rows_per_counter: rows as u32,
+                    }),
+                    ..Hooks::default()
+                },
+                ..d.args
+            };
+            if tail {
+                let s = g.shape(&args).expect("shape");
+                assert_eq!((s.dp_tiles, s.splits), (dp, splits), "{tile:?}");
+            }
+            run(ctx, g, &args);
+            download(&d.c, m * n)
+        };
+        let whole = launch(1, false, false);
+        let split = launch(3, false, false);
+        counters.upload(&vec![0u8; blocks * 4]).expect("reset");
+        let mixed = launch(3, true, true);
+        let counts = download_u32(&counters, blocks);
+        assert!(
+            counts.iter().all(|&c| c == 1),
+            "{tile:?} counters {counts:?}"
+        );
+        let odd = (0..m * n)
+            .filter(|&i| mixed[i] != whole[i] && mixed[i] != split[i])
+            .count();
+        let from_split = (0..m * n)
+            .filter(|&i| mixed[i] == split[i] && mixed[i] != whole[i])
+            .count();
+        let err = rel_err(&view(&mixed, m, n, n), &reference);
+        eprintln!(
+            "hgemm {tile:?} split_tail_only: {odd} elements from neither launch, {from_split} only from the split one, rel err {err:.2e}"
+        );
+        assert_eq!(odd, 0);
+        assert!(err < 1e-2, "rel err {err}");
     }
 }
 

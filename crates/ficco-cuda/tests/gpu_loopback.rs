@@ -3,8 +3,10 @@
 //! without controls) of every operator runs at P = 2 and P = 4 on small
 //! shapes, outputs poisoned first, and is checked against the sequential
 //! reference (itself run in its copy form and checked against the host);
-//! NCCL schedules are skipped with the loopback reason; a missing signal ends
-//! the run through the watchdog. Needs one GPU; without one each test prints
+//! NCCL schedules are skipped with the loopback reason; every `tile`
+//! schedule (one persistent GEMM per rank, fed or drained by copy engines
+//! through flags) runs exactly on shapes it fits; a missing signal ends the
+//! run through the watchdog, also when a tile GEMM's kernel waits on it. Needs one GPU; without one each test prints
 //! `SKIPPED:` (or fails under `FICCO_REQUIRE_GPU=1`, see `common`). Run with
 //! `--test-threads=1 --nocapture`.
 #![allow(clippy::needless_range_loop)]
@@ -15,7 +17,7 @@ use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::run::{skip_reason, Backend};
-use ficco_core::space::{enumerate, Engine, Schedule, SpaceOptions};
+use ficco_core::space::{enumerate, Engine, Granularity, Schedule, SpaceOptions};
 use ficco_cuda::{CudaError, GpuBackend, MeasureConfig, RunOpts};
 use std::time::Instant;
 
@@ -356,4 +358,170 @@ fn watchdog_ends_a_missing_signal() {
     be.run_opts = RunOpts::default();
     be.run_host(&plan, &init)
         .expect("the backend runs again after a released hang");
+}
+
+/// Every `tile` schedule (controls included), named once.
+fn tile_schedules(op: Op) -> Vec<Schedule> {
+    let mut out: Vec<Schedule> = vec![];
+    for controls in [false, true] {
+        let opts = SpaceOptions {
+            controls,
+            sm_count: 132,
+            nccl_sms: 16,
+        };
+        for s in enumerate(op, opts) {
+            if s.granularity == Granularity::Tile && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// Every `tile` schedule of ag-gemm, gemm-rs and gemm-ar at P = 2 and 4
+/// (K = N = 256), on shards of 256 and 512 rows (one chunk, one flag per
+/// shard: `tile_chunks` wants chunks of at least 512 rows) and of 2048 rows
+/// (4 chunks of 512). Each runs issued directly and replayed from graphs
+/// (the checked iteration is then a graph launch), exact against the
+/// copy-form sequential reference.
+#[test]
+fn every_tile_schedule_is_exact_in_loopback() {
+    let test = "every_tile_schedule_is_exact_in_loopback";
+    let mut failures = vec![];
+    let (mut passed, mut misfit, mut ran) = (0, 0, 0);
+    for p in [2, 4] {
+        let Some(mut be) = open(test, p) else {
+            return;
+        };
+        be.config = MeasureConfig {
+            warmup: 2,
+            iters: 3,
+            ..MeasureConfig::default()
+        };
+        for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+            for rows in [256, 512, 2048] {
+                let problem = Problem::new(op, p * rows, 256, 256, p).expect("problem");
+                let seq = lower(&problem, &Schedule::SEQ).expect("seq");
+                be.prepare(&seq).expect("prepare the copy-form reference");
+                for s in tile_schedules(op) {
+                    let plan = match lower(&problem, &s) {
+                        Ok(plan) => plan,
+                        Err(_) => {
+                            misfit += 1;
+                            continue;
+                        }
+                    };
+                    ran += 1;
+                    for graphs in [false, true] {
+                        be.run_opts.graphs = graphs;
+                        let t0 = Instant::now();
+                        match be.measure(&plan, true, false) {
+                            Ok(r) if r.correct && r.max_rel_err.is_some_and(|e| e <= 1e-2) => {
+                                passed += 1;
+                                let graphed = be.last_graphed == Some(true);
+                                if graphs && !graphed {
+                                    failures.push(format!(
+                                        "P={p} {} {}: graph capture failed: {}",
+                                        problem.label(),
+                                        s.name(),
+                                        be.last_graph_error.as_deref().unwrap_or("?")
+                                    ));
+                                }
+                                eprintln!(
+                                    "PASS P={p} {} {:<28} {} err {:.1e} time {:.3} ms ({:.0} ms wall)",
+                                    problem.label(),
+                                    s.name(),
+                                    if graphed { "graph " } else { "direct" },
+                                    r.max_rel_err.unwrap_or(f64::NAN),
+                                    r.time_ms,
+                                    t0.elapsed().as_secs_f64() * 1e3
+                                );
+                            }
+                            Ok(r) => failures.push(format!(
+                                "P={p} {} {} (graphs {graphs}): wrong output, err {:?}",
+                                problem.label(),
+                                s.name(),
+                                r.max_rel_err
+                            )),
+                            Err(e) => failures.push(format!(
+                                "P={p} {} {} (graphs {graphs}): {e}",
+                                problem.label(),
+                                s.name()
+                            )),
+                        }
+                    }
+                }
+            }
+        }
+        be.run_opts.graphs = true;
+    }
+    eprintln!(
+        "loopback tile schedules: {ran} plans, {passed} runs passed, {} failed, {misfit} do not fit \
+         (-acc on 4 GPUs)",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // 96 plans on the space as of this writing: ring and all, with and
+    // without -hi, for the three operators, and -acc for gemm-rs and gemm-ar
+    // on 2 GPUs, at three shapes.
+    assert!(ran > 0);
+    assert_eq!(passed, 2 * ran);
+}
+
+/// A tile GEMM whose block flag is never signalled spins in its kernel:
+/// the watchdog names the GEMM and the flag, releases every flag (the
+/// kernel's wait reads the release value) and the backend runs the plan
+/// again correctly.
+#[test]
+fn watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag() {
+    let test = "watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag";
+    let Some(mut be) = open(test, 2) else {
+        return;
+    };
+    let problem = Problem::new(Op::AgGemm, 512, 256, 256, 2).expect("problem");
+    let s: Schedule = "tile-copy-ring".parse().expect("schedule");
+    let plan = lower(&problem, &s).expect("plan");
+    // Rank 0's Signal after its pull of rank 1's shard (rank 0: the
+    // watchdog reads ranks in order, and a finished rank's cleared flags
+    // read as unset).
+    let dropped = plan.ranks[0]
+        .tasks
+        .iter()
+        .position(|t| t.kind.short() == "signal" && t.label.contains("pull"))
+        .expect("a pull's signal");
+    let init: Vec<Vec<Option<Vec<u16>>>> = plan
+        .ranks
+        .iter()
+        .map(|rp| vec![None; rp.buffers.len()])
+        .collect();
+    let bound_ms = 2000;
+    for graphs in [false, true] {
+        be.run_opts = RunOpts {
+            watchdog_ms: bound_ms,
+            drop_signal: Some((0, dropped)),
+            graphs,
+        };
+        let t0 = Instant::now();
+        let res = be.run_host(&plan, &init);
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        eprintln!(
+            "tile watchdog (graphs {graphs}): {took:.0} ms (bound {bound_ms} ms): {res:?}",
+            res = res.as_ref().err()
+        );
+        match res {
+            Err(CudaError::Hang { rank, point, .. }) => {
+                assert_eq!(rank, 0, "{point}");
+                assert!(point.contains("tile-gemm"), "{point}");
+            }
+            other => panic!("expected Hang, got {other:?}"),
+        }
+        assert!(took < (bound_ms + 3000) as f64, "took {took} ms");
+    }
+    be.run_opts = RunOpts::default();
+    be.prepare(&lower(&problem, &Schedule::SEQ).expect("seq"))
+        .expect("prepare the copy-form reference");
+    let r = be
+        .measure(&plan, true, false)
+        .expect("runs after the release");
+    assert!(r.correct, "wrong output after a released hang");
 }

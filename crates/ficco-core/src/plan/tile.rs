@@ -38,50 +38,7 @@ pub fn expand(plan: &Plan) -> Plan {
     if !has_tiles(plan) {
         return plan.clone();
     }
-    // (rank, flag) pairs something waits on: a Wait task or a tile GEMM block.
-    let mut waited: HashSet<(usize, usize)> = HashSet::new();
-    for (r, rp) in plan.ranks.iter().enumerate() {
-        for t in &rp.tasks {
-            match &t.kind {
-                TaskKind::Wait { flag } => {
-                    waited.insert((r, *flag));
-                }
-                TaskKind::TileGemm(g) => {
-                    if let Some(w) = g.wait {
-                        waited.extend((0..g.blocks()).map(|b| (r, w + b)));
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    // Per rank, per old task: the number of new tasks it becomes, and which
-    // of them (offsets) mark it done.
-    let shapes: Vec<Vec<(usize, Vec<usize>)>> = plan
-        .ranks
-        .iter()
-        .enumerate()
-        .map(|(r, rp)| {
-            rp.tasks
-                .iter()
-                .map(|t| match &t.kind {
-                    TaskKind::TileGemm(g) => {
-                        let mut n = 0;
-                        let mut ends = vec![];
-                        for b in g.order() {
-                            n += usize::from(g.wait.is_some()) + 1;
-                            if g.signal.is_some_and(|s| waited.contains(&(r, s + b))) {
-                                n += 1;
-                            }
-                            ends.push(n - 1);
-                        }
-                        (n, ends)
-                    }
-                    _ => (1, vec![0]),
-                })
-                .collect()
-        })
-        .collect();
+    let (waited, shapes) = shapes(plan);
     // First new index of every old task.
     let starts: Vec<Vec<usize>> = shapes
         .iter()
@@ -193,4 +150,71 @@ pub fn expand(plan: &Plan) -> Plan {
         out.ranks[r].tasks = tasks;
     }
     out
+}
+
+/// Per rank, per expanded task (in [`expand`]'s order): the index of the
+/// original task it comes from (a tile GEMM's block tasks all map to it).
+/// Executors that issue the original plan but order it by the expanded one
+/// (a tile GEMM's blocks wait and signal independently) read it.
+pub fn expand_origins(plan: &Plan) -> Vec<Vec<usize>> {
+    let (_, shapes) = shapes(plan);
+    shapes
+        .iter()
+        .map(|ts| {
+            ts.iter()
+                .enumerate()
+                .flat_map(|(i, (n, _))| std::iter::repeat_n(i, *n))
+                .collect()
+        })
+        .collect()
+}
+
+/// Flags (rank, flag) that something waits on, and per rank per task the
+/// number of tasks [`expand`] makes of it and which of them (offsets) mark
+/// it done.
+#[allow(clippy::type_complexity)]
+fn shapes(plan: &Plan) -> (HashSet<(usize, usize)>, Vec<Vec<(usize, Vec<usize>)>>) {
+    // (rank, flag) pairs something waits on: a Wait task or a tile GEMM block.
+    let mut waited: HashSet<(usize, usize)> = HashSet::new();
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for t in &rp.tasks {
+            match &t.kind {
+                TaskKind::Wait { flag } => {
+                    waited.insert((r, *flag));
+                }
+                TaskKind::TileGemm(g) => {
+                    if let Some(w) = g.wait {
+                        waited.extend((0..g.blocks()).map(|b| (r, w + b)));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let shapes: Vec<Vec<(usize, Vec<usize>)>> = plan
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(r, rp)| {
+            rp.tasks
+                .iter()
+                .map(|t| match &t.kind {
+                    TaskKind::TileGemm(g) => {
+                        let mut n = 0;
+                        let mut ends = vec![];
+                        for b in g.order() {
+                            n += usize::from(g.wait.is_some()) + 1;
+                            if g.signal.is_some_and(|s| waited.contains(&(r, s + b))) {
+                                n += 1;
+                            }
+                            ends.push(n - 1);
+                        }
+                        (n, ends)
+                    }
+                    _ => (1, vec![0]),
+                })
+                .collect()
+        })
+        .collect();
+    (waited, shapes)
 }

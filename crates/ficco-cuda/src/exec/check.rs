@@ -8,7 +8,7 @@ use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::{memset_d16_async, DevicePtr};
 use ficco_core::plan::validate::validate;
-use ficco_core::plan::{Buffer, Plan, View};
+use ficco_core::plan::{Buffer, Plan, TaskKind, View};
 use ficco_core::problem::workload::ELEM_BYTES;
 
 /// bf16 quiet NaN, used to poison outputs before a checked run.
@@ -43,22 +43,67 @@ pub(crate) fn view_addr(
 /// binding to device memory is added. What passes issues without further checks.
 pub fn precheck(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
     validate(plan).map_err(|e| CudaError::Plan(e.to_string()))?;
-    // Before any rank issues anything: a tile plan must not half-run.
-    if let Some(t) = plan.ranks.iter().flat_map(|r| &r.tasks).find(|t| {
-        matches!(
-            t.kind,
-            ficco_core::plan::TaskKind::TileGemm(_)
-                | ficco_core::plan::TaskKind::Signal { .. }
-                | ficco_core::plan::TaskKind::Wait { .. }
-        )
-    }) {
-        return Err(CudaError::Plan(format!(
-            "{} tasks ('{}') are not supported by this executor yet",
-            t.kind.short(),
-            t.label
-        )));
+    check_bound(plan, ptrs)?;
+    check_tiles(plan, ptrs)
+}
+
+/// What ficco's own kernel needs of every tile GEMM, checked before any rank
+/// issues anything (a launch that fails on one rank would leave its peers
+/// waiting on its flags): N and K multiples of 8 and A and B pitches
+/// multiples of 8 elements (TMA), every view in bounds, one pitch for every
+/// destination view (the destination hook has one leading dimension), and
+/// no more signalling blocks than the kernel has tickets for.
+pub fn check_tiles(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for t in &rp.tasks {
+            let TaskKind::TileGemm(g) = &t.kind else {
+                continue;
+            };
+            let bad =
+                |why: String| CudaError::Plan(format!("rank {r} tile GEMM '{}': {why}", t.label));
+            let (_, lda) = view_addr(&rp.buffers, &ptrs[r], &g.a, "tile gemm a")?;
+            let (_, ldb) = view_addr(&rp.buffers, &ptrs[r], &g.b, "tile gemm b")?;
+            view_addr(&rp.buffers, &ptrs[r], &g.c, "tile gemm c")?;
+            let pitch8 = |p: usize| p % (8 * ELEM_BYTES) == 0;
+            if g.a.cols == 0 || g.a.cols % 8 != 0 || g.b.cols % 8 != 0 {
+                return Err(bad(format!(
+                    "N and K must be positive multiples of 8 (N={}, K={})",
+                    g.b.cols, g.a.cols
+                )));
+            }
+            if !pitch8(lda) || !pitch8(ldb) {
+                return Err(bad(
+                    "A and B rows must be multiples of 8 elements apart".into()
+                ));
+            }
+            if g.block_rows == 0 {
+                return Err(bad("a block of 0 rows".into()));
+            }
+            if g.signal.is_some() && g.blocks() > crate::hgemm::MAX_SIGNAL_BLOCKS {
+                return Err(bad(format!(
+                    "{} signalling blocks, the kernel counts at most {}",
+                    g.blocks(),
+                    crate::hgemm::MAX_SIGNAL_BLOCKS
+                )));
+            }
+            if !g.dest.is_empty() && g.dest.len() != g.blocks() {
+                return Err(bad(format!(
+                    "{} destination entries for {} blocks",
+                    g.dest.len(),
+                    g.blocks()
+                )));
+            }
+            let mut pitch = None;
+            for v in g.dest.iter().flatten() {
+                let (_, p) = view_addr(&rp.buffers, &ptrs[r], v, "tile gemm destination")?;
+                if pitch.is_some_and(|q| q != p) {
+                    return Err(bad("destination views of different pitches".into()));
+                }
+                pitch = Some(p);
+            }
+        }
     }
-    check_bound(plan, ptrs)
+    Ok(())
 }
 
 /// Every buffer of every rank has a device pointer.
@@ -132,6 +177,7 @@ pub fn compare(
 mod tests {
     use crate::mem::DevicePtr;
     use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+    use ficco_core::plan::{Plan, TaskKind};
     use ficco_core::problem::workload::{Op, Problem};
     use ficco_core::space::{enumerate, SpaceOptions};
 
@@ -150,6 +196,7 @@ mod tests {
             ficco_core::problem::routing::Skew::HEAVY,
             1,
         );
+        let mut tiles = 0;
         for gpus in [2, 4] {
             for op in Op::ALL.into_iter().chain(Op::MOE) {
                 let problem = if op.is_moe() {
@@ -170,17 +217,70 @@ mod tests {
                         .iter()
                         .map(|rp| vec![DevicePtr::NULL; rp.buffers.len()])
                         .collect();
-                    let tile = plan
-                        .schedule
-                        .is_some_and(|s| s.granularity == ficco_core::space::Granularity::Tile);
-                    match super::precheck(&plan, &ptrs) {
-                        // Not run by this executor yet: rejected up front.
-                        Err(e) if tile => assert!(e.to_string().contains("not supported")),
-                        Err(e) => panic!("{} {}: {e}", problem.label(), plan.name),
-                        Ok(()) => assert!(!tile, "{} {}", problem.label(), plan.name),
+                    if let Err(e) = super::precheck(&plan, &ptrs) {
+                        panic!("{} {}: {e}", problem.label(), plan.name);
                     }
+                    tiles += usize::from(
+                        plan.ranks[0]
+                            .tasks
+                            .iter()
+                            .any(|t| t.kind.short() == "tile-gemm"),
+                    );
                 }
             }
         }
+        assert!(tiles > 0, "no tile plan was checked");
+    }
+
+    /// What ficco's kernel cannot run is refused before anything is issued:
+    /// a K that is not a multiple of 8, and destination views of two pitches.
+    #[test]
+    fn precheck_refuses_tile_gemms_the_kernel_cannot_run() {
+        let tile_plan = |k: usize| {
+            let problem = Problem::new(Op::GemmRs, 512, k, 256, 2).expect("problem");
+            let s: ficco_core::space::Schedule = "tile-copy-ring-acc".parse().expect("schedule");
+            lower(&problem, &s).expect("lowered")
+        };
+        let null = |plan: &Plan| -> Vec<Vec<DevicePtr>> {
+            plan.ranks
+                .iter()
+                .map(|rp| vec![DevicePtr::NULL; rp.buffers.len()])
+                .collect()
+        };
+        let plan = tile_plan(256);
+        super::precheck(&plan, &null(&plan)).expect("a valid tile plan passes");
+        let mut odd = plan.clone();
+        for rp in &mut odd.ranks {
+            for t in &mut rp.tasks {
+                if let TaskKind::TileGemm(g) = &mut t.kind {
+                    g.a.cols = 252;
+                    g.b.rows = 252;
+                }
+            }
+        }
+        let e = super::check_tiles(&odd, &null(&odd)).expect_err("K = 252");
+        assert!(e.to_string().contains("multiples of 8"), "{e}");
+        let mut two = plan.clone();
+        // Rank 0's destination of its second block goes to another buffer
+        // (part: N columns too, but its own pitch once widened).
+        two.ranks[0].buffers[3].cols = 264;
+        for t in &mut two.ranks[0].tasks {
+            if let TaskKind::TileGemm(g) = &mut t.kind {
+                let i = g
+                    .dest
+                    .iter()
+                    .position(Option::is_some)
+                    .expect("a destination");
+                let mut v = g.dest[i].expect("view");
+                v.buf = 3;
+                v.row = 0;
+                g.dest.push(None);
+                g.dest.truncate(g.blocks());
+                let j = g.dest.iter().position(Option::is_none).expect("a C block");
+                g.dest[j] = Some(v);
+            }
+        }
+        let e = super::check_tiles(&two, &null(&two)).expect_err("two pitches");
+        assert!(e.to_string().contains("different pitches"), "{e}");
     }
 }

@@ -2,6 +2,15 @@
 //! here after [`super::precheck`], so shapes, bounds, contiguity and source
 //! counts hold; view addresses are still computed through the bounds-checked
 //! [`view_addr`].
+//!
+//! The plan's own flags ([`TaskKind::Signal`], [`TaskKind::Wait`] and tile
+//! GEMM blocks) are words of the flag buffers ([`crate::signal`]): a Signal
+//! writes [`SET`] into the target rank's word, a Wait holds its stream until
+//! its own rank's word is `>= SET`, and a tile GEMM is one launch of ficco's
+//! own kernel whose wait hook reads the same words (epoch [`SET`]) and whose
+//! signal hook adds 1 per block (0 -> [`SET`]: the consumer cleared it at the
+//! end of the previous iteration). Every value is a constant, so a captured
+//! iteration replays unchanged.
 
 use super::check::view_addr;
 use super::rank::Rank;
@@ -10,12 +19,15 @@ use crate::driver::cuda as cu;
 use crate::driver::nccl as nc;
 use crate::error::{CudaError, Result};
 use crate::gemm::GemmKey;
-use crate::hgemm::{DevPtr, GemmArgs, Hooks, Occupancy};
+use crate::hgemm::{
+    DestHook, DevPtr, GemmArgs, Hooks, Occupancy, SignalHook, WaitHook, BLOCK_M, GROUP_M,
+};
 use crate::kernels::ReduceSrcs;
 use crate::mem::{copy_2d_async, CopyEnd, DevicePtr};
+use crate::signal::{word, SET};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
-use ficco_core::plan::{GemmGroup, NcclOp, RankView, TaskKind, View};
+use ficco_core::plan::{GemmGroup, NcclOp, RankView, TaskKind, TileGemm, View};
 use ficco_core::problem::workload::ELEM_BYTES;
 use ficco_core::space::GemmEngine;
 
@@ -26,6 +38,7 @@ pub(super) fn issue(
     sh: &Shared<'_>,
     stream: &CudaStream,
     stream_idx: usize,
+    index: usize,
     kind: &TaskKind,
 ) -> Result<()> {
     let mut go = || match kind {
@@ -36,12 +49,19 @@ pub(super) fn issue(
         TaskKind::Copy { src, dst } => copy(sh, stream.cu_stream(), src, dst),
         TaskKind::Reduce { srcs, dst } => reduce(rank, sh, stream, srcs, dst),
         TaskKind::Nccl { op, .. } => nccl(rank, sh, stream.cu_stream(), op),
-        TaskKind::Signal { .. } | TaskKind::Wait { .. } | TaskKind::TileGemm(_) => {
-            Err(CudaError::Plan(format!(
-                "{} tasks are not supported by this executor yet",
-                kind.short()
-            )))
+        TaskKind::Signal { to_rank, flag } => {
+            let w = plan_flag(sh, *to_rank, *flag)?;
+            // SAFETY: the word is inside rank `to_rank`'s live flag buffer
+            // (sized to the layout); peer access is enabled between the
+            // devices (or it is the same device).
+            unsafe { cu::stream_write_value32(stream.cu_stream(), w, SET) }
         }
+        TaskKind::Wait { flag } => {
+            let w = plan_flag(sh, rank.rank, *flag)?;
+            // SAFETY: the word is inside this rank's live flag buffer.
+            unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), w, SET) }
+        }
+        TaskKind::TileGemm(g) => tile_gemm(rank, sh, stream.cu_stream(), stream_idx, index, g),
     };
     if sh.plan.resources.green_sms.is_some() {
         // SAFETY: the stream is live (held by the rank for the plan).
@@ -193,6 +213,186 @@ fn grouped_gemm(
     Ok(())
 }
 
+/// The device address of the plan's flag `flag` of rank `rank`.
+fn plan_flag(sh: &Shared<'_>, rank: usize, flag: usize) -> Result<DevicePtr> {
+    let w = sh
+        .layout
+        .plan_word(rank, flag)
+        .ok_or_else(|| CudaError::Plan(format!("rank {rank} has no signal flag {flag}")))?;
+    let base = sh
+        .flags
+        .get(rank)
+        .ok_or_else(|| CudaError::Plan(format!("no flag buffer for rank {rank}")))?;
+    Ok(word(*base, w))
+}
+
+/// One launch of ficco's own GEMM for a tile GEMM task: its blocks wait on
+/// their flags, signal their counters and store through the destination
+/// table that the run wrote before it started ([`Shared::tables`]), and the
+/// kernel's M order starts at the task's first block. The SM budget is the
+/// task's, capped at this rank's share of the SMs its stream can use (the
+/// device's, or its green context's; [`Shared::tile_share`]): in loopback
+/// every rank's persistent GEMM must be resident at once, or one spinning on
+/// a flag whose producer GEMM cannot get an SM never ends (on 2 GPUs with
+/// `-acc` each rank's own blocks wait for the peer GEMM's pushed blocks).
+/// One CTA per SM each (the kernel's shared memory allows no more), so
+/// P GEMMs of SMs / P CTAs fit side by side.
+fn tile_gemm(
+    rank: &Rank,
+    sh: &Shared<'_>,
+    s: CUstream,
+    stream_idx: usize,
+    index: usize,
+    g: &TileGemm,
+) -> Result<()> {
+    let r = rank.rank;
+    let kernel = rank.own_gemms.get(stream_idx).ok_or_else(|| {
+        CudaError::Plan(format!(
+            "ficco's own GEMM not loaded for stream {stream_idx} before the run"
+        ))
+    })?;
+    let (pa, lda) = local(rank, sh, &g.a, "tile gemm a")?;
+    let (pb, ldb) = local(rank, sh, &g.b, "tile gemm b")?;
+    let (pc, ldc) = local(rank, sh, &g.c, "tile gemm c")?;
+    // The SMs the GEMM's stream can use: a green context's, else the device's.
+    let sms = rank
+        .green_compute_sms(sh.plan.resources.green_sms)
+        .map_or(kernel.sms(), |g| g.min(kernel.sms()));
+    let share = sh.tile_share.get(r).copied().unwrap_or(1).max(1) as u32;
+    let cap = sms / share;
+    if cap == 0 {
+        return Err(CudaError::Plan(format!(
+            "{share} persistent tile GEMMs share {sms} SMs: not every one can be resident"
+        )));
+    }
+    let table = sh
+        .tables
+        .get(r)
+        .and_then(|t| t.get(index))
+        .copied()
+        .flatten();
+    let dest_ld = match table {
+        Some(_) => Some(dest_pitch(rank, sh, g)?),
+        None => None,
+    };
+    let args = tile_gemm_args(
+        g,
+        [(pa, lda), (pb, ldb), (pc, ldc)],
+        TileFlags {
+            wait: g.wait.map(|f| plan_flag(sh, r, f)).transpose()?,
+            signal: g.signal.map(|f| plan_flag(sh, r, f)).transpose()?,
+            dest: table.zip(dest_ld),
+        },
+        cap,
+    )?;
+    // SAFETY: bounds-checked views of live allocations on this rank's device
+    // (precheck: every destination view too, all of one pitch); the flag
+    // words of every block exist (the layout holds the plan's flags), and the
+    // table holds one entry per block. A wait hook whose flag never comes
+    // hangs the kernel: the validator proved every waited flag is
+    // signalled, and the watchdog releases every flag of a hung run.
+    unsafe { kernel.launch(s, &args) }
+}
+
+/// The pitch (bytes) shared by every destination view of a tile GEMM.
+fn dest_pitch(rank: &Rank, sh: &Shared<'_>, g: &TileGemm) -> Result<usize> {
+    let mut pitch = None;
+    for v in g.dest.iter().flatten() {
+        let (_, p) = local(rank, sh, v, "tile gemm destination")?;
+        if pitch.is_some_and(|q| q != p) {
+            return Err(CudaError::Plan(
+                "a tile GEMM's destination views have different pitches".into(),
+            ));
+        }
+        pitch = Some(p);
+    }
+    pitch.ok_or_else(|| CudaError::Plan("a tile GEMM's destination table has no view".into()))
+}
+
+/// Device addresses a tile GEMM launch reads its hooks from: the first
+/// block's wait flag and signal counter, and (table, pitch in bytes) of the
+/// destination table.
+pub(crate) struct TileFlags {
+    pub wait: Option<DevicePtr>,
+    pub signal: Option<DevicePtr>,
+    pub dest: Option<(DevicePtr, usize)>,
+}
+
+/// M-blocks per scheduling group of a tile GEMM with blocks of `block_rows`
+/// rows: the most, up to the kernel's [`GROUP_M`], that divides a block's
+/// M-blocks, so that no group mixes two flag blocks. The kernel walks a
+/// group column by column and each CTA takes its units in order, so with
+/// mixed groups a CTA could hold a tile of an early block behind one of a
+/// late block that spins on its flag; on 2 GPUs with `-acc` the early
+/// (peer) blocks feed, through the peer's pushes, the flags that the late
+/// (own) blocks of both GEMMs wait on: a cycle. With whole blocks per group
+/// every unit of an earlier block comes before every unit of a later one.
+pub(crate) fn tile_group_m(block_rows: usize) -> u32 {
+    if block_rows % BLOCK_M != 0 {
+        return 1;
+    }
+    let per_block = block_rows / BLOCK_M;
+    (1..=GROUP_M as usize)
+        .rev()
+        .find(|d| per_block % d == 0)
+        .unwrap_or(1) as u32
+}
+
+/// The launch of ficco's own GEMM for tile GEMM `g` on views given as
+/// (address, pitch in bytes) of A, B and C, with at most `sm_cap` CTAs.
+/// Block flags and counters are one word per `block_rows` rows; the
+/// kernel's M order starts at the first block's first M-block
+/// ([`BLOCK_M`] rows).
+pub(crate) fn tile_gemm_args(
+    g: &TileGemm,
+    [(pa, lda), (pb, ldb), (pc, ldc)]: [(DevicePtr, usize); 3],
+    flags: TileFlags,
+    sm_cap: u32,
+) -> Result<GemmArgs> {
+    let small = |v: usize, what: &str| {
+        u32::try_from(v).map_err(|_| CudaError::Plan(format!("tile GEMM: {what} {v} too large")))
+    };
+    let rows = small(g.block_rows.max(1), "block rows")?;
+    let budget = match g.sm_target {
+        Some(t) => small(t, "SM budget")?.min(sm_cap),
+        None => sm_cap,
+    };
+    let hooks = Hooks {
+        sm_budget: Some(budget.max(1)),
+        group_m: Some(tile_group_m(g.block_rows)),
+        m_start_block: small(g.first_block * g.block_rows / BLOCK_M, "first block")?,
+        wait: flags.wait.map(|f| WaitHook {
+            flags: DevPtr::new(f.raw()),
+            rows_per_flag: rows,
+            epoch: SET,
+        }),
+        signal: flags.signal.map(|f| SignalHook {
+            counters: DevPtr::new(f.raw()),
+            rows_per_counter: rows,
+        }),
+        dest: flags.dest.map(|(t, pitch)| DestHook {
+            table: DevPtr::new(t.raw()),
+            ld: pitch / ELEM_BYTES,
+            rows_per_block: rows,
+            add: g.dest_add,
+        }),
+        ..Hooks::default()
+    };
+    Ok(GemmArgs {
+        m: g.a.rows,
+        n: g.b.cols,
+        k: g.a.cols,
+        a: DevPtr::new(pa.raw()),
+        lda: lda / ELEM_BYTES,
+        b: DevPtr::new(pb.raw()),
+        ldb: ldb / ELEM_BYTES,
+        c: DevPtr::new(pc.raw()),
+        ldc: ldc / ELEM_BYTES,
+        accumulate: false,
+        hooks,
+    })
+}
+
 /// Copy-engine copy between any two ranks' views.
 fn copy(sh: &Shared<'_>, s: CUstream, src: &RankView, dst: &RankView) -> Result<()> {
     let end = |rv: &RankView, what| -> Result<CopyEnd> {
@@ -330,5 +530,87 @@ mod tests {
             None
         )
         .is_err());
+    }
+
+    /// A tile GEMM's launch: block flags and counters one word per block,
+    /// epoch SET, the M order from the first block's first M-block, the SM
+    /// budget capped at the device share, destinations at one pitch.
+    #[test]
+    fn tile_gemm_args_carry_flags_order_budget_and_destinations() {
+        use ficco_core::plan::{TileGemm, View};
+        let p = DevicePtr;
+        let g = TileGemm {
+            a: View::whole(0, 2048, 256),
+            b: View::whole(1, 256, 512),
+            c: View::whole(2, 2048, 512),
+            block_rows: 256,
+            first_block: 3,
+            wait: Some(4),
+            signal: Some(0),
+            dest: vec![],
+            dest_add: true,
+            sm_target: Some(100),
+        };
+        let views = [(p(0x1000), 512), (p(0x2000), 1024), (p(0x3000), 1024)];
+        let flags = || TileFlags {
+            wait: Some(p(0x40)),
+            signal: Some(p(0x80)),
+            dest: Some((p(0x9000), 2048)),
+        };
+        let args = tile_gemm_args(&g, views, flags(), 66).unwrap();
+        assert_eq!((args.m, args.n, args.k), (2048, 512, 256));
+        assert_eq!((args.lda, args.ldb, args.ldc), (256, 512, 512));
+        assert!(!args.accumulate);
+        let h = args.hooks;
+        // Block 3 of 256 rows starts at M-block 6 of 128 rows; groups of
+        // 2 M-blocks are whole blocks.
+        assert_eq!(h.m_start_block, 6);
+        assert_eq!(h.group_m, Some(2));
+        assert_eq!(h.sm_budget, Some(66));
+        let w = h.wait.unwrap();
+        assert_eq!((w.flags.addr(), w.rows_per_flag, w.epoch), (0x40, 256, SET));
+        let s = h.signal.unwrap();
+        assert_eq!((s.counters.addr(), s.rows_per_counter), (0x80, 256));
+        let d = h.dest.unwrap();
+        assert_eq!(
+            (d.table.addr(), d.ld, d.rows_per_block, d.add),
+            (0x9000, 1024, 256, true)
+        );
+        // Under the cap, the task's own budget; without one, the cap.
+        let args = tile_gemm_args(&g, views, flags(), 132).unwrap();
+        assert_eq!(args.hooks.sm_budget, Some(100));
+        let free = TileGemm {
+            sm_target: None,
+            wait: None,
+            signal: None,
+            ..g
+        };
+        let none = TileFlags {
+            wait: None,
+            signal: None,
+            dest: None,
+        };
+        let args = tile_gemm_args(&free, views, none, 132).unwrap();
+        assert_eq!(args.hooks.sm_budget, Some(132));
+        assert_eq!(
+            (args.hooks.wait, args.hooks.signal, args.hooks.dest),
+            (None, None, None)
+        );
+    }
+
+    /// Scheduling groups never straddle two flag blocks.
+    #[test]
+    fn tile_groups_are_whole_blocks() {
+        assert_eq!(tile_group_m(128), 1);
+        assert_eq!(tile_group_m(512), 4);
+        assert_eq!(tile_group_m(2048), 16);
+        assert_eq!(tile_group_m(3 * 128), 3);
+        assert_eq!(tile_group_m(40 * 128), 10);
+        assert_eq!(tile_group_m(4096), 16);
+        assert_eq!(tile_group_m(200), 1);
+        for rows in (1..=64).map(|b| b * 128) {
+            let g = tile_group_m(rows) as usize;
+            assert!(g >= 1 && g <= GROUP_M as usize && (rows / 128) % g == 0);
+        }
     }
 }

@@ -17,10 +17,15 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
 use std::sync::Arc;
 
 /// Per rank per task: an event recorded after the task when another rank
-/// waits for it. Only for a loopback capture, where every rank is in one
-/// graph: the event turns each cross-rank dependency into a graph edge, so
-/// the driver orders producer before consumer on the device's shared
-/// hardware queues (the flag wait stays in the graph too).
+/// waits for it, or when it is the Signal task of a Wait task's flag. Only
+/// for a loopback capture, where every rank is in one graph: the event turns
+/// each cross-rank dependency and each Signal -> Wait pair into a graph
+/// edge, so the driver orders producer before consumer on the device's
+/// shared hardware queues (the flag wait stays in the graph too). A tile
+/// GEMM block's counter gets no edge: an edge can only follow the whole
+/// GEMM, which on 2 GPUs with `-acc` waits for the peer's pushes of its own
+/// counters (a cycle); the kernel is issued before every Wait on its
+/// counters, and a running kernel does not hold up its hardware queue.
 pub(crate) type CrossEvents = Vec<Vec<Option<CudaEvent>>>;
 
 /// The events and streams one rank issues an iteration with.
@@ -137,13 +142,31 @@ impl RankIssue {
             // SAFETY: the word is inside rank r's live flag buffer, on the stream's device.
             unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), word(sh.flags[r], w), SET)? };
         }
+        // A Wait task's Signal (the plan's own flags) as a graph edge too,
+        // like the dependencies above (only in a loopback capture).
+        for &(q, j) in sh
+            .flag_preds
+            .get(r)
+            .and_then(|t| t.get(i))
+            .into_iter()
+            .flatten()
+        {
+            if let Some(ev) = cross.and_then(|c| c.get(q)?.get(j)?.as_ref()) {
+                stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+            }
+        }
         if timeline {
             self.task_ev[i]
                 .0
                 .record(stream)
                 .map_err(drv("cuEventRecord"))?;
         }
-        issue(rank, sh, stream, task.stream, &task.kind)?;
+        // The test hook drops a Signal task too (its waiter hangs).
+        let dropped = sh.opts.drop_signal == Some((r, i))
+            && matches!(task.kind, ficco_core::plan::TaskKind::Signal { .. });
+        if !dropped {
+            issue(rank, sh, stream, task.stream, i, &task.kind)?;
+        }
         if timeline {
             self.task_ev[i]
                 .1

@@ -56,6 +56,8 @@ pub struct Rank {
     green: HashMap<usize, GreenSet>,
     /// This rank's signal flags (u32 words peers write, see [`crate::signal`]).
     flags: Option<DeviceBuffer>,
+    /// Destination tables of the current plan's tile GEMMs (u64 addresses).
+    tables: Option<DeviceBuffer>,
 }
 
 impl Rank {
@@ -84,6 +86,7 @@ impl Rank {
             own_gemms: vec![],
             green: HashMap::new(),
             flags: None,
+            tables: None,
             ctx,
         })
     }
@@ -206,16 +209,17 @@ impl Rank {
     }
 
     /// Loads ficco's own GEMM for every plan stream when the plan runs its
-    /// GEMMs on it (`res.gemm`): one instance per stream, so that GEMMs on
+    /// GEMMs on it (`res.gemm`, or tile GEMMs): one instance per stream, so that GEMMs on
     /// two compute streams never share a split-K workspace. The cubin comes
     /// from the disk cache after the first compile; loading is eager (lazy
     /// loading mid-plan can wait for the device to go idle).
     pub(super) fn prepare_own_gemm(&mut self, rp: &RankPlan, res: &Resources) -> Result<()> {
-        let wants = res.gemm == GemmEngine::Own
-            && rp
-                .tasks
-                .iter()
-                .any(|t| matches!(t.kind, TaskKind::Gemm { .. }));
+        // Tile GEMMs run on it whatever the engine (cuBLASLt has no hooks).
+        let wants = rp.tasks.iter().any(|t| match t.kind {
+            TaskKind::Gemm { .. } => res.gemm == GemmEngine::Own,
+            TaskKind::TileGemm(_) => true,
+            _ => false,
+        });
         while wants && self.own_gemms.len() < rp.streams.len() {
             self.own_gemms.push(HopperGemm::load(&self.ctx)?);
         }
@@ -259,6 +263,59 @@ impl Rank {
             .synchronize()
             .map_err(drv("cuStreamSynchronize"))?;
         Ok(ptr)
+    }
+
+    /// SMs of the compute green context of a split of `green_sms` SMs (as
+    /// the driver made it), if this rank has that split.
+    pub(super) fn green_compute_sms(&self, green_sms: Option<usize>) -> Option<u32> {
+        Some(self.green.get(&green_sms?)?.partition.compute_sms)
+    }
+
+    /// Writes the destination table of every tile GEMM of `rp` with a
+    /// destination hook (one device address per block, 0 where the block
+    /// stores to C) into this rank's table buffer, synchronously: call only
+    /// while nothing runs on the rank. Returns per task where its table is.
+    pub(super) fn tile_tables(
+        &mut self,
+        rp: &RankPlan,
+        ptrs: &[DevicePtr],
+    ) -> Result<Vec<Option<DevicePtr>>> {
+        let mut words: Vec<u64> = vec![];
+        let mut at = vec![None; rp.tasks.len()];
+        for (i, t) in rp.tasks.iter().enumerate() {
+            let TaskKind::TileGemm(g) = &t.kind else {
+                continue;
+            };
+            if g.dest.iter().all(Option::is_none) {
+                continue;
+            }
+            at[i] = Some(words.len());
+            for b in 0..g.blocks() {
+                words.push(match g.dest.get(b).copied().flatten() {
+                    Some(v) => view_addr(&rp.buffers, ptrs, &v, "tile gemm destination")?
+                        .0
+                        .raw(),
+                    None => 0,
+                });
+            }
+        }
+        if words.is_empty() {
+            return Ok(at.into_iter().map(|_| None).collect());
+        }
+        let bytes = words.len() * 8;
+        if self.tables.as_ref().is_none_or(|t| t.bytes() < bytes) {
+            self.tables = Some(DeviceBuffer::alloc(&self.ctx, bytes.next_power_of_two())?);
+        }
+        let Some(buf) = self.tables.as_ref() else {
+            return Ok(vec![None; rp.tasks.len()]);
+        };
+        let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        buf.upload(&raw)?;
+        let base = buf.ptr();
+        Ok(at
+            .into_iter()
+            .map(|o| o.map(|w| base.offset(w * 8)))
+            .collect())
     }
 
     pub fn synchronize(&self) -> Result<()> {

@@ -20,6 +20,8 @@ use crate::signal::{HostWords, SignalLayout};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 use ficco_core::plan::graph::{topo, Graph};
+use ficco_core::plan::signal::flag_links;
+use ficco_core::plan::tile::{expand, expand_origins};
 use ficco_core::plan::{Plan, TaskKind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -64,8 +66,9 @@ impl RunSpec {
 pub struct RunOpts {
     /// Watchdog bound in ms (see [`watchdog_ms`]).
     pub watchdog_ms: u64,
-    /// Test hook: the producer of this point never writes its signal flags,
-    /// so its consumers wait forever (the watchdog test).
+    /// Test hook: the producer of this point never writes its signal flags
+    /// (or, a Signal task, is not issued), so its consumers wait forever
+    /// (the watchdog tests).
     pub drop_signal: Option<(usize, usize)>,
     /// Replay each iteration from a CUDA graph captured once per plan and
     /// parity (where capture works: not under green contexts, whose streams
@@ -176,6 +179,15 @@ pub(crate) struct Shared<'a> {
     pub diag: &'a HostWords,
     /// Per rank per task: another stream of the same rank waits for it.
     pub events: &'a [Vec<bool>],
+    /// Per rank per task: for a Wait task, the Signal tasks (rank, index) of
+    /// its flag (graph edges of a loopback capture, see [`CrossEvents`]).
+    pub flag_preds: &'a FlagPreds,
+    /// Per rank: the persistent tile GEMMs that share its device (in
+    /// loopback every rank's), each held to its share of the SMs.
+    pub tile_share: &'a [usize],
+    /// Per rank per task: a tile GEMM's destination table (one device
+    /// address per block), written before the run.
+    pub tables: &'a [Vec<Option<DevicePtr>>],
     pub spec: RunSpec,
     pub opts: RunOpts,
     /// Every issuing thread passes it once its events and graphs exist.
@@ -352,19 +364,85 @@ pub(crate) fn run_rank(
 }
 
 /// Every (rank, task) of the plan in one order that respects stream order
-/// and every dependency, also across ranks.
+/// and every dependency, also across ranks and through flags. The order is
+/// taken on the plan with every tile GEMM expanded into its blocks
+/// ([`expand`]), whose blocks wait and signal independently (on 2 GPUs with
+/// `-acc` each rank's GEMM waits on the peer's pushes of the peer's GEMM's
+/// counters: as whole tasks, a cycle); a tile GEMM goes out where its first
+/// block does. Its other blocks' producers may follow it: the kernel spins
+/// on their flags on its SMs (each resident, see [`Shared::tile_share`]), it
+/// does not hold up a hardware queue as a stream wait does.
 fn global_order(plan: &Plan) -> Result<Vec<(usize, usize)>> {
-    let graph = Graph::new(plan).map_err(|e| CudaError::Plan(e.to_string()))?;
+    let flat = expand(plan);
+    let origins = expand_origins(plan);
+    let graph = Graph::new(&flat).map_err(|e| CudaError::Plan(e.to_string()))?;
     let preds: Vec<Vec<usize>> = (0..graph.len()).map(|v| graph.preds(v)).collect();
     let order = topo(graph.len(), &preds)
         .map_err(|v| CudaError::Plan(format!("the plan has a dependency cycle at node {v}")))?;
-    Ok(order
+    let mut issued: Vec<Vec<bool>> = plan
+        .ranks
+        .iter()
+        .map(|rp| vec![false; rp.tasks.len()])
+        .collect();
+    let mut out = Vec::with_capacity(plan.task_count());
+    for v in order {
+        let id = graph.id(v);
+        let Some(&i) = origins.get(id.rank).and_then(|o| o.get(id.index)) else {
+            return Err(CudaError::Plan(format!(
+                "expanded task {} of rank {} has no original task",
+                id.index, id.rank
+            )));
+        };
+        if !std::mem::replace(&mut issued[id.rank][i], true) {
+            out.push((id.rank, i));
+        }
+    }
+    Ok(out)
+}
+
+/// Per rank per task: for a Wait task, the Signal tasks (rank, index) of its
+/// flag.
+pub(crate) type FlagPreds = Vec<Vec<Vec<(usize, usize)>>>;
+
+/// Per rank per task: for a Wait task, the Signal tasks of its flag (a tile
+/// GEMM's counters are left out, see [`CrossEvents`]).
+fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
+    let mut out: FlagPreds = plan
+        .ranks
+        .iter()
+        .map(|rp| vec![vec![]; rp.tasks.len()])
+        .collect();
+    let links = flag_links(plan).map_err(|e| CudaError::Plan(e.to_string()))?;
+    for l in links
         .into_iter()
-        .map(|v| {
-            let id = graph.id(v);
-            (id.rank, id.index)
+        .filter(|l| l.signal_block.is_none() && l.wait_block.is_none())
+    {
+        if let Some(v) = out
+            .get_mut(l.wait.rank)
+            .and_then(|t| t.get_mut(l.wait.index))
+        {
+            v.push((l.signal.rank, l.signal.index));
+        }
+    }
+    Ok(out)
+}
+
+/// Per rank: the tile GEMM tasks on its device (every rank's in loopback).
+fn tile_share(plan: &Plan, loopback: bool) -> Vec<usize> {
+    let per: Vec<usize> = plan
+        .ranks
+        .iter()
+        .map(|rp| {
+            rp.tasks
+                .iter()
+                .filter(|t| matches!(t.kind, TaskKind::TileGemm(_)))
+                .count()
         })
-        .collect())
+        .collect();
+    let all: usize = per.iter().sum();
+    per.iter()
+        .map(|&n| if loopback { all } else { n })
+        .collect()
 }
 
 /// Runs every rank of a loopback plan (all on one GPU) from this one thread.
@@ -431,15 +509,19 @@ fn run_loopback(
     let mut graphs: Vec<CudaGraph> = vec![];
     let mut graph_error = None;
     if sh.graphs() {
+        let signallers: std::collections::HashSet<(usize, usize)> =
+            sh.flag_preds.iter().flatten().flatten().copied().collect();
         let cross: CrossEvents = sh
             .layout
             .signals
             .iter()
-            .map(|per_task| {
+            .enumerate()
+            .map(|(r, per_task)| {
                 per_task
                     .iter()
-                    .map(|consumers| {
-                        (!consumers.is_empty())
+                    .enumerate()
+                    .map(|(i, consumers)| {
+                        (!consumers.is_empty() || signallers.contains(&(r, i)))
                             .then(|| ranks[0].ctx.new_event(None).map_err(drv("cuEventCreate")))
                             .transpose()
                     })
@@ -548,12 +630,14 @@ pub fn run_plan_with(
     // work (either can wait for a device to go idle).
     let mut all_streams = vec![];
     let mut flags = vec![];
+    let mut tables = vec![];
     for (r, rank) in ranks.iter_mut().enumerate() {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
         rank.prepare_own_gemm(&plan.ranks[r], &plan.resources)?;
         flags.push(rank.reset_flags(layout.words[r], layout.bank(r, 1))?);
+        tables.push(rank.tile_tables(&plan.ranks[r], &ptrs[r])?);
     }
     let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
     // The communicators under the plan's NCCL limits (default limits when
@@ -579,6 +663,8 @@ pub fn run_plan_with(
     let threads = if loopback { 1 } else { ranks.len() };
     let start = std::sync::Barrier::new(threads);
     let events = same_rank_events(plan);
+    let flag_preds = flag_preds(plan)?;
+    let tile_share = tile_share(plan, loopback);
     let abort = AtomicBool::new(false);
     let sh = Shared {
         plan,
@@ -590,6 +676,9 @@ pub fn run_plan_with(
         progress: &progress,
         diag: &diag,
         events: &events,
+        flag_preds: &flag_preds,
+        tile_share: &tile_share,
+        tables: &tables,
         spec,
         opts,
         start: &start,

@@ -22,6 +22,7 @@ use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::signal::{Point, SET};
 use cudarc::driver::CudaContext;
+use ficco_core::plan::TaskKind;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -196,6 +197,27 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
         }
         let it = progress[r] + 1;
         for (i, t) in rp.tasks.iter().enumerate() {
+            // The plan's own flags: a Wait task, or a tile GEMM's blocks.
+            let own: Vec<usize> = match &t.kind {
+                TaskKind::Wait { flag } => vec![*flag],
+                TaskKind::TileGemm(g) => g
+                    .wait
+                    .map(|w| (w..w + g.blocks()).collect())
+                    .unwrap_or_default(),
+                _ => vec![],
+            };
+            if let Some(f) = own
+                .into_iter()
+                .find(|&f| sh.layout.plan_word(r, f).is_some_and(|w| unset(r, w)))
+            {
+                return (
+                    r,
+                    format!(
+                        "task {i} '{}' (iteration {it}) waiting for flag {f} of rank {r}",
+                        t.label
+                    ),
+                );
+            }
             for d in t.deps.iter().filter(|d| d.rank != r) {
                 let p = Point {
                     rank: d.rank,

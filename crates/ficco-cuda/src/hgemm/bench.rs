@@ -76,6 +76,9 @@ pub fn bench_shapes(scenarios: &[ficco_core::problem::workload::Scenario]) -> Ve
 pub struct BenchConfig {
     pub warmup: usize,
     pub iters: usize,
+    /// Also time the other schedules of ficco's kernel on every shape
+    /// ([`schedule_variants`]) and report the fastest.
+    pub variants: bool,
 }
 
 impl Default for BenchConfig {
@@ -83,6 +86,7 @@ impl Default for BenchConfig {
         BenchConfig {
             warmup: 5,
             iters: 25,
+            variants: true,
         }
     }
 }
@@ -116,6 +120,83 @@ pub struct ShapeRow {
     pub rel_err: f64,
     /// default cuBLASLt output vs tuned cuBLASLt output.
     pub default_rel_err: f64,
+    /// The other schedules of ficco's kernel, timed in the same interleaved
+    /// rounds (empty without [`BenchConfig::variants`]).
+    pub variants: Vec<VariantRow>,
+    /// The fastest correct schedule measured (the chooser's own or a
+    /// variant), as "tile/splits", and its time.
+    pub best: String,
+    pub best_ms: f64,
+    /// best time / tuned cuBLASLt time.
+    pub best_ratio_tuned: f64,
+}
+
+/// One alternative schedule of ficco's kernel on one shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VariantRow {
+    pub tile_n: TileN,
+    pub splits: u32,
+    /// Only the last partial wave's tiles split ([`Hooks::split_tail_only`]).
+    pub tail_only: bool,
+    /// Median time; `None` when the variant could not run (see `error`).
+    pub ms: Option<f64>,
+    pub ratio_tuned: Option<f64>,
+    /// Output vs tuned cuBLASLt.
+    pub rel_err: Option<f64>,
+    /// Why the variant was not measured (rejected or failed to launch).
+    pub error: Option<String>,
+}
+
+/// Largest relative error a variant may have and still count as the best.
+pub const VARIANT_MAX_REL_ERR: f64 = 1e-2;
+
+/// One schedule of ficco's kernel: tile width, K splits, and whether only
+/// the last partial wave's tiles are split.
+pub type Schedule = (TileN, u32, bool);
+
+/// The label of a schedule in the table: "tile/splits", "t" appended when
+/// only the tail wave is split.
+pub fn schedule_label((tile, splits, tail): Schedule) -> String {
+    format!("{}/{splits}{}", tile.cols(), if tail { "t" } else { "" })
+}
+
+/// The schedules [`Bench::shape`] also times: both tile widths, unsplit
+/// and split 2 to 8 ways, except `chosen` (the chooser's own, timed anyway),
+/// splits beyond the k-blocks or the split-K workspace, and splits whose
+/// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the
+/// machine); and where the tiles leave a partial last wave, that wave's
+/// tiles split 2 to 8 ways (at most 2 waves of split units).
+pub fn schedule_variants(
+    m: usize,
+    n: usize,
+    k: usize,
+    grid: u32,
+    chosen: Schedule,
+) -> Vec<Schedule> {
+    let k_blocks = k.div_ceil(super::BLOCK_K) as u64;
+    let grid = grid.max(1) as u64;
+    let mut out = vec![];
+    for tile in [TileN::N256, TileN::N128] {
+        let tiles = (m.div_ceil(BLOCK_M) * n.div_ceil(tile.cols())) as u64;
+        let tail = if tiles >= grid { tiles % grid } else { 0 };
+        for s in [1u32, 2, 3, 4, 6, 8] {
+            if s as u64 > k_blocks {
+                continue;
+            }
+            let units = tiles * s as u64;
+            let fits = s == 1 || (units <= tile.max_units() && units <= 4 * grid);
+            if fits && (tile, s, false) != chosen {
+                out.push((tile, s, false));
+            }
+            let tail_units = tail * s as u64;
+            let tail_fits =
+                s > 1 && tail > 0 && tail_units <= tile.max_units() && tail_units <= 2 * grid;
+            if tail_fits && (tile, s, true) != chosen {
+                out.push((tile, s, true));
+            }
+        }
+    }
+    out
 }
 
 /// One hook setting's cost on one shape.
@@ -132,6 +213,8 @@ pub struct HookRow {
     pub cost: f64,
     /// Output vs the plain launch's output (0: identical).
     pub rel_err: f64,
+    /// Why the setting was not measured (rejected or failed to launch).
+    pub error: Option<String>,
 }
 
 /// Aggregates over the shape rows.
@@ -148,6 +231,14 @@ pub struct Summary {
     pub max_rel_err: f64,
     /// 8192³ TFLOP/s of ficco's kernel, tuned and default cuBLASLt, if measured.
     pub square_tflops: Option<[f64; 3]>,
+    /// What a chooser that picked each shape's fastest measured schedule
+    /// ([`ShapeRow::best`]) would achieve: geomean, worst (and where), and
+    /// the chunk time ratio; shapes where the best is not the chooser's.
+    pub best_geomean_ratio_tuned: f64,
+    pub best_worst_ratio_tuned: f64,
+    pub best_worst_shape: String,
+    pub best_chunk_time_ratio: f64,
+    pub best_differs: usize,
 }
 
 /// Everything one `gemm-bench` run measured: the JSON document.
@@ -377,6 +468,11 @@ impl Bench {
         let (pa, pb, pc, pr) = (o.a.ptr(), o.b.ptr(), o.c.ptr(), o.r.ptr());
         let sched = self.gemm.shape(&args)?;
         let (splits, tile_n) = (sched.splits, sched.tile_n);
+        let candidates = if self.cfg.variants {
+            schedule_variants(m, n, k, self.gemm.sms(), (tile_n, splits, false))
+        } else {
+            vec![]
+        };
         // Correctness on poisoned outputs first.
         // SAFETY: operands sized for the shape, on this device and stream.
         unsafe {
@@ -390,16 +486,67 @@ impl Bench {
         // SAFETY: as above.
         unsafe { self.default.gemm(key, pa, pb, pc, false, ws, self.cu())? };
         let default_rel_err = self.rel_err(pc, pr, m * n)?;
+        // Each variant's output is checked like the chooser's; one that is
+        // rejected or fails to launch is reported, not timed.
+        let mut variants = vec![];
+        let mut engines = vec![
+            Engine::Ficco(args),
+            Engine::Tuned(key, pa, pb, pc),
+            Engine::Default(key, pa, pb, pc),
+        ];
+        for (tile, s, tail) in candidates {
+            let v = GemmArgs {
+                hooks: Hooks {
+                    tile_n: Some(tile),
+                    split_k: Some(s),
+                    split_tail_only: tail,
+                    ..Hooks::default()
+                },
+                ..args
+            };
+            self.poison(&o.c, m * n)?;
+            // SAFETY: as above.
+            let launched = self
+                .gemm
+                .shape(&v)
+                .and_then(|_| unsafe { self.gemm.launch(self.cu(), &v) });
+            let row = match launched {
+                Ok(()) => {
+                    engines.push(Engine::Ficco(v));
+                    VariantRow {
+                        tile_n: tile,
+                        splits: s,
+                        tail_only: tail,
+                        ms: None,
+                        ratio_tuned: None,
+                        rel_err: Some(self.rel_err(pc, pr, m * n)?),
+                        error: None,
+                    }
+                }
+                Err(e) => VariantRow {
+                    tile_n: tile,
+                    splits: s,
+                    tail_only: tail,
+                    ms: None,
+                    ratio_tuned: None,
+                    rel_err: None,
+                    error: Some(e.to_string()),
+                },
+            };
+            variants.push(row);
+        }
         // SAFETY: as above.
-        let t = unsafe {
-            self.time_interleaved(&[
-                Engine::Ficco(args),
-                Engine::Tuned(key, pa, pb, pc),
-                Engine::Default(key, pa, pb, pc),
-            ])?
-        };
+        let t = unsafe { self.time_interleaved(&engines)? };
         let (ficco_ms, tuned_ms, default_ms) = (t[0], t[1], t[2]);
         self.sync()?;
+        let mut timed = t[3..].iter();
+        for v in variants.iter_mut().filter(|v| v.error.is_none()) {
+            if let Some(&ms) = timed.next() {
+                v.ms = Some(ms);
+                v.ratio_tuned = Some(ms / tuned_ms);
+            }
+        }
+        let (best, best_ms) = best_schedule(tile_n, splits, ficco_ms, &variants);
         Ok(ShapeRow {
             m,
             n,
@@ -419,6 +566,10 @@ impl Bench {
             ratio_default: ficco_ms / default_ms,
             rel_err,
             default_rel_err,
+            variants,
+            best,
+            best_ms,
+            best_ratio_tuned: best_ms / tuned_ms,
         })
     }
 
@@ -550,18 +701,43 @@ impl Bench {
                 ..Hooks::default()
             },
         ));
+        for delay in [2, 4] {
+            settings.push((
+                format!("signal delay={delay}"),
+                Hooks {
+                    signal: Some(signal),
+                    signal_delay: delay,
+                    ..Hooks::default()
+                },
+            ));
+        }
         settings.push((
-            HOOKS_3_TO_6.into(),
+            "dest(table->C) staged".into(),
             Hooks {
-                m_start_block: start,
-                wait: Some(wait),
-                signal: Some(signal),
                 dest: Some(dest),
+                staged_epilogue: true,
                 ..Hooks::default()
             },
         ));
-        let mut errs = vec![];
-        let mut engines = vec![];
+        let h36 = Hooks {
+            m_start_block: start,
+            wait: Some(wait),
+            signal: Some(signal),
+            dest: Some(dest),
+            ..Hooks::default()
+        };
+        settings.push((HOOKS_3_TO_6.into(), h36));
+        settings.push((
+            HOOKS_3_TO_6_STAGED.into(),
+            Hooks {
+                staged_epilogue: true,
+                signal_delay: 4,
+                ..h36
+            },
+        ));
+        // A setting the kernel rejects or cannot launch is reported as
+        // failed; the others are still measured.
+        let mut checked = vec![];
         for (_, hooks) in &settings {
             let args = GemmArgs {
                 hooks: *hooks,
@@ -569,35 +745,68 @@ impl Bench {
             };
             self.poison(&o.c, m * n)?;
             // SAFETY: operands and hook arrays sized for the shape.
-            unsafe { self.gemm.launch(self.cu(), &args)? };
-            errs.push(self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?);
-            engines.push(Engine::Ficco(args));
+            let launched = unsafe { self.gemm.launch(self.cu(), &args) };
+            checked.push(match launched {
+                Ok(()) => Ok((args, self.rel_err(o.c.ptr(), o.r.ptr(), m * n)?)),
+                Err(e) => Err(e.to_string()),
+            });
         }
         // Each setting is timed against the plain launch in interleaved
         // pairs: the GPU's clock follows its power draw, so settings timed
         // apart would compare different clocks.
-        let mut pairs = vec![];
-        for e in &engines {
-            // SAFETY: as above; the buffers live until the end of this function.
-            let t = unsafe { self.time_interleaved(&[Engine::Ficco(plain), e.clone()])? };
-            pairs.push((t[0], t[1]));
+        let mut rows = vec![];
+        for ((setting, _), c) in settings.into_iter().zip(checked) {
+            let row = match c {
+                Ok((args, rel_err)) => {
+                    // SAFETY: as above; the buffers live until the end of this function.
+                    let t = unsafe {
+                        self.time_interleaved(&[Engine::Ficco(plain), Engine::Ficco(args)])?
+                    };
+                    let (base, ms) = (t[0], t[1]);
+                    HookRow {
+                        m,
+                        n,
+                        k,
+                        setting,
+                        ms,
+                        tflops: tflops(m, n, k, ms),
+                        cost: if base > 0.0 { ms / base - 1.0 } else { 0.0 },
+                        rel_err,
+                        error: None,
+                    }
+                }
+                Err(e) => HookRow {
+                    m,
+                    n,
+                    k,
+                    setting,
+                    ms: 0.0,
+                    tflops: 0.0,
+                    cost: 0.0,
+                    rel_err: 0.0,
+                    error: Some(e),
+                },
+            };
+            rows.push(row);
         }
         self.sync()?;
-        Ok(settings
-            .into_iter()
-            .zip(pairs.into_iter().zip(errs))
-            .map(|((setting, _), ((base, ms), rel_err))| HookRow {
-                m,
-                n,
-                k,
-                setting,
-                ms,
-                tflops: tflops(m, n, k, ms),
-                cost: if base > 0.0 { ms / base - 1.0 } else { 0.0 },
-                rel_err,
-            })
-            .collect())
+        Ok(rows)
     }
+}
+
+/// The fastest of the chooser's schedule and the correct measured variants:
+/// ("tile/splits", ms). Ties keep the chooser's.
+pub fn best_schedule(tile: TileN, splits: u32, ms: f64, variants: &[VariantRow]) -> (String, f64) {
+    let mut best = (schedule_label((tile, splits, false)), ms);
+    for v in variants {
+        let ok = v.rel_err.is_some_and(|e| e < VARIANT_MAX_REL_ERR);
+        if let (Some(t), true) = (v.ms, ok) {
+            if t < best.1 {
+                best = (schedule_label((v.tile_n, v.splits, v.tail_only)), t);
+            }
+        }
+    }
+    best
 }
 
 /// What [`run`] reports while it measures.
@@ -683,6 +892,14 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
         .iter()
         .filter(|r| r.kind.contains("chunk"))
         .fold((0.0, 0.0), |(f, t), r| (f + r.ficco_ms, t + r.tuned_ms));
+    let best_worst = rows
+        .iter()
+        .max_by(|a, b| a.best_ratio_tuned.total_cmp(&b.best_ratio_tuned));
+    let cb = rows
+        .iter()
+        .filter(|r| r.kind.contains("chunk"))
+        .map(|r| r.best_ms)
+        .sum::<f64>();
     Summary {
         shapes: rows.len(),
         geomean_ratio_tuned: geo(&|r| r.ratio_tuned),
@@ -695,6 +912,14 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
             .iter()
             .find(|r| (r.m, r.n, r.k) == (SQUARE, SQUARE, SQUARE))
             .map(|r| [r.ficco_tflops, r.tuned_tflops, r.default_tflops]),
+        best_geomean_ratio_tuned: geo(&|r| r.best_ratio_tuned),
+        best_worst_ratio_tuned: best_worst.map_or(0.0, |r| r.best_ratio_tuned),
+        best_worst_shape: best_worst.map_or(String::new(), |r| format!("{}x{}x{}", r.m, r.n, r.k)),
+        best_chunk_time_ratio: if ct > 0.0 { cb / ct } else { 0.0 },
+        best_differs: rows
+            .iter()
+            .filter(|r| r.best != format!("{}/{}", r.tile_n.cols(), r.splits))
+            .count(),
     }
 }
 
@@ -725,9 +950,9 @@ pub fn table_header(
         cfg.warmup,
     );
     s += &format!(
-        "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>6} {:>6} {:>8} {:>8}  {}\n",
+        "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>6} {:>6} {:>8} {:>8} {:>7} {:>6}  {}\n",
         "M", "N", "K", "kind", "tile/S", "ficco", "TFLOP/s", "cublasLt", "TFLOP/s", "default", "TFLOP/s", "r_tun",
-        "r_dflt", "err", "err_dflt", "first use (+ more)"
+        "r_dflt", "err", "err_dflt", "best", "r_best", "first use (+ more)"
     );
     let units = format!(
         "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9}",
@@ -746,7 +971,7 @@ pub fn table_row(r: &ShapeRow) -> String {
         String::new()
     };
     format!(
-        " {:>6} {:>6} {:>6} {:>11} {:>7} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>6.3} {:>6.3} {:>8.1e} {:>8.1e}  {}{more}\n",
+        " {:>6} {:>6} {:>6} {:>11} {:>7} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>6.3} {:>6.3} {:>8.1e} {:>8.1e} {:>7} {:>6.3}  {}{more}\n",
         r.m,
         r.n,
         r.k,
@@ -762,6 +987,8 @@ pub fn table_row(r: &ShapeRow) -> String {
         r.ratio_default,
         r.rel_err,
         r.default_rel_err,
+        r.best,
+        r.best_ratio_tuned,
         r.first_use,
     )
 }
@@ -776,6 +1003,13 @@ pub fn hook_table(rows: &[HookRow]) -> String {
         "M", "N", "K", "setting", "ms", "TFLOP/s", "cost", "err"
     );
     for h in rows {
+        if let Some(e) = &h.error {
+            s += &format!(
+                " {:>6} {:>6} {:>6} {:>30} failed: {e}\n",
+                h.m, h.n, h.k, h.setting
+            );
+            continue;
+        }
         s += &format!(
             " {:>6} {:>6} {:>6} {:>30} {:>9.4} {:>7.1} {:>+7.1}% {:>8.1e}\n",
             h.m,
@@ -811,16 +1045,31 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
         "# chunk shapes together: sum ficco time / sum cuBLASLt time {:.3} (target < 1); max rel err {:.1e}\n",
         s.chunk_time_ratio, s.max_rel_err
     );
-    let h36: Vec<String> = hooks
-        .iter()
-        .filter(|h| h.setting == HOOKS_3_TO_6)
-        .map(|h| format!("{:+.1}% at {}x{}x{}", 100.0 * h.cost, h.m, h.n, h.k))
-        .collect();
-    if !h36.is_empty() {
+    if s.best_differs > 0 {
         t += &format!(
-            "# hooks 3-6 (flags set): {} (target <= 3%)\n",
-            h36.join(", ")
+            "# fastest measured schedule per shape (differs from the chooser's on {}): geomean {:.3}, worst {:.3} at {}, chunk shapes {:.3}\n",
+            s.best_differs,
+            s.best_geomean_ratio_tuned,
+            s.best_worst_ratio_tuned,
+            s.best_worst_shape,
+            s.best_chunk_time_ratio
         );
+    }
+    for (setting, label) in [
+        (HOOKS_3_TO_6, "hooks 3-6"),
+        (
+            HOOKS_3_TO_6_STAGED,
+            "hooks 3-6, staged epilogue, signal delay 4",
+        ),
+    ] {
+        let h36: Vec<String> = hooks
+            .iter()
+            .filter(|h| h.setting == setting && h.error.is_none())
+            .map(|h| format!("{:+.1}% at {}x{}x{}", 100.0 * h.cost, h.m, h.n, h.k))
+            .collect();
+        if !h36.is_empty() {
+            t += &format!("# {label} (flags set): {} (target <= 3%)\n", h36.join(", "));
+        }
     }
     t
 }
@@ -852,6 +1101,9 @@ pub const HOOK_SHAPES: [(usize, usize, usize); 3] =
 /// The hook setting with the tile order, input wait, output signal and
 /// destination hooks all on.
 pub const HOOKS_3_TO_6: &str = "hooks 3-6";
+/// [`HOOKS_3_TO_6`] with [`Hooks::staged_epilogue`] and a
+/// [`Hooks::signal_delay`] of 4 k-blocks.
+pub const HOOKS_3_TO_6_STAGED: &str = "hooks 3-6 staged,delay=4";
 
 #[cfg(test)]
 mod tests {
@@ -900,6 +1152,10 @@ mod tests {
             ratio_default: r,
             rel_err: 0.0,
             default_rel_err: 0.0,
+            variants: vec![],
+            best: "256/1".into(),
+            best_ms: r,
+            best_ratio_tuned: r,
         };
         let s = summarize(&[row(0.5, "whole"), row(2.0, "chunk")]);
         assert!((s.geomean_ratio_tuned - 1.0).abs() < 1e-12);
@@ -908,6 +1164,79 @@ mod tests {
         assert_eq!(s.square_tflops, None);
         let s = summarize(&[row(2.0, "chunk"), row(1.0, "whole+chunk")]);
         assert_eq!(s.chunk_time_ratio, 1.5);
+        assert_eq!(s.best_differs, 0);
+        // A variant twice as fast on the chunk shape: the best columns follow it.
+        let mut fast = row(2.0, "chunk");
+        fast.best = "128/2".into();
+        fast.best_ms = 1.0;
+        fast.best_ratio_tuned = 1.0;
+        let s = summarize(&[fast, row(1.0, "whole+chunk")]);
+        assert_eq!(s.chunk_time_ratio, 1.5);
+        assert_eq!(s.best_chunk_time_ratio, 1.0);
+        assert_eq!(s.best_geomean_ratio_tuned, 1.0);
+        assert_eq!(s.worst_ratio_tuned, 2.0);
+        assert_eq!(s.best_worst_ratio_tuned, 1.0);
+        assert_eq!(s.best_differs, 1);
+    }
+
+    #[test]
+    fn variants_cover_both_tiles_and_useful_splits() {
+        // 2048 wide tiles = 15 full waves + 68; 4096 narrow = 31 + 4.
+        let v = schedule_variants(8192, 8192, 8192, 132, (TileN::N256, 1, false));
+        assert!(v.contains(&(TileN::N128, 1, false)));
+        assert!(v.iter().all(|&(_, s, t)| s == 1 || t), "{v:?}");
+        // 68 x 3 tail units fit 2 waves of 132, 68 x 4 do not.
+        assert!(v.contains(&(TileN::N256, 3, true)));
+        assert!(!v.contains(&(TileN::N256, 4, true)));
+        assert!(v.contains(&(TileN::N128, 8, true)));
+        // 1536 x 1536 x 4096: 72 wide / 144 narrow tiles, 64 k-blocks.
+        let v = schedule_variants(1536, 1536, 4096, 132, (TileN::N256, 1, false));
+        assert!(!v.contains(&(TileN::N256, 1, false)));
+        for want in [
+            (TileN::N256, 2),
+            (TileN::N256, 6),
+            (TileN::N128, 1),
+            (TileN::N128, 3),
+        ] {
+            assert!(v.contains(&(want.0, want.1, false)), "{want:?} in {v:?}");
+        }
+        // 144 narrow tiles x 4 = 576 units > 4 waves of 132.
+        assert!(!v.contains(&(TileN::N128, 4, false)));
+        // 72 wide tiles: no full wave, no tail variant; 144 narrow: 12 left.
+        assert!(!v.iter().any(|&(t, _, tail)| tail && t == TileN::N256));
+        assert!(v.contains(&(TileN::N128, 8, true)));
+        // K = 128: two k-blocks, at most two splits.
+        let v = schedule_variants(64, 4096, 128, 132, (TileN::N128, 2, false));
+        assert!(v.iter().all(|&(_, s, _)| s <= 2), "{v:?}");
+        assert!(v.contains(&(TileN::N256, 2, false)) && v.contains(&(TileN::N128, 1, false)));
+        assert_eq!(schedule_label((TileN::N128, 4, true)), "128/4t");
+    }
+
+    #[test]
+    fn best_schedule_skips_failed_and_wrong_variants() {
+        let v = |tile, splits, ms: Option<f64>, err: Option<f64>| VariantRow {
+            tile_n: tile,
+            splits,
+            tail_only: splits == 2,
+            ms,
+            ratio_tuned: None,
+            rel_err: err,
+            error: ms.is_none().then(|| "rejected".to_string()),
+        };
+        let vs = [
+            v(TileN::N128, 1, None, None),
+            v(TileN::N128, 2, Some(0.5), Some(0.3)),
+            v(TileN::N256, 2, Some(0.8), Some(1e-4)),
+            v(TileN::N256, 3, Some(0.9), Some(1e-4)),
+        ];
+        assert_eq!(
+            best_schedule(TileN::N256, 1, 1.0, &vs),
+            ("256/2t".to_string(), 0.8)
+        );
+        assert_eq!(
+            best_schedule(TileN::N256, 1, 0.7, &vs),
+            ("256/1".to_string(), 0.7)
+        );
     }
 
     #[test]
@@ -931,6 +1260,18 @@ mod tests {
             ratio_default: 0.9375,
             rel_err: 1e-4,
             default_rel_err: 0.0,
+            variants: vec![VariantRow {
+                tile_n: TileN::N128,
+                splits: 1,
+                tail_only: false,
+                ms: Some(1.55),
+                ratio_tuned: Some(1.55 / 1.6),
+                rel_err: Some(1e-4),
+                error: None,
+            }],
+            best: "256/1".into(),
+            best_ms: 1.5,
+            best_ratio_tuned: 0.9375,
         };
         let hook = HookRow {
             m: 8192,
@@ -941,6 +1282,12 @@ mod tests {
             tflops: 687.0,
             cost: 0.092,
             rel_err: 0.0,
+            error: None,
+        };
+        let failed = HookRow {
+            setting: HOOKS_3_TO_6_STAGED.into(),
+            error: Some("ficco hgemm: rejected".into()),
+            ..hook.clone()
         };
         let rows = vec![row];
         let report = Report {
@@ -956,7 +1303,7 @@ mod tests {
             suite: "suites/llama3.toml".into(),
             summary: summarize(&rows),
             rows,
-            hooks: vec![hook],
+            hooks: vec![hook, failed],
         };
         let t = table(&report);
         for want in [
@@ -967,15 +1314,20 @@ mod tests {
             "# 8192^3: ficco 733 TFLOP/s, cuBLASLt autotuned 687, default 687 (target >= 760)",
             "geomean ficco/cuBLASLt 0.938",
             "# hooks 3-6 (flags set): +9.2% at 8192x8192x8192 (target <= 3%)",
+            "hooks 3-6 staged,delay=4 failed: ficco hgemm: rejected",
+            "1.0e-4    0.0e0   256/1  0.938  8192^3 (+2)",
         ] {
             assert!(t.contains(want), "{want:?} not in\n{t}");
         }
-        // Every line is a comment or a data row of the same columns.
+        // Every line is a comment, a data row of the same columns, or a failed setting.
         let data: Vec<&str> = t.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(data.len(), 2, "{t}");
+        assert_eq!(data.len(), 3, "{t}");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["rows"][0]["first_use"], "8192^3");
         assert_eq!(json["summary"]["square_tflops"][0], 733.0);
         assert_eq!(json["compile"]["cache"], "Hit");
+        assert_eq!(json["rows"][0]["variants"][0]["tile_n"], "N128");
+        assert_eq!(json["rows"][0]["best"], "256/1");
+        assert_eq!(json["summary"]["best_differs"], 0);
     }
 }

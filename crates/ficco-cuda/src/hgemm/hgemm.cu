@@ -43,7 +43,10 @@ struct Params {
   u32 dest_rows;
   u32 dest_add;
   u32 splits;        // K splits per tile (1: none)
-  u32 tma_store;     // 1: plain epilogue through shared memory and TMA stores
+  u32 tma_store;     // epilogue through shared memory: 1 TMA stores (plain C),
+                     // 2 16-byte thread stores (destination hook, no add)
+  u32 sig_delay;     // k-blocks of the next unit issued before a deferred signal
+  u32 dp_tiles;      // tiles 0..dp_tiles run unsplit, the rest split `splits` ways
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -191,7 +194,7 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
 // the user's counter with a system-scope release.
 static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
   const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
-  if (p.tma_store) {
+  if (p.tma_store == 1) {
     // This thread issued the half tile's TMA stores: wait until they are
     // performed, then order them (async proxy) before the release below.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -220,7 +223,79 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
   }
 }
 
+// Epilogue mode 2: the warpgroup's 64 x BN bf16 half tile, staged in shared
+// memory as 128-byte-swizzled 64 x 64 boxes, goes to global memory in
+// 16-byte chunks, a warp writing 4 full 128-byte row segments per store
+// (the register epilogue writes 4-byte pieces of 8 rows). Rows may be
+// redirected by the destination hook (overwrite only: an add would round
+// twice); a row whose address is not 16-byte aligned is stored 4 bytes at a time.
+template <int BN>
+static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u32 rbase, u32 n0,
+                                                    u32 lt) {
+  const u32 j = lt & 7;  // 16-byte chunk of a 128-byte box row
+  u64 rowp[4];
+  bool rok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const u32 row = rbase + lt / 8 + 16 * i;
+    rok[i] = row < p.m;
+    rowp[i] = p.c + 2ull * ((u64)row * p.ldc);
+    if (p.dest_table != 0 && rok[i]) {
+      const u32 b = row / p.dest_rows;
+      const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
+      if (dp != 0) rowp[i] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < BN / 64; ++b) {
+    const u32 col = n0 + 64 * b + 8 * j;  // N is a multiple of 8: a chunk is all in or all out
+    if (col >= p.n) continue;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (!rok[i]) continue;
+      const u32 r = lt / 8 + 16 * i;
+      const u32 sa = wst + (u32)b * 8192u + r * 128u + ((j ^ (r & 7u)) << 4);
+      u32 x0, x1, x2, x3;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                   : "r"(sa)
+                   : "memory");
+      const u64 addr = rowp[i] + 2ull * col;
+      if ((addr & 15ull) == 0) {
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(x0), "r"(x1),
+                     "r"(x2), "r"(x3)
+                     : "memory");
+      } else {
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr), "r"(x0) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr + 4), "r"(x1) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr + 8), "r"(x2) : "memory");
+        asm volatile("st.global.b32 [%0], %1;" ::"l"(addr + 12), "r"(x3) : "memory");
+      }
+    }
+  }
+}
+
 extern __shared__ __align__(1024) unsigned char smem_raw[];
+
+// Work unit u -> (tile t, split sp of ns, k-blocks kb0..kb1). The first
+// `dp_tiles` units are whole tiles (full waves); each later tile is split
+// `splits` ways (the last, partial wave). dp_tiles = 0: every tile split.
+static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u32& t, u32& sp,
+                                               u32& ns, u32& kb0, u32& kb1) {
+  if (u < p.dp_tiles) {
+    t = u;
+    sp = 0;
+    ns = 1;
+  } else {
+    const u32 r = u - p.dp_tiles;
+    const u32 q = r / p.splits;
+    t = p.dp_tiles + q;
+    sp = r - q * p.splits;
+    ns = p.splits;
+  }
+  kb0 = sp * nk / ns;
+  kb1 = (sp + 1) * nk / ns;
+}
 
 template <int BN>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
@@ -237,7 +312,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
   const u32 tid = thread_x();
   const u32 wg = tid / 128;
   const u32 tiles = p.tiles_m * p.tiles_n;
-  const u32 units = tiles * p.splits;
+  const u32 units = p.dp_tiles + (tiles - p.dp_tiles) * p.splits;
   const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
   const u32 nk = (p.k + BK - 1) / BK;
 
@@ -256,8 +331,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     if (tid == 0) {
       u32 stage = 0, phase = 0;
       for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
-        const u32 t = u / p.splits, sp = u - t * p.splits;
-        const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
+        u32 t, sp, ns, kb0, kb1;
+        unit_of(p, u, nk, t, sp, ns, kb0, kb1);
         u32 mb, nb;
         tile_coords(p, t, mb, nb);
         const u32 m0 = mb * BM, n0 = nb * BN;
@@ -301,8 +376,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
     for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
-      const u32 t = u / p.splits, sp = u - t * p.splits;
-      const u32 kb0 = sp * nk / p.splits, kb1 = (sp + 1) * nk / p.splits;
+      u32 t, sp, ns, kb0, kb1;
+      unit_of(p, u, nk, t, sp, ns, kb0, kb1);
       u32 mb, nb;
       tile_coords(p, t, mb, nb);
       const u32 m0 = mb * BM, n0 = nb * BN;
@@ -329,7 +404,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           }
         }
         wgmma_commit();
-        if (pend != NONE) {
+        // A deferred signal goes out `sig_delay` k-blocks into the next unit
+        // (or at its last k-block): by then the stores it publishes have
+        // drained, so its wait and fence do not hold up the warpgroup's wgmma.
+        if (pend != NONE && (kb - kb0 >= p.sig_delay || kb + 1 == kb1)) {
           if (lt == 0) signal_half(p, pend);
           pend = NONE;
         }
@@ -347,13 +425,13 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       fence_acc<NACC>(d);
       if (lt == 0) mbar_arrive(empty + 8 * prev);
 
-      if (p.splits > 1) {
+      if (ns > 1) {
         // Split-K: publish this split's partial, count it; the last split of
         // this (tile, half) sums all partials in split order (deterministic)
         // and runs the epilogue.
         if (m0 + cw * 64 >= p.m) continue;  // no rows in this half
-        const u64 slot = (u64)t * 2 + cw;
-        const u64 wsb = p.ws + slot * p.splits * SLOT;
+        const u64 slot = (u64)(t - p.dp_tiles) * 2 + cw;  // split tiles only
+        const u64 wsb = p.ws + slot * ns * SLOT;
         const u64 mine = wsb + (u64)sp * SLOT + 16ull * lt;
 #pragma unroll
         for (int q = 0; q < NACC / 4; ++q) {
@@ -367,7 +445,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           u32 old;
           asm volatile("fence.acq_rel.gpu;" ::: "memory");
           asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
-          const u32 last = old + 1 == p.splits;
+          const u32 last = old + 1 == ns;
           if (last) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
           asm volatile("st.shared.u32 [%0], %1;" ::"r"(flag_slot + 4 * cw), "r"(last) : "memory");
         }
@@ -379,7 +457,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // split order, so the sum does not depend on which split came last.
 #pragma unroll
         for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
-        for (u32 j = 0; j < p.splits; ++j) {
+        for (u32 j = 0; j < ns; ++j) {
           const u64 src = wsb + (u64)j * SLOT + 16ull * lt;
 #pragma unroll
           for (int q = 0; q < NACC / 4; ++q) {
@@ -403,7 +481,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // columns >= N are clipped by the tensor map) and moves on; the
         // stores drain while the next tile's main loop runs.
         const u32 wst = stg + cw * (64u * BN * 2u);
-        if (lt == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        if (lt == 0 && p.tma_store == 1)
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         named_sync(1 + cw, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -417,14 +496,21 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
                          : "memory");
           }
         }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        named_sync(1 + cw, 128);
-        if (lt == 0) {
+        if (p.tma_store == 1) {
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          named_sync(1 + cw, 128);
+          if (lt == 0) {
 #pragma unroll
-          for (int b = 0; b < BN / 64; ++b) {
-            tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+            for (int b = 0; b < BN / 64; ++b) {
+              tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        } else {
+          // The next tile's staging writes wait at the barrier above until
+          // every thread of this warpgroup has read this tile back.
+          named_sync(1 + cw, 128);
+          staged_store<BN>(p, wst, m0 + cw * 64, n0, lt);
         }
       } else {
       // Epilogue: registers -> global, bf16x2 per store, bounds-checked.

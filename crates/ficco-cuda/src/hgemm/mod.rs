@@ -66,6 +66,23 @@
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
 //!
+//! # Variants under measurement (off by default)
+//! - [`Hooks::staged_epilogue`]: where the TMA-store epilogue cannot run
+//!   (destination hook, C rows not 16-byte aligned) and nothing is added,
+//!   the tile is staged in shared memory as for TMA stores and written back
+//!   with 16-byte thread stores, full 128-byte row segments per warp, instead
+//!   of 4-byte stores from the registers (mode 2 of the kernel's `tma_store`).
+//! - [`Hooks::signal_delay`]: the deferred signal goes out a few k-blocks
+//!   into the next unit, when its stores have drained.
+//! - [`Hooks::split_tail_only`]: with a K split and at least a full wave of
+//!   tiles, the full waves run whole tiles and only the last, partial
+//!   wave's tiles are split (a data-parallel + split-K hybrid against wave
+//!   quantization, e.g. 288 wide tiles on 132 SMs: 2 whole waves, then 24
+//!   tiles split 5 ways instead of a third wave at 18% occupancy).
+//!
+//! `gemm-bench` times both against the defaults in its hook rows, and every
+//! other tile width and K split on every shape ([`bench::schedule_variants`]).
+//!
 //! # Split-K
 //! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
 //! rows), each tile's K range is split ([`Hooks::split_k`], by default
@@ -282,6 +299,23 @@ pub struct Hooks {
     pub tile_n: Option<TileN>,
     /// M-blocks per scheduling group (not a hook: L2 reuse); `None` is [`GROUP_M`].
     pub group_m: Option<u32>,
+    /// Epilogue variant (not a hook): where the TMA-store epilogue cannot
+    /// run (a destination hook, C rows not 16-byte aligned) but nothing is
+    /// added to the output, stage the tile in shared memory too and store
+    /// it with 16-byte thread stores instead of 4-byte stores from the
+    /// registers ([`LaunchShape::staged`]). Off by default until measured.
+    pub staged_epilogue: bool,
+    /// Signal-hook variant (not a hook): a tile's signal is sent after
+    /// k-block `signal_delay` of the warpgroup's next unit is issued (0, the
+    /// default: right after its first; at its last if it has fewer), so that waiting for its stores and
+    /// the release fence overlap more tensor-core work. Delays the signal
+    /// by about as many k-blocks (≈ 1 µs each).
+    pub signal_delay: u32,
+    /// Schedule variant (not a hook): with a K split and more tiles than
+    /// CTAs, run the full waves' tiles whole and split only the tiles of
+    /// the last, partial wave (`splits` units each), so that it fills the
+    /// machine instead of leaving SMs idle. Off by default until measured.
+    pub split_tail_only: bool,
     pub wait: Option<WaitHook>,
     pub signal: Option<SignalHook>,
     pub dest: Option<DestHook>,
@@ -380,6 +414,8 @@ struct KernelParams {
     dest_add: u32,
     splits: u32,
     tma_store: u32,
+    sig_delay: u32,
+    dp_tiles: u32,
 }
 
 /// A CUtensorMap, passed by value as a `__grid_constant__`.
@@ -401,6 +437,11 @@ pub struct LaunchShape {
     /// The epilogue goes through shared memory and TMA stores (plain
     /// output: no accumulate, no destination hook, C 16-byte aligned rows).
     pub tma_store: bool,
+    /// The epilogue stages the tile in shared memory and stores it with
+    /// 16-byte thread stores ([`Hooks::staged_epilogue`]); excludes `tma_store`.
+    pub staged: bool,
+    /// Tiles run whole before the split ones ([`Hooks::split_tail_only`]; 0: all split).
+    pub dp_tiles: u32,
 }
 
 /// The loaded kernel on one device.
@@ -578,7 +619,14 @@ impl HopperGemm {
             group_m: h.group_m.unwrap_or(GROUP_M),
             accumulate: args.accumulate as u32,
             splits: shape.splits,
-            tma_store: shape.tma_store as u32,
+            dp_tiles: shape.dp_tiles,
+            tma_store: if shape.tma_store {
+                1
+            } else if shape.staged {
+                2
+            } else {
+                0
+            },
             ws: self.workspace.ptr().raw(),
             ws_tickets: self.tickets.ptr().raw() + (MAX_SIGNAL_BLOCKS * 4) as u64,
             ..KernelParams::default()
@@ -592,6 +640,7 @@ impl HopperGemm {
             p.sig_counters = s.counters.addr();
             p.sig_tickets = self.tickets.ptr().raw();
             p.sig_rows = s.rows_per_counter;
+            p.sig_delay = h.signal_delay;
         }
         if let Some(d) = h.dest {
             p.dest_table = d.table.addr();
@@ -739,11 +788,16 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     // The plain epilogue goes through shared memory and TMA stores when C
     // can be a tensor map and nothing reads or redirects the output.
     let tma_able = !a.accumulate && h.dest.is_none() && a.c.addr() % 16 == 0 && a.ldc % 8 == 0;
+    // The staged variant writes whatever the TMA path cannot, except adds
+    // (they would round twice: once into the staging buffer, once after the add).
+    let staged_able =
+        !tma_able && h.staged_epilogue && !a.accumulate && h.dest.is_none_or(|d| !d.add);
+    let stage_out = tma_able || staged_able;
     let staging = tile.staging_bytes() as u64;
     let fixed = |st: u32| 1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16;
     let st = if h.occupancy.stages != 0 {
         h.occupancy.stages
-    } else if tma_able {
+    } else if stage_out {
         // The most stages that still leave room for the staging buffer.
         (MIN_STAGES..=tile.max_stages())
             .rev()
@@ -758,9 +812,11 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             tile.max_stages()
         )));
     }
-    let tma_store =
-        tma_able && fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
-    let dyn_smem = fixed(st) + if tma_store { staging } else { 0 } + h.occupancy.extra_smem as u64;
+    let staging_fits = fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
+    let tma_store = tma_able && staging_fits;
+    let staged = staged_able && staging_fits;
+    let dyn_smem =
+        fixed(st) + if tma_store || staged { staging } else { 0 } + h.occupancy.extra_smem as u64;
     if dyn_smem > max_smem as u64 {
         return Err(bad(format!(
             "{st} stages + {} extra bytes need {dyn_smem} bytes of shared memory; the device allows {max_smem}",
@@ -828,13 +884,25 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         }
         Some(s) => s,
     };
+    // Split only the last, partial wave's tiles: the full waves run whole.
+    let (splits, dp_tiles) = if h.split_tail_only && splits > 1 && tiles >= budget as u64 {
+        let dp = tiles / budget as u64 * budget as u64;
+        if dp == tiles {
+            (1, 0)
+        } else {
+            (splits, dp)
+        }
+    } else {
+        (splits, 0)
+    };
+    let split_tiles = tiles - dp_tiles;
     let max_units = tile.max_units();
-    if splits > 1 && tiles * splits as u64 > max_units {
+    if splits > 1 && split_tiles * splits as u64 > max_units {
         return Err(bad(format!(
-            "{tiles} tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
+            "{split_tiles} split tiles x {splits} splits exceed the split-K workspace ({max_units} units)"
         )));
     }
-    let units = tiles * splits as u64;
+    let units = dp_tiles + split_tiles * splits as u64;
     if units > u32::MAX as u64 {
         return Err(bad("too many work units".into()));
     }
@@ -848,6 +916,8 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         tile_n: tile,
         stages: st,
         tma_store,
+        staged,
+        dp_tiles: dp_tiles as u32,
     })
 }
 
@@ -1056,8 +1126,8 @@ mod tests {
 
     #[test]
     fn params_layout_matches_kernel() {
-        // 9 u64 then 16 u32 (see struct Params in hgemm.cu).
-        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 16 * 4);
+        // 9 u64 then 18 u32 (see struct Params in hgemm.cu).
+        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 18 * 4);
         assert_eq!(std::mem::align_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
         assert_eq!(STAGE_BYTES, 48 * 1024);
@@ -1089,6 +1159,88 @@ mod tests {
         narrow.hooks.tile_n = None;
         let s = validate(&narrow, 232448, 132).unwrap();
         assert_eq!((s.tile_n, s.tiles_n, s.stages), (TileN::N128, 33, 6));
+    }
+
+    #[test]
+    fn staged_epilogue_only_where_asked_and_exact() {
+        let max = 232448;
+        let dest = DestHook {
+            table: DevPtr::new(0x4000),
+            ld: 4104,
+            rows_per_block: 100,
+            add: false,
+        };
+        let mut a = args(1000, 4104, 72);
+        a.hooks.dest = Some(dest);
+        // Off by default: the register epilogue, the most stages.
+        let s = validate(&a, max, 132).unwrap();
+        assert!(!s.staged && !s.tma_store);
+        assert_eq!(s.stages, 4);
+        a.hooks.staged_epilogue = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert!(s.staged && !s.tma_store);
+        assert_eq!(s.stages, 3);
+        assert_eq!(
+            s.dyn_smem,
+            smem_bytes(TileN::N256, 3, 0) + TileN::N256.staging_bytes()
+        );
+        // Adds stay in registers (one rounding).
+        a.hooks.dest = Some(DestHook { add: true, ..dest });
+        assert!(!validate(&a, max, 132).unwrap().staged);
+        let mut acc = args(1000, 4104, 72);
+        acc.accumulate = true;
+        acc.hooks.staged_epilogue = true;
+        assert!(!validate(&acc, max, 132).unwrap().staged);
+        // Plain aligned output keeps the TMA stores.
+        let mut plain = args(1000, 4104, 72);
+        plain.hooks.staged_epilogue = true;
+        let s = validate(&plain, max, 132).unwrap();
+        assert!(s.tma_store && !s.staged);
+        // C rows not 16-byte aligned: staged (4-byte stores where unaligned).
+        plain.c = DevPtr::new(0x3004);
+        let s = validate(&plain, max, 132).unwrap();
+        assert!(!s.tma_store && s.staged);
+        // No room for the staging buffer: the register epilogue.
+        plain.hooks.occupancy = Occupancy {
+            stages: 4,
+            extra_smem: 0,
+        };
+        assert!(!validate(&plain, max, 132).unwrap().staged);
+    }
+
+    #[test]
+    fn split_tail_only_splits_the_last_wave() {
+        let max = 232448;
+        // 6144 x 1536: 48 x 6 = 288 wide tiles on 132 CTAs: 2 full waves
+        // (264 tiles) whole, the 24 left split 5 ways.
+        let mut a = args(6144, 1536, 4096);
+        a.hooks.split_k = Some(5);
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits, s.grid), (264, 5, 132));
+        // Off: every tile split; 288 x 5 units exceed the workspace.
+        a.hooks.split_tail_only = false;
+        assert!(validate(&a, max, 132).is_err());
+        // Fewer tiles than CTAs: plain split-K.
+        let mut a = args(1536, 1536, 4096);
+        a.hooks.split_k = Some(2);
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits, s.grid), (0, 2, 132));
+        // Whole waves only: nothing to split.
+        let mut a = args(128 * 132, 256, 4096);
+        a.hooks.split_k = Some(4);
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits), (0, 1));
+        // The workspace bounds only the split tiles: 20000 tiles x 4 splits
+        // do not fit, 20000 - 19932 = 68 split tiles do.
+        let mut a = args(128 * 100, 256 * 200, 4096);
+        a.hooks.split_k = Some(4);
+        assert!(validate(&a, max, 132).is_err());
+        a.hooks.split_tail_only = true;
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.dp_tiles, s.splits), (19932, 4));
     }
 
     #[test]
