@@ -149,6 +149,31 @@ unsafe impl Send for NcclComm {}
 unsafe impl Sync for NcclComm {}
 
 impl NcclComm {
+    /// This process's rank `rank` of an `n`-rank communicator whose other
+    /// ranks live in other processes (one process per GPU): `id` is the
+    /// job's shared id (see `crate::dist::nccl`); the rank's device context
+    /// must be current. Blocks until every rank has joined.
+    pub fn init_rank(
+        n: usize,
+        id: nsys::ncclUniqueId,
+        rank: usize,
+        limits: NcclLimits,
+    ) -> Result<Self> {
+        limits.validate()?;
+        let mut raw: RawComm = std::ptr::null_mut();
+        let mut config = limits.to_raw();
+        // SAFETY: out-pointer and config outlive the call (no group); the
+        // caller made the rank's context current.
+        let r =
+            unsafe { nc::comm_init_rank_config(&mut raw, n as i32, id, rank as i32, &mut config) };
+        // Owned (destroyed on drop) from here, even if the call failed late.
+        let comm = (!raw.is_null()).then_some(NcclComm { comm: raw });
+        r?;
+        comm.ok_or_else(|| {
+            CudaError::Plan("ncclCommInitRankConfig returned no communicator".into())
+        })
+    }
+
     /// The raw handle, for NCCL calls (valid while `self` lives).
     pub fn raw(&self) -> RawComm {
         self.comm

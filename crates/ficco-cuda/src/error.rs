@@ -80,6 +80,10 @@ pub enum CudaError {
     /// watchdog's abort); the run reports the first real failure instead.
     #[error("run aborted after another rank failed or hung")]
     Aborted,
+    /// The rendezvous of one-process-per-GPU ranks failed (a rank missing,
+    /// dead or disagreeing; the launcher environment).
+    #[error(transparent)]
+    Dist(#[from] crate::dist::DistError),
     /// A host thread driving a GPU died.
     #[error("GPU worker thread for rank {0} panicked")]
     Worker(usize),

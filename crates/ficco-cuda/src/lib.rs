@@ -23,6 +23,7 @@
 //! | [`info`](mod@info) | GPUs, SMs, memory, copy engines, peer matrix, versions |
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`error`] | [`CudaError`] |
+//! | [`dist`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes |
 //! | `exec` | the executor: `exec::rank` resources, `exec::check` host checks and output comparison, `exec::issue` one function per task kind, `exec::run` the run loop |
 //! | `signal` | the cross-rank synchronisation seam: device signal flags, epochs, progress words |
 //! | `comm` | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |
@@ -37,6 +38,7 @@
 
 pub mod backend;
 pub mod characterize;
+pub mod dist;
 pub mod error;
 pub(crate) mod exec;
 pub mod gemm;
