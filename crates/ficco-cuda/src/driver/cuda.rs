@@ -713,6 +713,69 @@ pub(crate) unsafe fn memset_d32_async(
     )
 }
 
+/// One 32-bit stream memory operation of a batch ([`stream_memops`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemOp {
+    /// Wait until the word is >= the value (`CU_STREAM_WAIT_VALUE_GEQ`).
+    WaitGeq(DevicePtr, u32),
+    /// Write the value after a system-scope release fence (default flags).
+    Write(DevicePtr, u32),
+}
+
+/// Enqueues `ops` in order on `stream` as one `cuStreamBatchMemOp`: one
+/// node in a captured graph instead of one per word, which is what a graph
+/// launch pays for. A single operation uses the plain call.
+///
+/// # Safety
+/// Every address is a live, 4-byte aligned device word the stream's device
+/// can reach; `stream` is live.
+pub(crate) unsafe fn stream_memops(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
+    match ops {
+        [] => Ok(()),
+        [MemOp::WaitGeq(a, v)] => stream_wait_value32_geq(stream, *a, *v),
+        [MemOp::Write(a, v)] => stream_write_value32(stream, *a, *v),
+        _ => {
+            let mut params: Vec<sys::CUstreamBatchMemOpParams> = ops
+                .iter()
+                .map(|op| {
+                    // SAFETY: an all-zero union is a valid starting point; the
+                    // member written below selects the operation.
+                    let mut p: sys::CUstreamBatchMemOpParams = std::mem::zeroed();
+                    match *op {
+                        MemOp::WaitGeq(a, v) => {
+                            p.waitValue.operation =
+                                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32;
+                            p.waitValue.address = a.raw();
+                            p.waitValue.__bindgen_anon_1.value = v;
+                            p.waitValue.flags =
+                                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+                        }
+                        MemOp::Write(a, v) => {
+                            p.writeValue.operation =
+                                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                            p.writeValue.address = a.raw();
+                            p.writeValue.__bindgen_anon_1.value = v;
+                            p.writeValue.flags =
+                                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+                        }
+                    }
+                    p
+                })
+                .collect();
+            let n = u32::try_from(params.len()).map_err(|_| {
+                crate::error::CudaError::Plan(format!(
+                    "{} memory operations in one batch",
+                    ops.len()
+                ))
+            })?;
+            check(
+                "cuStreamBatchMemOp",
+                sys::cuStreamBatchMemOp_v2(stream, n, params.as_mut_ptr(), 0),
+            )
+        }
+    }
+}
+
 /// A non-blocking stream of the current context (watchdog side work).
 pub(crate) fn stream_create_nonblocking() -> Result<sys::CUstream> {
     let mut s = std::ptr::null_mut();

@@ -9,7 +9,7 @@
 use super::issue::issue;
 use super::rank::Rank;
 use super::run::Shared;
-use crate::driver::cuda as cu;
+use crate::driver::cuda::{self as cu, MemOp};
 use crate::error::{drv, CudaError, Result};
 use crate::signal::{word, Point, SET};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -84,11 +84,12 @@ impl RankIssue {
         let r = self.r;
         let bank = 1 - parity % 2;
         let c = self.control.cu_stream();
-        for q in (0..sh.plan.ranks.len()).filter(|&q| q != r) {
-            let w = sh.layout.end_slot(q, r, bank);
-            // SAFETY: the word is inside rank r's live flag buffer (sized to the layout).
-            unsafe { cu::stream_wait_value32_geq(c, word(sh.flags[r], w), SET)? };
-        }
+        let waits: Vec<MemOp> = (0..sh.plan.ranks.len())
+            .filter(|&q| q != r)
+            .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, bank)), SET))
+            .collect();
+        // SAFETY: the words are inside rank r's live flag buffer (sized to the layout).
+        unsafe { cu::stream_memops(c, &waits)? };
         let (first, n) = sh.layout.bank(r, bank);
         // SAFETY: as above; every writer of this bank is done (see crate::signal).
         unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c)? };
@@ -118,6 +119,7 @@ impl RankIssue {
         let stream = self.streams.get(task.stream).ok_or_else(|| {
             CudaError::Plan(format!("task {i} of rank {r} names stream {}", task.stream))
         })?;
+        let mut waits: Vec<MemOp> = vec![];
         for d in &task.deps {
             if d.rank == r {
                 // Stream order already keeps a dependency on the same stream.
@@ -139,9 +141,11 @@ impl RankIssue {
                 .layout
                 .slot(p, r)
                 .ok_or_else(|| CudaError::Plan(format!("no signal flag for {p:?} on rank {r}")))?;
-            // SAFETY: the word is inside rank r's live flag buffer, on the stream's device.
-            unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), word(sh.flags[r], w), SET)? };
+            waits.push(MemOp::WaitGeq(word(sh.flags[r], w), SET));
         }
+        // One batch for all of the task's flag waits (one graph node).
+        // SAFETY: the words are inside rank r's live flag buffer, on the stream's device.
+        unsafe { cu::stream_memops(stream.cu_stream(), &waits)? };
         // A Wait task's Signal (the plan's own flags) as a graph edge too,
         // like the dependencies above (only in a loopback capture).
         for &(q, j) in sh
@@ -182,12 +186,15 @@ impl RankIssue {
         if sh.opts.drop_signal == Some((r, i)) {
             return Ok(());
         }
-        for &(q, w) in sh.layout.signals[r].get(i).into_iter().flatten() {
-            // SAFETY: the word is inside rank q's live flag buffer; peer
-            // access is enabled between the devices (or it is the same device).
-            unsafe { cu::stream_write_value32(stream.cu_stream(), word(sh.flags[q], w), SET)? };
-        }
-        Ok(())
+        let writes: Vec<MemOp> = sh.layout.signals[r]
+            .get(i)
+            .into_iter()
+            .flatten()
+            .map(|&(q, w)| MemOp::Write(word(sh.flags[q], w), SET))
+            .collect();
+        // SAFETY: each word is inside rank q's live flag buffer; peer access
+        // is enabled between the devices (or it is the same device).
+        unsafe { cu::stream_memops(stream.cu_stream(), &writes) }
     }
 
     /// End of an iteration of `parity`: join every stream into the control
@@ -205,12 +212,12 @@ impl RankIssue {
             // SAFETY: the task words are the first `tw` of rank r's live flag buffer.
             unsafe { cu::memset_d32_async(sh.flags[r], 0, tw, c)? };
         }
-        for q in (0..sh.plan.ranks.len()).filter(|&q| q != r) {
-            let w = sh.layout.end_slot(r, q, parity);
-            // SAFETY: the word is inside rank q's live flag buffer.
-            unsafe { cu::stream_write_value32(c, word(sh.flags[q], w), SET)? };
-        }
-        Ok(())
+        let writes: Vec<MemOp> = (0..sh.plan.ranks.len())
+            .filter(|&q| q != r)
+            .map(|q| MemOp::Write(word(sh.flags[q], sh.layout.end_slot(r, q, parity)), SET))
+            .collect();
+        // SAFETY: each word is inside rank q's live flag buffer.
+        unsafe { cu::stream_memops(c, &writes) }
     }
 }
 

@@ -79,6 +79,7 @@ pub static CUDA: LibSpec = LibSpec {
         "cuStreamWaitEvent",
         "cuStreamWriteValue32_v2",
         "cuStreamWaitValue32_v2",
+        "cuStreamBatchMemOp_v2",
         "cuEventCreate",
         "cuEventRecord",
         "cuEventQuery",
