@@ -133,7 +133,10 @@ fn every_copy_schedule_is_exact_in_loopback() {
                             passed += 1;
                             launch[k] = r.launch_us.unwrap_or(f64::NAN);
                             let graphed = be.last_graphed == Some(true);
-                            if graphs && !graphed && plan.resources.green_sms.is_none() {
+                            // Green-context and tile plans are issued directly by design.
+                            let graphable = plan.resources.green_sms.is_none()
+                                && s.granularity != ficco_core::space::Granularity::Tile;
+                            if graphs && !graphed && graphable {
                                 failures.push(format!(
                                     "P={p} {} {}: graph capture failed: {}",
                                     problem.label(),
@@ -418,13 +421,14 @@ fn every_tile_schedule_is_exact_in_loopback() {
                         match be.measure(&plan, true, false) {
                             Ok(r) if r.correct && r.max_rel_err.is_some_and(|e| e <= 1e-2) => {
                                 passed += 1;
+                                // Tile plans are issued directly even when graphs
+                                // are asked for (see the executor's `graphs()`).
                                 let graphed = be.last_graphed == Some(true);
-                                if graphs && !graphed {
+                                if graphed {
                                     failures.push(format!(
-                                        "P={p} {} {}: graph capture failed: {}",
+                                        "P={p} {} {}: a tile plan was replayed from a graph",
                                         problem.label(),
-                                        s.name(),
-                                        be.last_graph_error.as_deref().unwrap_or("?")
+                                        s.name()
                                     ));
                                 }
                                 eprintln!(

@@ -201,9 +201,22 @@ impl Shared<'_> {
         self.spec.warmup + self.spec.timed + usize::from(self.spec.timeline)
     }
 
-    /// Whether iterations are replayed from graphs for this plan.
+    /// Whether iterations are replayed from graphs for this plan. Not under
+    /// green contexts (their streams belong to other contexts), and not for
+    /// plans with a tile GEMM: its blocks spin inside the kernel on flags
+    /// that copy streams set, an order no graph edge can express (an edge
+    /// could only follow the whole kernel), and a graph's launch may queue
+    /// the flag's write behind the spinning kernel: seen hanging on one H200
+    /// (ag-gemm `tile-copy-ring` at P=4 in loopback, 2 of 192 runs).
+    /// Issued directly, every stream has its own hardware queue.
     fn graphs(&self) -> bool {
-        self.opts.graphs && self.plan.resources.green_sms.is_none()
+        self.opts.graphs
+            && self.plan.resources.green_sms.is_none()
+            && !self.plan.ranks.iter().any(|rp| {
+                rp.tasks
+                    .iter()
+                    .any(|t| matches!(t.kind, TaskKind::TileGemm(..)))
+            })
     }
 }
 
