@@ -1,6 +1,8 @@
 //! `ficco gemm-bench`: ficco's own Hopper GEMM beside cuBLASLt (autotuned and
 //! default heuristic) on one GPU, over 8192³ and every whole and chunk GEMM
-//! the core lowers for a suite, plus the cost of each kernel hook. A table
+//! the core lowers for a suite, plus the cost of each kernel hook. ficco's
+//! kernel appears twice: the chooser's schedule, and the autotuned one the
+//! executor launches (`auto` columns, timed in the same rounds). A table
 //! like nccl-tests for people (rows as they are measured), `--json` for
 //! machines; `--list` prints the shapes without a GPU.
 

@@ -546,7 +546,7 @@ fn hook6_destination_table() {
     }
 }
 
-/// The staged epilogue ([`Hooks::staged_epilogue`]) writes exactly what the
+/// The staged epilogue (the default; [`Hooks::register_epilogue`] turns it off) writes exactly what the
 /// register epilogue writes, to the same places, with the destination hook
 /// (rows redirected, half of them not 16-byte aligned), C rows not 16-byte
 /// aligned, split-K and the signal hook.
@@ -587,7 +587,7 @@ fn staged_epilogue_matches_register_epilogue() {
                         hooks: Hooks {
                             split_k: Some(splits),
                             tile_n: Some(tile),
-                            staged_epilogue: staged,
+                            register_epilogue: !staged,
                             signal_delay: if staged { 2 } else { 0 },
                             signal: Some(SignalHook {
                                 counters: DevPtr::new(counters.ptr().raw()),
@@ -854,4 +854,98 @@ fn rejects_bad_views() {
         assert!(r.is_err());
     }
     assert_eq!(BLOCK_M, 128);
+}
+
+/// [`HopperGemm::autotune`]: the tuned schedule is what `shape` and an
+/// open-schedule launch then use, its output matches autotuned cuBLASLt,
+/// and the pick comes back from memory, then (on a fresh instance) from
+/// the disk cache, without timing again.
+#[test]
+fn autotuned_schedule_matches_cublaslt_and_is_cached() {
+    use ficco_cuda::hgemm::tune::TuneSource;
+    let Some(guard) = gpu() else { return };
+    let ctx = &guard.0;
+    // Its own instances: a tuned schedule would change the open-schedule
+    // launches of the other tests on the shared one.
+    let g = HopperGemm::load(ctx).expect("load");
+    let ws = DeviceBuffer::alloc(ctx, WORKSPACE_BYTES).expect("ws");
+    ctx.bind_to_thread().expect("bind");
+    let mut lt = Gemms::new().expect("cublaslt");
+    // A chunk shape (one M-block: split-K candidates), one with residues,
+    // one of several waves.
+    for &(m, n, k) in &[(64, 4096, 3584), (1000, 4104, 1032), (2048, 3072, 4096)] {
+        let p = Problem::new(m, n, k, (0, 0, 0), 5);
+        let d = device(ctx, &p);
+        // Time it here whatever earlier runs left on disk.
+        if let Some(path) = g.tune_cache_path(&d.args) {
+            let _ = std::fs::remove_file(path);
+        }
+        let before = g.tune_timings();
+        let t = g.autotune(&d.args).expect("autotune");
+        assert!(
+            matches!(t.source, TuneSource::Timed { candidates } if candidates >= 1),
+            "{:?}",
+            t.source
+        );
+        assert_eq!(g.tune_timings(), before + 1);
+        let (tile, splits, tail) = t.schedule;
+        // `shape` of the open schedule is the tuned one's, not the chooser's.
+        let fixed = ficco_cuda::hgemm::tune::with_schedule(&d.args, t.schedule);
+        assert_eq!(
+            g.shape(&d.args).expect("shape"),
+            g.shape(&fixed).expect("shape")
+        );
+        assert_eq!(g.shape(&d.args).expect("shape").tile_n, tile);
+        // From memory: no timing.
+        let again = g.autotune(&d.args).expect("autotune again");
+        assert_eq!(
+            (again.schedule, again.source),
+            (t.schedule, TuneSource::Memory)
+        );
+        assert_eq!(g.tune_timings(), before + 1);
+        // The open-schedule launch runs the tuned pick.
+        run(ctx, &g, &d.args);
+        let ours = download(&d.c, m * n);
+        let r = upload(ctx, &vec![NAN; m * n]);
+        let stream = ctx.new_stream().expect("stream");
+        let key = GemmKey {
+            m,
+            n,
+            k,
+            lda: k,
+            ldb: n,
+            ldc: n,
+            sm_target: None,
+        };
+        // SAFETY: buffers sized for the shape.
+        unsafe {
+            lt.gemm(
+                key,
+                d.a.ptr(),
+                d.b.ptr(),
+                r.ptr(),
+                false,
+                ws.ptr(),
+                stream.cu_stream(),
+            )
+        }
+        .expect("cublaslt gemm");
+        stream.synchronize().expect("sync");
+        let theirs = download(&r, m * n);
+        let f = |v: &[u16]| v.iter().map(|&x| b2f(x)).collect::<Vec<_>>();
+        let err = rel_err(&f(&ours), &f(&theirs));
+        eprintln!(
+            "hgemm autotuned {m}x{n}x{k}: {tile:?}/{splits}{} ({:?}) vs cuBLASLt: rel err {err:.2e}",
+            if tail { "t" } else { "" },
+            t.source
+        );
+        assert!(err < 1e-2, "rel err {err}");
+        // A fresh instance reads the pick from disk when it could be stored.
+        if g.tune_cache_path(&d.args).is_some_and(|p| p.exists()) {
+            let fresh = HopperGemm::load(ctx).expect("load");
+            let disk = fresh.autotune(&d.args).expect("autotune from disk");
+            assert_eq!((disk.schedule, disk.source), (t.schedule, TuneSource::Disk));
+            assert_eq!(fresh.tune_timings(), 0);
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! start issuing (either can wait for the device to go idle).
 
 use super::check::view_addr;
+use super::issue::{own_gemm_args, tile_gemm_args, TileFlags};
 use crate::controls::RawStream;
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
@@ -212,8 +213,19 @@ impl Rank {
     /// GEMMs on it (`res.gemm`, or tile GEMMs): one instance per stream, so that GEMMs on
     /// two compute streams never share a split-K workspace. The cubin comes
     /// from the disk cache after the first compile; loading is eager (lazy
-    /// loading mid-plan can wait for the device to go idle).
-    pub(super) fn prepare_own_gemm(&mut self, rp: &RankPlan, res: &Resources) -> Result<()> {
+    /// loading mid-plan can wait for the device to go idle). Then every
+    /// own-GEMM launch of the plan is autotuned on its stream's instance
+    /// ([`HopperGemm::autotune`]: timed once per shape, then from memory or
+    /// the disk cache), here and never during the run, with the arguments
+    /// the run will launch (`tile_share`: persistent tile GEMMs sharing this
+    /// rank's SMs, [`super::issue`]'s cap).
+    pub(super) fn prepare_own_gemm(
+        &mut self,
+        rp: &RankPlan,
+        res: &Resources,
+        ptrs: &[DevicePtr],
+        tile_share: usize,
+    ) -> Result<()> {
         // Tile GEMMs run on it whatever the engine (cuBLASLt has no hooks).
         let wants = rp.tasks.iter().any(|t| match t.kind {
             TaskKind::Gemm { .. } => res.gemm == GemmEngine::Own,
@@ -222,6 +234,61 @@ impl Rank {
         });
         while wants && self.own_gemms.len() < rp.streams.len() {
             self.own_gemms.push(HopperGemm::load(&self.ctx)?);
+        }
+        for t in &rp.tasks {
+            let Some(g) = self.own_gemms.get(t.stream) else {
+                continue;
+            };
+            let args = match &t.kind {
+                TaskKind::Gemm {
+                    a,
+                    b,
+                    c,
+                    sm_target,
+                    accumulate,
+                    occupancy,
+                } if res.gemm == GemmEngine::Own => own_gemm_args(
+                    (a.rows, b.cols, a.cols),
+                    [
+                        view_addr(&rp.buffers, ptrs, a, "gemm a")?,
+                        view_addr(&rp.buffers, ptrs, b, "gemm b")?,
+                        view_addr(&rp.buffers, ptrs, c, "gemm c")?,
+                    ],
+                    *accumulate,
+                    *sm_target,
+                    *occupancy,
+                )?,
+                TaskKind::TileGemm(tg) => {
+                    let sms = self
+                        .green_compute_sms(res.green_sms)
+                        .map_or(g.sms(), |s| s.min(g.sms()));
+                    let cap = sms / tile_share.max(1) as u32;
+                    // Only which hooks are on matters to the schedule: the
+                    // tuning runs them on its own scratch words.
+                    let dummy = DevicePtr::NULL.offset(256);
+                    let flags = TileFlags {
+                        wait: tg.wait.map(|_| dummy),
+                        signal: tg.signal.map(|_| dummy),
+                        dest: tg.dest.iter().any(Option::is_some).then_some((dummy, 0)),
+                    };
+                    if cap == 0 {
+                        // The run reports it (not every GEMM can be resident).
+                        continue;
+                    }
+                    tile_gemm_args(
+                        tg,
+                        [
+                            view_addr(&rp.buffers, ptrs, &tg.a, "tile gemm a")?,
+                            view_addr(&rp.buffers, ptrs, &tg.b, "tile gemm b")?,
+                            view_addr(&rp.buffers, ptrs, &tg.c, "tile gemm c")?,
+                        ],
+                        flags,
+                        cap,
+                    )?
+                }
+                _ => continue,
+            };
+            g.autotune(&args)?;
         }
         Ok(())
     }

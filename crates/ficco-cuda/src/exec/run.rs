@@ -644,11 +644,17 @@ pub fn run_plan_with(
     let mut all_streams = vec![];
     let mut flags = vec![];
     let mut tables = vec![];
+    let tile_share = tile_share(plan, loopback);
     for (r, rank) in ranks.iter_mut().enumerate() {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
-        rank.prepare_own_gemm(&plan.ranks[r], &plan.resources)?;
+        rank.prepare_own_gemm(
+            &plan.ranks[r],
+            &plan.resources,
+            &ptrs[r],
+            tile_share.get(r).copied().unwrap_or(1),
+        )?;
         flags.push(rank.reset_flags(layout.words[r], layout.bank(r, 1))?);
         tables.push(rank.tile_tables(&plan.ranks[r], &ptrs[r])?);
     }
@@ -677,7 +683,6 @@ pub fn run_plan_with(
     let start = std::sync::Barrier::new(threads);
     let events = same_rank_events(plan);
     let flag_preds = flag_preds(plan)?;
-    let tile_share = tile_share(plan, loopback);
     let abort = AtomicBool::new(false);
     let sh = Shared {
         plan,

@@ -129,6 +129,12 @@ pub struct ShapeRow {
     pub best_ms: f64,
     /// best time / tuned cuBLASLt time.
     pub best_ratio_tuned: f64,
+    /// The schedule [`HopperGemm::autotune`] picked ("tile/splits"), timed
+    /// in the same interleaved rounds, its time, ratio and error.
+    pub auto: String,
+    pub auto_ms: f64,
+    pub auto_ratio_tuned: f64,
+    pub auto_rel_err: f64,
 }
 
 /// One alternative schedule of ficco's kernel on one shape.
@@ -239,6 +245,14 @@ pub struct Summary {
     pub best_worst_shape: String,
     pub best_chunk_time_ratio: f64,
     pub best_differs: usize,
+    /// The same for ficco's autotuned pick ([`ShapeRow::auto`]), the
+    /// schedule the executor launches: geomean, worst (and where), chunk
+    /// time ratio, shapes where it is not the chooser's.
+    pub auto_geomean_ratio_tuned: f64,
+    pub auto_worst_ratio_tuned: f64,
+    pub auto_worst_shape: String,
+    pub auto_chunk_time_ratio: f64,
+    pub auto_differs: usize,
 }
 
 /// Everything one `gemm-bench` run measured: the JSON document.
@@ -456,7 +470,7 @@ impl Bench {
             ldc: n,
             sm_target: None,
         };
-        let args = GemmArgs::dense(
+        let mut args = GemmArgs::dense(
             m,
             n,
             k,
@@ -464,6 +478,10 @@ impl Bench {
             DevPtr::new(o.b.ptr().raw()),
             DevPtr::new(o.c.ptr().raw()),
         );
+        // The chooser's pick, as given; the autotuned pick beside it.
+        args.hooks.untuned = true;
+        let auto = self.gemm.autotune(&args)?.schedule;
+        let auto_args = super::tune::with_schedule(&args, auto);
         let ws = self.workspace.ptr();
         let (pa, pb, pc, pr) = (o.a.ptr(), o.b.ptr(), o.c.ptr(), o.r.ptr());
         let sched = self.gemm.shape(&args)?;
@@ -486,6 +504,10 @@ impl Bench {
         // SAFETY: as above.
         unsafe { self.default.gemm(key, pa, pb, pc, false, ws, self.cu())? };
         let default_rel_err = self.rel_err(pc, pr, m * n)?;
+        self.poison(&o.c, m * n)?;
+        // SAFETY: as above.
+        unsafe { self.gemm.launch(self.cu(), &auto_args)? };
+        let auto_rel_err = self.rel_err(pc, pr, m * n)?;
         // Each variant's output is checked like the chooser's; one that is
         // rejected or fails to launch is reported, not timed.
         let mut variants = vec![];
@@ -493,6 +515,7 @@ impl Bench {
             Engine::Ficco(args),
             Engine::Tuned(key, pa, pb, pc),
             Engine::Default(key, pa, pb, pc),
+            Engine::Ficco(auto_args),
         ];
         for (tile, s, tail) in candidates {
             let v = GemmArgs {
@@ -537,9 +560,9 @@ impl Bench {
         }
         // SAFETY: as above.
         let t = unsafe { self.time_interleaved(&engines)? };
-        let (ficco_ms, tuned_ms, default_ms) = (t[0], t[1], t[2]);
+        let (ficco_ms, tuned_ms, default_ms, auto_ms) = (t[0], t[1], t[2], t[3]);
         self.sync()?;
-        let mut timed = t[3..].iter();
+        let mut timed = t[4..].iter();
         for v in variants.iter_mut().filter(|v| v.error.is_none()) {
             if let Some(&ms) = timed.next() {
                 v.ms = Some(ms);
@@ -570,6 +593,10 @@ impl Bench {
             best,
             best_ms,
             best_ratio_tuned: best_ms / tuned_ms,
+            auto: schedule_label(auto),
+            auto_ms,
+            auto_ratio_tuned: auto_ms / tuned_ms,
+            auto_rel_err,
         })
     }
 
@@ -579,7 +606,7 @@ impl Bench {
     pub fn hook_costs(&mut self, m: usize, n: usize, k: usize) -> Result<Vec<HookRow>> {
         let o = self.operands(m, n, k)?;
         let ctx = self.ctx.clone();
-        let plain = GemmArgs::dense(
+        let mut plain = GemmArgs::dense(
             m,
             n,
             k,
@@ -587,6 +614,7 @@ impl Bench {
             DevPtr::new(o.b.ptr().raw()),
             DevPtr::new(o.c.ptr().raw()),
         );
+        plain.hooks.untuned = true;
         // Reference output of the plain launch.
         // SAFETY: operands sized for the shape.
         unsafe { self.gemm.launch(self.cu(), &plain)? };
@@ -695,9 +723,10 @@ impl Bench {
             },
         ));
         settings.push((
-            "dest(table->C)".into(),
+            "dest(table->C) register".into(),
             Hooks {
                 dest: Some(dest),
+                register_epilogue: true,
                 ..Hooks::default()
             },
         ));
@@ -712,10 +741,9 @@ impl Bench {
             ));
         }
         settings.push((
-            "dest(table->C) staged".into(),
+            "dest(table->C)".into(),
             Hooks {
                 dest: Some(dest),
-                staged_epilogue: true,
                 ..Hooks::default()
             },
         ));
@@ -728,10 +756,9 @@ impl Bench {
         };
         settings.push((HOOKS_3_TO_6.into(), h36));
         settings.push((
-            HOOKS_3_TO_6_STAGED.into(),
+            HOOKS_3_TO_6_REGISTER.into(),
             Hooks {
-                staged_epilogue: true,
-                signal_delay: 4,
+                register_epilogue: true,
                 ..h36
             },
         ));
@@ -739,8 +766,13 @@ impl Bench {
         // failed; the others are still measured.
         let mut checked = vec![];
         for (_, hooks) in &settings {
+            // Every setting as given: no tuned schedule (the shape may have
+            // been tuned with other hooks), so that only the setting differs.
             let args = GemmArgs {
-                hooks: *hooks,
+                hooks: Hooks {
+                    untuned: true,
+                    ..*hooks
+                },
                 ..plain
             };
             self.poison(&o.c, m * n)?;
@@ -895,6 +927,14 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
     let best_worst = rows
         .iter()
         .max_by(|a, b| a.best_ratio_tuned.total_cmp(&b.best_ratio_tuned));
+    let auto_worst = rows
+        .iter()
+        .max_by(|a, b| a.auto_ratio_tuned.total_cmp(&b.auto_ratio_tuned));
+    let ca = rows
+        .iter()
+        .filter(|r| r.kind.contains("chunk"))
+        .map(|r| r.auto_ms)
+        .sum::<f64>();
     let cb = rows
         .iter()
         .filter(|r| r.kind.contains("chunk"))
@@ -919,6 +959,14 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
         best_differs: rows
             .iter()
             .filter(|r| r.best != format!("{}/{}", r.tile_n.cols(), r.splits))
+            .count(),
+        auto_geomean_ratio_tuned: geo(&|r| r.auto_ratio_tuned),
+        auto_worst_ratio_tuned: auto_worst.map_or(0.0, |r| r.auto_ratio_tuned),
+        auto_worst_shape: auto_worst.map_or(String::new(), |r| format!("{}x{}x{}", r.m, r.n, r.k)),
+        auto_chunk_time_ratio: if ct > 0.0 { ca / ct } else { 0.0 },
+        auto_differs: rows
+            .iter()
+            .filter(|r| r.auto != format!("{}/{}", r.tile_n.cols(), r.splits))
             .count(),
     }
 }
@@ -950,9 +998,9 @@ pub fn table_header(
         cfg.warmup,
     );
     s += &format!(
-        "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>6} {:>6} {:>8} {:>8} {:>7} {:>6}  {}\n",
+        "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>6} {:>6} {:>8} {:>8} {:>7} {:>6} {:>7} {:>6}  {}\n",
         "M", "N", "K", "kind", "tile/S", "ficco", "TFLOP/s", "cublasLt", "TFLOP/s", "default", "TFLOP/s", "r_tun",
-        "r_dflt", "err", "err_dflt", "best", "r_best", "first use (+ more)"
+        "r_dflt", "err", "err_dflt", "best", "r_best", "auto", "r_auto", "first use (+ more)"
     );
     let units = format!(
         "#{:>6} {:>6} {:>6} {:>11} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9}",
@@ -971,7 +1019,7 @@ pub fn table_row(r: &ShapeRow) -> String {
         String::new()
     };
     format!(
-        " {:>6} {:>6} {:>6} {:>11} {:>7} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>6.3} {:>6.3} {:>8.1e} {:>8.1e} {:>7} {:>6.3}  {}{more}\n",
+        " {:>6} {:>6} {:>6} {:>11} {:>7} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>9.4} {:>7.1} {:>6.3} {:>6.3} {:>8.1e} {:>8.1e} {:>7} {:>6.3} {:>7} {:>6.3}  {}{more}\n",
         r.m,
         r.n,
         r.k,
@@ -989,6 +1037,8 @@ pub fn table_row(r: &ShapeRow) -> String {
         r.default_rel_err,
         r.best,
         r.best_ratio_tuned,
+        r.auto,
+        r.auto_ratio_tuned,
         r.first_use,
     )
 }
@@ -1045,6 +1095,14 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
         "# chunk shapes together: sum ficco time / sum cuBLASLt time {:.3} (target < 1); max rel err {:.1e}\n",
         s.chunk_time_ratio, s.max_rel_err
     );
+    t += &format!(
+        "# ficco autotuned (the executor's pick; differs from the chooser's on {}): geomean {:.3} (target <= 1.03), worst {:.3} at {} (target <= 1.15), chunk shapes {:.3} (target < 1)\n",
+        s.auto_differs,
+        s.auto_geomean_ratio_tuned,
+        s.auto_worst_ratio_tuned,
+        s.auto_worst_shape,
+        s.auto_chunk_time_ratio
+    );
     if s.best_differs > 0 {
         t += &format!(
             "# fastest measured schedule per shape (differs from the chooser's on {}): geomean {:.3}, worst {:.3} at {}, chunk shapes {:.3}\n",
@@ -1057,10 +1115,7 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
     }
     for (setting, label) in [
         (HOOKS_3_TO_6, "hooks 3-6"),
-        (
-            HOOKS_3_TO_6_STAGED,
-            "hooks 3-6, staged epilogue, signal delay 4",
-        ),
+        (HOOKS_3_TO_6_REGISTER, "hooks 3-6, register epilogue"),
     ] {
         let h36: Vec<String> = hooks
             .iter()
@@ -1101,9 +1156,9 @@ pub const HOOK_SHAPES: [(usize, usize, usize); 3] =
 /// The hook setting with the tile order, input wait, output signal and
 /// destination hooks all on.
 pub const HOOKS_3_TO_6: &str = "hooks 3-6";
-/// [`HOOKS_3_TO_6`] with [`Hooks::staged_epilogue`] and a
-/// [`Hooks::signal_delay`] of 4 k-blocks.
-pub const HOOKS_3_TO_6_STAGED: &str = "hooks 3-6 staged,delay=4";
+/// [`HOOKS_3_TO_6`] with the register epilogue ([`Hooks::register_epilogue`])
+/// instead of the staged one (the default).
+pub const HOOKS_3_TO_6_REGISTER: &str = "hooks 3-6 register";
 
 #[cfg(test)]
 mod tests {
@@ -1156,6 +1211,10 @@ mod tests {
             best: "256/1".into(),
             best_ms: r,
             best_ratio_tuned: r,
+            auto: "256/1".into(),
+            auto_ms: r,
+            auto_ratio_tuned: r,
+            auto_rel_err: 0.0,
         };
         let s = summarize(&[row(0.5, "whole"), row(2.0, "chunk")]);
         assert!((s.geomean_ratio_tuned - 1.0).abs() < 1e-12);
@@ -1165,6 +1224,17 @@ mod tests {
         let s = summarize(&[row(2.0, "chunk"), row(1.0, "whole+chunk")]);
         assert_eq!(s.chunk_time_ratio, 1.5);
         assert_eq!(s.best_differs, 0);
+        assert_eq!((s.auto_differs, s.auto_chunk_time_ratio), (0, 1.5));
+        // The autotuned pick 4x faster on the chunk shape: its columns follow it.
+        let mut tuned = row(2.0, "chunk");
+        tuned.auto = "128/4t".into();
+        tuned.auto_ms = 0.5;
+        tuned.auto_ratio_tuned = 0.5;
+        let s = summarize(&[tuned, row(1.0, "whole")]);
+        assert_eq!(s.auto_differs, 1);
+        assert_eq!(s.auto_chunk_time_ratio, 0.5);
+        assert!((s.auto_geomean_ratio_tuned - 0.5f64.sqrt()).abs() < 1e-12);
+        assert_eq!((s.auto_worst_ratio_tuned, s.worst_ratio_tuned), (1.0, 2.0));
         // A variant twice as fast on the chunk shape: the best columns follow it.
         let mut fast = row(2.0, "chunk");
         fast.best = "128/2".into();
@@ -1272,6 +1342,10 @@ mod tests {
             best: "256/1".into(),
             best_ms: 1.5,
             best_ratio_tuned: 0.9375,
+            auto: "128/2".into(),
+            auto_ms: 1.4,
+            auto_ratio_tuned: 0.875,
+            auto_rel_err: 1e-4,
         };
         let hook = HookRow {
             m: 8192,
@@ -1285,7 +1359,7 @@ mod tests {
             error: None,
         };
         let failed = HookRow {
-            setting: HOOKS_3_TO_6_STAGED.into(),
+            setting: HOOKS_3_TO_6_REGISTER.into(),
             error: Some("ficco hgemm: rejected".into()),
             ..hook.clone()
         };
@@ -1314,8 +1388,9 @@ mod tests {
             "# 8192^3: ficco 733 TFLOP/s, cuBLASLt autotuned 687, default 687 (target >= 760)",
             "geomean ficco/cuBLASLt 0.938",
             "# hooks 3-6 (flags set): +9.2% at 8192x8192x8192 (target <= 3%)",
-            "hooks 3-6 staged,delay=4 failed: ficco hgemm: rejected",
-            "1.0e-4    0.0e0   256/1  0.938  8192^3 (+2)",
+            "hooks 3-6 register failed: ficco hgemm: rejected",
+            "1.0e-4    0.0e0   256/1  0.938   128/2  0.875  8192^3 (+2)",
+            "# ficco autotuned (the executor's pick; differs from the chooser's on 1): geomean 0.875",
         ] {
             assert!(t.contains(want), "{want:?} not in\n{t}");
         }
@@ -1329,5 +1404,7 @@ mod tests {
         assert_eq!(json["rows"][0]["variants"][0]["tile_n"], "N128");
         assert_eq!(json["rows"][0]["best"], "256/1");
         assert_eq!(json["summary"]["best_differs"], 0);
+        assert_eq!(json["rows"][0]["auto"], "128/2");
+        assert_eq!(json["summary"]["auto_geomean_ratio_tuned"], 0.875);
     }
 }

@@ -66,12 +66,14 @@
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
 //!
-//! # Variants under measurement (off by default)
-//! - [`Hooks::staged_epilogue`]: where the TMA-store epilogue cannot run
-//!   (destination hook, C rows not 16-byte aligned) and nothing is added,
-//!   the tile is staged in shared memory as for TMA stores and written back
-//!   with 16-byte thread stores, full 128-byte row segments per warp, instead
-//!   of 4-byte stores from the registers (mode 2 of the kernel's `tma_store`).
+//! # Schedule and epilogue variants
+//! - Staged epilogue (the default; [`Hooks::register_epilogue`] turns it
+//!   off): where the TMA-store epilogue cannot run (destination hook, C rows
+//!   not 16-byte aligned) and nothing is added, the tile is staged in shared
+//!   memory as for TMA stores and written back with 16-byte thread stores,
+//!   full 128-byte row segments per warp, instead of 4-byte stores from the
+//!   registers (mode 2 of the kernel's `tma_store`). Bit-identical, and it
+//!   cut the destination hook's cost from +6.8% to +2.3% (2026-11-23).
 //! - [`Hooks::signal_delay`]: the deferred signal goes out a few k-blocks
 //!   into the next unit, when its stores have drained.
 //! - [`Hooks::split_tail_only`]: with a K split and at least a full wave of
@@ -80,8 +82,17 @@
 //!   quantization, e.g. 288 wide tiles on 132 SMs: 2 whole waves, then 24
 //!   tiles split 5 ways instead of a third wave at 18% occupancy).
 //!
-//! `gemm-bench` times both against the defaults in its hook rows, and every
-//! other tile width and K split on every shape ([`bench::schedule_variants`]).
+//! `gemm-bench` times these in its hook rows, and every other tile width
+//! and K split on every shape ([`bench::schedule_variants`]).
+//!
+//! # Autotuning ([`tune`])
+//! [`HopperGemm::autotune`] times the chooser's schedule and the bench's
+//! variants for one launch's shape and hooks (CUDA events, scratch
+//! buffers, flags already set) and keeps the fastest in memory and on disk
+//! beside the cubins (keyed by source, device name and shape). Launches
+//! that leave `tile_n` and `split_k` open then take it (`Hooks::untuned`
+//! keeps the chooser's). The executor tunes every own-GEMM launch of a plan
+//! before the run (`exec::rank`), never during it.
 //!
 //! # Split-K
 //! When a shape has too few tiles for the grid (chunk GEMMs of a few hundred
@@ -116,6 +127,7 @@
 //! next steps; none is implemented.
 
 pub mod bench;
+pub mod tune;
 
 use crate::error::{check, drv, CudaError, Result};
 use cudarc::driver::sys;
@@ -301,10 +313,15 @@ pub struct Hooks {
     pub group_m: Option<u32>,
     /// Epilogue variant (not a hook): where the TMA-store epilogue cannot
     /// run (a destination hook, C rows not 16-byte aligned) but nothing is
-    /// added to the output, stage the tile in shared memory too and store
-    /// it with 16-byte thread stores instead of 4-byte stores from the
-    /// registers ([`LaunchShape::staged`]). Off by default until measured.
-    pub staged_epilogue: bool,
+    /// added to the output, the tile is staged in shared memory too and
+    /// stored with 16-byte thread stores ([`LaunchShape::staged`]; exact,
+    /// and faster than 4-byte stores from the registers in `gemm-bench`).
+    /// `true` turns that off: the register epilogue, for comparison.
+    pub register_epilogue: bool,
+    /// Launch exactly this schedule: do not apply a tuned one
+    /// ([`HopperGemm::autotune`]) when `tile_n` and `split_k` are open
+    /// (the chooser's pick, for comparison).
+    pub untuned: bool,
     /// Signal-hook variant (not a hook): a tile's signal is sent after
     /// k-block `signal_delay` of the warpgroup's next unit is issued (0, the
     /// default: right after its first; at its last if it has fewer), so that waiting for its stores and
@@ -455,6 +472,10 @@ pub struct HopperGemm {
     tickets: crate::mem::DeviceBuffer,
     workspace: crate::mem::DeviceBuffer,
     compile: CompileInfo,
+    /// Schedules [`HopperGemm::autotune`] picked, per shape.
+    tuned: std::sync::Mutex<std::collections::HashMap<tune::TuneKey, bench::Schedule>>,
+    /// Shapes timed by this instance (the rest came from memory or disk).
+    timings: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: library and kernel handles are context-independent driver objects;
@@ -522,6 +543,8 @@ impl HopperGemm {
             tickets,
             workspace,
             compile,
+            tuned: Default::default(),
+            timings: Default::default(),
         };
         for (i, entry) in [ENTRY_N256, ENTRY_N128].into_iter().enumerate() {
             let name = CString::new(entry).map_err(|e| CudaError::Plan(e.to_string()))?;
@@ -579,9 +602,22 @@ impl HopperGemm {
         self.max_smem.saturating_sub(smem_bytes(tile, stages, 0))
     }
 
-    /// Checks `args` and returns the launch geometry (no device work).
+    /// Checks `args` and returns the launch geometry (no device work), with
+    /// the tuned schedule where [`HopperGemm::launch`] would take it.
     pub fn shape(&self, args: &GemmArgs) -> Result<LaunchShape> {
-        validate(args, self.max_smem, self.sms)
+        validate(&self.resolve(args), self.max_smem, self.sms)
+    }
+
+    /// `args` with the tuned schedule of its shape when it leaves the
+    /// schedule open (no `tile_n`, no `split_k`, not `untuned`) and
+    /// [`HopperGemm::autotune`] has one.
+    fn resolve(&self, args: &GemmArgs) -> GemmArgs {
+        let h = &args.hooks;
+        let open = !h.untuned && h.tile_n.is_none() && h.split_k.is_none();
+        match open.then(|| self.tuned(args)).flatten() {
+            Some(s) => tune::with_schedule(args, s),
+            None => *args,
+        }
     }
 
     /// Enqueues the GEMM on `stream` (which may belong to any context of the
@@ -598,6 +634,9 @@ impl HopperGemm {
         if args.m == 0 || args.n == 0 {
             return Ok(());
         }
+        // A schedule left open takes the tuned one when this shape was tuned.
+        let resolved = self.resolve(args);
+        let args = &resolved;
         let shape = validate(args, self.max_smem, self.sms)?;
         let amap = tensor_map(args.a, args.k, args.m, args.lda, 64, BLOCK_M as u32)?;
         let bmap = tensor_map(args.b, args.n, args.k, args.ldb, 64, BLOCK_K as u32)?;
@@ -791,7 +830,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     // The staged variant writes whatever the TMA path cannot, except adds
     // (they would round twice: once into the staging buffer, once after the add).
     let staged_able =
-        !tma_able && h.staged_epilogue && !a.accumulate && h.dest.is_none_or(|d| !d.add);
+        !tma_able && !h.register_epilogue && !a.accumulate && h.dest.is_none_or(|d| !d.add);
     let stage_out = tma_able || staged_able;
     let staging = tile.staging_bytes() as u64;
     let fixed = |st: u32| 1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16;
@@ -1162,7 +1201,7 @@ mod tests {
     }
 
     #[test]
-    fn staged_epilogue_only_where_asked_and_exact() {
+    fn staged_epilogue_where_it_applies_unless_turned_off() {
         let max = 232448;
         let dest = DestHook {
             table: DevPtr::new(0x4000),
@@ -1172,11 +1211,13 @@ mod tests {
         };
         let mut a = args(1000, 4104, 72);
         a.hooks.dest = Some(dest);
-        // Off by default: the register epilogue, the most stages.
+        // Turned off: the register epilogue, the most stages.
+        a.hooks.register_epilogue = true;
         let s = validate(&a, max, 132).unwrap();
         assert!(!s.staged && !s.tma_store);
         assert_eq!(s.stages, 4);
-        a.hooks.staged_epilogue = true;
+        // On by default.
+        a.hooks.register_epilogue = false;
         let s = validate(&a, max, 132).unwrap();
         assert!(s.staged && !s.tma_store);
         assert_eq!(s.stages, 3);
@@ -1189,11 +1230,9 @@ mod tests {
         assert!(!validate(&a, max, 132).unwrap().staged);
         let mut acc = args(1000, 4104, 72);
         acc.accumulate = true;
-        acc.hooks.staged_epilogue = true;
         assert!(!validate(&acc, max, 132).unwrap().staged);
         // Plain aligned output keeps the TMA stores.
         let mut plain = args(1000, 4104, 72);
-        plain.hooks.staged_epilogue = true;
         let s = validate(&plain, max, 132).unwrap();
         assert!(s.tma_store && !s.staged);
         // C rows not 16-byte aligned: staged (4-byte stores where unaligned).

@@ -1,0 +1,440 @@
+//! Per-shape autotuning of ficco's own GEMM: time the schedules that
+//! `gemm-bench` sweeps ([`super::bench::schedule_variants`] plus the
+//! chooser's own, [`super::auto_schedule`]) on scratch buffers, keep the
+//! fastest in memory and on disk next to the cubin cache, so that a shape
+//! is timed once per kernel source and device. [`HopperGemm::launch`]
+//! applies the cached pick to launches that leave the schedule open.
+//!
+//! The key holds everything that changes which schedule is fastest or
+//! valid: the dimensions, leading dimensions, accumulate, SM budget,
+//! occupancy, grouping, and which hooks are on (tuning runs with
+//! the same hooks, on scratch flags already set, so the pick is one that
+//! honours them). Pointers are not in the key: the tuned schedule is valid
+//! for any operands of the shape.
+
+use super::bench::{schedule_variants, Schedule};
+use super::{cache_key, cubin_cache_dir, Bf16, DevPtr, GemmArgs, HopperGemm, TileN, SOURCE};
+use crate::controls::{median, time_ms};
+use crate::error::{check, CudaError, Result};
+use crate::mem::DeviceBuffer;
+use cudarc::driver::sys;
+use std::path::PathBuf;
+
+/// What a tuned schedule depends on (no addresses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TuneKey {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub accumulate: bool,
+    pub sm_budget: Option<u32>,
+    pub stages: u32,
+    pub extra_smem: u32,
+    pub group_m: Option<u32>,
+    /// C rows 16-byte aligned (the TMA-store epilogue can run).
+    pub c_aligned: bool,
+    pub register_epilogue: bool,
+    pub wait: bool,
+    pub signal: bool,
+    /// The destination hook, and whether it adds.
+    pub dest: Option<bool>,
+}
+
+impl TuneKey {
+    /// The key of a launch.
+    pub fn of(a: &GemmArgs) -> Self {
+        let h = &a.hooks;
+        TuneKey {
+            m: a.m,
+            n: a.n,
+            k: a.k,
+            lda: a.lda,
+            ldb: a.ldb,
+            ldc: a.ldc,
+            accumulate: a.accumulate,
+            sm_budget: h.sm_budget,
+            stages: h.occupancy.stages,
+            extra_smem: h.occupancy.extra_smem,
+            group_m: h.group_m,
+            c_aligned: a.c.addr() % 16 == 0,
+            register_epilogue: h.register_epilogue,
+            wait: h.wait.is_some(),
+            signal: h.signal.is_some(),
+            dest: h.dest.map(|d| d.add),
+        }
+    }
+}
+
+/// Where a tuned schedule came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum TuneSource {
+    /// This [`HopperGemm`] had it.
+    Memory,
+    /// Read from the disk cache.
+    Disk,
+    /// Timed now (`candidates` schedules ran).
+    Timed { candidates: usize },
+}
+
+/// A tuned schedule and its provenance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuned {
+    pub schedule: Schedule,
+    pub source: TuneSource,
+}
+
+/// Warm-up launches and timed launches per candidate and round.
+const WARMUP: usize = 2;
+const ITERS: usize = 5;
+/// Rounds over the candidates (interleaved, so clock drift hits all alike).
+const ROUNDS: usize = 2;
+/// A small bf16 (2^-7): sums over any K stay finite.
+const FILL: u16 = 0x3c00;
+
+/// The candidates for `args`: the chooser's schedule first, then the
+/// bench's variants; the launch decides which are valid.
+pub fn candidates(g: &HopperGemm, args: &GemmArgs) -> Vec<Schedule> {
+    let grid = args.hooks.sm_budget.unwrap_or(g.sms()).max(1);
+    let chosen = g
+        .shape(&GemmArgs {
+            hooks: super::Hooks {
+                tile_n: None,
+                split_k: None,
+                split_tail_only: false,
+                untuned: true,
+                ..args.hooks
+            },
+            ..*args
+        })
+        .map(|s| (s.tile_n, s.splits, false))
+        .unwrap_or((TileN::N256, 1, false));
+    let mut out = vec![chosen];
+    out.extend(schedule_variants(args.m, args.n, args.k, grid, chosen));
+    out
+}
+
+/// The disk cache file of a key: `hgemm-tune-<hash>.txt` beside the cubins.
+fn disk_path(device: &str, key: &TuneKey) -> Option<PathBuf> {
+    let h = cache_key(&[SOURCE, device, &format!("{key:?}")]);
+    cubin_cache_dir().map(|d| d.join(format!("hgemm-tune-{h}.txt")))
+}
+
+/// "tile splits tail", e.g. "256 4 1".
+fn encode((tile, splits, tail): Schedule) -> String {
+    format!("{} {splits} {}\n", tile.cols(), tail as u8)
+}
+
+fn decode(s: &str) -> Option<Schedule> {
+    let mut it = s.split_whitespace();
+    let tile = match it.next()? {
+        "256" => TileN::N256,
+        "128" => TileN::N128,
+        _ => return None,
+    };
+    let splits: u32 = it.next()?.parse().ok()?;
+    let tail = match it.next()? {
+        "0" => false,
+        "1" => true,
+        _ => return None,
+    };
+    (it.next().is_none() && splits >= 1).then_some((tile, splits, tail))
+}
+
+/// `args` with `s` as its schedule.
+pub fn with_schedule(args: &GemmArgs, (tile, splits, tail): Schedule) -> GemmArgs {
+    GemmArgs {
+        hooks: super::Hooks {
+            tile_n: Some(tile),
+            split_k: Some(splits),
+            split_tail_only: tail,
+            ..args.hooks
+        },
+        ..*args
+    }
+}
+
+/// Scratch operands and hook words for timing one key.
+struct Scratch {
+    _bufs: Vec<DeviceBuffer>,
+    args: GemmArgs,
+}
+
+fn scratch(
+    g: &HopperGemm,
+    key: &TuneKey,
+    template: &GemmArgs,
+    stream: sys::CUstream,
+) -> Result<Scratch> {
+    let ctx = g.context();
+    let elems = |rows: usize, ld: usize| rows.max(1) * ld.max(1);
+    let a = DeviceBuffer::alloc(ctx, elems(key.m, key.lda) * 2)?;
+    let b = DeviceBuffer::alloc(ctx, elems(key.k, key.ldb) * 2)?;
+    // C 16-byte aligned or not, as in the launch (the epilogue depends on it).
+    let c = DeviceBuffer::alloc(ctx, elems(key.m, key.ldc) * 2 + 16)?;
+    let c_off = if key.c_aligned { 0 } else { 4 };
+    for (buf, n) in [
+        (&a, elems(key.m, key.lda)),
+        (&b, elems(key.k, key.ldb)),
+        (&c, elems(key.m, key.ldc)),
+    ] {
+        // SAFETY: each buffer holds at least n bf16; the stream is this device's.
+        unsafe { crate::mem::memset_d16_async(buf.ptr(), FILL, n, stream)? };
+    }
+    let mut hooks = template.hooks;
+    let mut bufs = vec![];
+    // Hook words: flags already at the epoch (the wait never blocks),
+    // counters to count into, a destination table of zeros (rows stay in C).
+    let words = |rows: u32| key.m.div_ceil(rows.max(1) as usize).max(1);
+    if let Some(w) = hooks.wait.as_mut() {
+        let n = words(w.rows_per_flag);
+        let f = DeviceBuffer::alloc(ctx, n * 4)?;
+        // SAFETY: f holds n u32.
+        check("cuMemsetD32", unsafe {
+            sys::cuMemsetD32_v2(f.ptr().raw(), w.epoch, n)
+        })?;
+        w.flags = DevPtr::new(f.ptr().raw());
+        bufs.push(f);
+    }
+    if let Some(s) = hooks.signal.as_mut() {
+        let n = words(s.rows_per_counter);
+        let f = DeviceBuffer::alloc(ctx, n * 4)?;
+        // SAFETY: f holds n u32.
+        check("cuMemsetD32", unsafe {
+            sys::cuMemsetD32_v2(f.ptr().raw(), 0, n)
+        })?;
+        s.counters = DevPtr::new(f.ptr().raw());
+        bufs.push(f);
+    }
+    if let Some(d) = hooks.dest.as_mut() {
+        let n = words(d.rows_per_block);
+        let f = DeviceBuffer::alloc(ctx, n * 8)?;
+        // SAFETY: f holds 2n u32.
+        check("cuMemsetD32", unsafe {
+            sys::cuMemsetD32_v2(f.ptr().raw(), 0, 2 * n)
+        })?;
+        d.table = DevPtr::new(f.ptr().raw());
+        d.ld = key.ldc;
+        bufs.push(f);
+    }
+    let args = GemmArgs {
+        a: DevPtr::<Bf16>::new(a.ptr().raw()),
+        b: DevPtr::new(b.ptr().raw()),
+        c: DevPtr::new(c.ptr().raw() + c_off),
+        hooks,
+        ..*template
+    };
+    bufs.extend([a, b, c]);
+    Ok(Scratch { _bufs: bufs, args })
+}
+
+impl HopperGemm {
+    /// The tuned schedule of `args`' shape, timing the candidates (on
+    /// scratch buffers, with CUDA events, synchronously) unless this
+    /// instance or the disk cache already has it. Candidates that are
+    /// rejected or fail to launch are skipped; an error only when none ran.
+    /// Call only while nothing else runs on the device.
+    pub fn autotune(&self, args: &GemmArgs) -> Result<Tuned> {
+        let key = TuneKey::of(args);
+        if let Some(&s) = self.tuned_map()?.get(&key) {
+            return Ok(Tuned {
+                schedule: s,
+                source: TuneSource::Memory,
+            });
+        }
+        let device = self
+            .context()
+            .name()
+            .unwrap_or_else(|_| "unknown device".into());
+        let path = disk_path(&device, &key);
+        // Validity as the tuning launches it: the destination table's rows
+        // are C's (the executor's pitch is not known before the run).
+        let mut probe = *args;
+        if let Some(d) = probe.hooks.dest.as_mut() {
+            d.ld = args.ldc;
+        }
+        let valid = |s: Schedule| self.shape(&with_schedule(&probe, s)).is_ok();
+        if let Some(s) = path
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| decode(&t))
+            .filter(|&s| valid(s))
+        {
+            self.tuned_map()?.insert(key, s);
+            return Ok(Tuned {
+                schedule: s,
+                source: TuneSource::Disk,
+            });
+        }
+        let cands: Vec<Schedule> = candidates(self, &probe)
+            .into_iter()
+            .filter(|&s| valid(s))
+            .collect();
+        let ctx = self.context().clone();
+        ctx.bind_to_thread()
+            .map_err(crate::error::drv("cuCtxSetCurrent"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(crate::error::drv("cuStreamCreate"))?;
+        let cu = stream.cu_stream();
+        let sc = scratch(self, &key, args, cu)?;
+        // The hook words are set on the legacy stream, which the timing
+        // stream does not wait for: finish every fill before any launch.
+        ctx.synchronize()
+            .map_err(crate::error::drv("cuCtxSynchronize"))?;
+        let mut times: Vec<Vec<f32>> = vec![vec![]; cands.len()];
+        let mut failed = vec![false; cands.len()];
+        for _ in 0..ROUNDS {
+            for (i, &s) in cands.iter().enumerate() {
+                if failed[i] {
+                    continue;
+                }
+                let a = with_schedule(&sc.args, s);
+                // SAFETY: scratch operands and hook words sized for the key
+                // (the wait flags are at the epoch), alive until the stream
+                // is synchronized below; the stream is on this device.
+                match unsafe { time_ms(&ctx, cu, WARMUP, ITERS, || self.launch(cu, &a)) } {
+                    Ok(t) => times[i].extend(t),
+                    Err(_) => failed[i] = true,
+                }
+            }
+        }
+        stream
+            .synchronize()
+            .map_err(crate::error::drv("cuStreamSynchronize"))?;
+        let best = cands
+            .iter()
+            .zip(times.iter_mut())
+            .zip(&failed)
+            .filter(|(_, &f)| !f)
+            .map(|((&s, t), _)| {
+                t.sort_by(f32::total_cmp);
+                (s, median(t))
+            })
+            .filter(|(_, ms)| ms.is_finite() && *ms > 0.0)
+            .min_by(|x, y| x.1.total_cmp(&y.1));
+        let Some((s, _)) = best else {
+            return Err(CudaError::Plan(format!(
+                "ficco hgemm autotune: none of {} schedules ran for {key:?}",
+                cands.len()
+            )));
+        };
+        self.timings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tuned_map()?.insert(key, s);
+        if let Some(p) = &path {
+            // A cache that cannot be written only costs a re-tune next run.
+            let _ = super::store(p, encode(s).as_bytes());
+        }
+        Ok(Tuned {
+            schedule: s,
+            source: TuneSource::Timed {
+                candidates: cands.len(),
+            },
+        })
+    }
+
+    /// The disk cache file of `args`' shape on this device, if there is a
+    /// cache directory (whether or not the file exists).
+    pub fn tune_cache_path(&self, args: &GemmArgs) -> Option<PathBuf> {
+        let device = self
+            .context()
+            .name()
+            .unwrap_or_else(|_| "unknown device".into());
+        disk_path(&device, &TuneKey::of(args))
+    }
+
+    /// How many shapes this instance has timed (not read from memory or disk).
+    pub fn tune_timings(&self) -> u64 {
+        self.timings.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The tuned schedule of `args`' shape if [`HopperGemm::autotune`] has
+    /// it in memory.
+    pub fn tuned(&self, args: &GemmArgs) -> Option<Schedule> {
+        self.tuned_map().ok()?.get(&TuneKey::of(args)).copied()
+    }
+
+    fn tuned_map(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, std::collections::HashMap<TuneKey, Schedule>>> {
+        self.tuned
+            .lock()
+            .map_err(|_| CudaError::Plan("ficco hgemm: tuning cache poisoned".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_round_trip_through_text() {
+        for s in [
+            (TileN::N256, 1, false),
+            (TileN::N128, 4, true),
+            (TileN::N256, 8, true),
+        ] {
+            assert_eq!(decode(&encode(s)), Some(s));
+        }
+        assert_eq!(decode("64 1 0"), None);
+        assert_eq!(decode("256 0 0"), None);
+        assert_eq!(decode("256 2"), None);
+        assert_eq!(decode("256 2 0 x"), None);
+        assert_eq!(decode("256 x 0"), None);
+    }
+
+    #[test]
+    fn key_ignores_addresses_but_not_hooks_or_alignment() {
+        let a = GemmArgs::dense(
+            256,
+            512,
+            1024,
+            DevPtr::new(0x1000),
+            DevPtr::new(0x2000),
+            DevPtr::new(0x3000),
+        );
+        let moved = GemmArgs {
+            a: DevPtr::new(0x9000),
+            b: DevPtr::new(0xa000),
+            c: DevPtr::new(0xb000),
+            ..a
+        };
+        assert_eq!(TuneKey::of(&a), TuneKey::of(&moved));
+        let unaligned = GemmArgs {
+            c: DevPtr::new(0x3004),
+            ..a
+        };
+        assert_ne!(TuneKey::of(&a), TuneKey::of(&unaligned));
+        let mut hooked = a;
+        hooked.hooks.signal = Some(super::super::SignalHook {
+            counters: DevPtr::new(0x4000),
+            rows_per_counter: 128,
+        });
+        assert_ne!(TuneKey::of(&a), TuneKey::of(&hooked));
+        let mut acc = a;
+        acc.accumulate = true;
+        assert_ne!(TuneKey::of(&a), TuneKey::of(&acc));
+    }
+
+    #[test]
+    fn with_schedule_keeps_hooks() {
+        let mut a = GemmArgs::dense(
+            256,
+            512,
+            1024,
+            DevPtr::new(0x1000),
+            DevPtr::new(0x2000),
+            DevPtr::new(0x3000),
+        );
+        a.hooks.sm_budget = Some(66);
+        a.hooks.m_start_block = 1;
+        let t = with_schedule(&a, (TileN::N128, 3, true));
+        assert_eq!(t.hooks.tile_n, Some(TileN::N128));
+        assert_eq!(t.hooks.split_k, Some(3));
+        assert!(t.hooks.split_tail_only);
+        assert_eq!((t.hooks.sm_budget, t.hooks.m_start_block), (Some(66), 1));
+    }
+}
