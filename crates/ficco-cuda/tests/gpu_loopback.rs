@@ -12,7 +12,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod common;
-use common::{b2f, no_gpu, rand, rel_err};
+use common::{b2f, copy_schedules, no_gpu, rand, rel_err};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::{Op, Problem};
@@ -53,24 +53,6 @@ fn shape(op: Op, p: usize) -> (usize, usize, usize) {
         // Tokens; routed by `gpu_moe.rs`'s own shapes.
         Op::A2aGemm | Op::GemmA2a => (p * 64, 128, 128),
     }
-}
-
-/// Every copy-engine schedule, with and without controls, named once.
-fn copy_schedules(op: Op) -> Vec<Schedule> {
-    let mut out: Vec<Schedule> = vec![];
-    for controls in [false, true] {
-        let opts = SpaceOptions {
-            controls,
-            sm_count: 132,
-            nccl_sms: 16,
-        };
-        for s in enumerate(op, opts) {
-            if s.engine == Engine::Copy && !s.is_seq() && !out.contains(&s) {
-                out.push(s);
-            }
-        }
-    }
-    out
 }
 
 #[test]

@@ -18,7 +18,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod common;
-use common::{b2f, no_gpu, rand, rel_err};
+use common::{b2f, copy_schedules, no_gpu, rand, rel_err};
 use ficco_core::plan::interp::{reference, Inputs, Matrix};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{
@@ -27,7 +27,7 @@ use ficco_core::plan::{
 use ficco_core::problem::routing::{MoeSpec, Skew};
 use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::run::{skip_reason, Backend};
-use ficco_core::space::{enumerate, Engine, Priority, Schedule, SpaceOptions};
+use ficco_core::space::{Priority, Schedule};
 use ficco_cuda::{CudaError, GpuBackend, MeasureConfig};
 
 fn open_loopback(test: &str, ranks: usize) -> Option<GpuBackend> {
@@ -53,24 +53,6 @@ fn problem(op: Op, p: usize, skew: Skew) -> Problem {
         (192, 128)
     };
     Problem::moe(op, p * 64, k, n, p, MoeSpec::new(2 * p, 2, skew, 7)).expect("problem")
-}
-
-/// Every copy-engine schedule, with and without controls, named once.
-fn copy_schedules(op: Op) -> Vec<Schedule> {
-    let mut out: Vec<Schedule> = vec![];
-    for controls in [false, true] {
-        let opts = SpaceOptions {
-            controls,
-            sm_count: 132,
-            nccl_sms: 16,
-        };
-        for s in enumerate(op, opts) {
-            if s.engine == Engine::Copy && !s.is_seq() && !out.contains(&s) {
-                out.push(s);
-            }
-        }
-    }
-    out
 }
 
 #[test]

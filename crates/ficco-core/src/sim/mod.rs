@@ -308,9 +308,10 @@ pub fn simulate(plan: &Plan, hw: &HwProfile) -> Result<Timeline> {
 }
 
 /// The simulator's work of a GEMM (or grouped GEMM) of cost `c` capped at
-/// `cap` SMs: tiles, or with persistent kernels blocks of several tiles.
-fn gemm_work(hw: &HwProfile, c: &cost::GemmCost, cap: usize) -> Work {
-    let (units, unit_tiles, long_units) = if hw.gemm.persistent {
+/// `cap` SMs: tiles, or with persistent kernels (`persistent`, or the
+/// profile's cuBLASLt) blocks of several tiles.
+fn gemm_work(hw: &HwProfile, c: &cost::GemmCost, cap: usize, persistent: bool) -> Work {
+    let (units, unit_tiles, long_units) = if hw.gemm.persistent || persistent {
         if hw.gemm.full_grid && c.tiles < cap {
             // Every block runs the whole (one-wave) time.
             (cap, c.waves, 0)
@@ -387,27 +388,7 @@ impl<'a> Sim<'a> {
                         // ficco's grid is persistent too, and its split-K
                         // (chosen to fill the waves) spreads a short GEMM over
                         // every SM it may use, as the profile says of cuBLASLt.
-                        let (units, unit_tiles, long_units) = if hw.gemm.persistent || own {
-                            if hw.gemm.full_grid && c.tiles < cap {
-                                // Every block runs the whole (one-wave) time.
-                                (cap, c.waves, 0)
-                            } else {
-                                let units = c.tiles.min(cap).max(1);
-                                (units, c.tiles / units, c.tiles % units)
-                            }
-                        } else {
-                            (c.tiles, 1, 0)
-                        };
-                        Work::Gemm {
-                            undispatched: units,
-                            long_units,
-                            unit_tiles,
-                            cap,
-                            wave_ms: c.effective_wave_ms(),
-                            launch_ms: c.launch_ms,
-                            held: 0,
-                            waves: 0,
-                        }
+                        gemm_work(hw, &c, cap, own)
                     }
                     TaskKind::GroupedGemm { groups, sm_target } => {
                         let green = plan.resources.green_sms.unwrap_or(hw.sm_count);
@@ -420,7 +401,7 @@ impl<'a> Sim<'a> {
                             .map(|g| (g.a.rows, g.a.cols, g.b.cols))
                             .collect();
                         let c = cost::grouped_gemm_cost(hw, &shapes, cap);
-                        gemm_work(hw, &c, cap)
+                        gemm_work(hw, &c, cap, false)
                     }
                     TaskKind::Copy { src, dst } => {
                         if src.rank >= p || dst.rank >= p || (src.rank != rank && dst.rank != rank)

@@ -88,6 +88,26 @@ pub fn rel_err(out: &[f32], reference: &[f32]) -> f64 {
     (d / r.max(1e-30)).sqrt()
 }
 
+/// Every copy-engine schedule of `op` (the loopback design space), with and
+/// without controls, named once.
+pub fn copy_schedules(op: ficco_core::problem::workload::Op) -> Vec<ficco_core::space::Schedule> {
+    use ficco_core::space::{enumerate, Engine, SpaceOptions};
+    let mut out = vec![];
+    for controls in [false, true] {
+        let opts = SpaceOptions {
+            controls,
+            sm_count: 132,
+            nccl_sms: 16,
+        };
+        for s in enumerate(op, opts) {
+            if s.engine == Engine::Copy && !s.is_seq() && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod policy_tests {
     use super::*;
