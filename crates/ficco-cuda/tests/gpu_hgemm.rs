@@ -949,3 +949,159 @@ fn autotuned_schedule_matches_cublaslt_and_is_cached() {
         }
     }
 }
+
+/// cuBLASLt's C = A·B for a dense problem already on the device.
+fn cublaslt_reference(ctx: &Arc<CudaContext>, d: &Dev, m: usize, n: usize, k: usize) -> Vec<u16> {
+    let r = upload(ctx, &vec![NAN; m * n]);
+    let ws = DeviceBuffer::alloc(ctx, WORKSPACE_BYTES).expect("ws");
+    ctx.bind_to_thread().expect("bind");
+    let mut lt = Gemms::new().expect("cublaslt");
+    let stream = ctx.new_stream().expect("stream");
+    let key = GemmKey {
+        m,
+        n,
+        k,
+        lda: k,
+        ldb: n,
+        ldc: n,
+        sm_target: None,
+    };
+    // SAFETY: buffers sized for the shape.
+    unsafe {
+        lt.gemm(
+            key,
+            d.a.ptr(),
+            d.b.ptr(),
+            r.ptr(),
+            false,
+            ws.ptr(),
+            stream.cu_stream(),
+        )
+    }
+    .expect("cublaslt gemm");
+    stream.synchronize().expect("sync");
+    download(&r, m * n)
+}
+
+/// [`TileN::M64N256`]: 64-row tiles whose two warpgroups split the columns.
+/// Each warpgroup runs the narrow tile's wgmma (m64n128k16) over the same
+/// k-blocks, so the output equals the narrow tile's bit for bit (unsplit and
+/// split, every epilogue: TMA store, staged, register with accumulate), and
+/// matches cuBLASLt; hooks that count 128-row blocks are refused.
+#[test]
+fn m64_tile_matches_narrow_tile_and_cublaslt() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let f = |v: &[u16]| v.iter().map(|&x| b2f(x)).collect::<Vec<_>>();
+    for (i, &(m, n, k)) in [
+        (64usize, 4096usize, 3584usize),
+        (192, 1032, 520),
+        (64, 200, 72),
+        (33, 264, 136),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = Problem::new(m, n, k, (0, 0, 0), 300 + i as u64);
+        let d = device(ctx, &p);
+        let launch = |tile: TileN, splits: u32| -> Vec<u16> {
+            d.c.upload(&to_bytes(&vec![NAN; m * n])).expect("poison");
+            let args = GemmArgs {
+                hooks: Hooks {
+                    tile_n: Some(tile),
+                    split_k: Some(splits),
+                    ..Hooks::default()
+                },
+                ..d.args
+            };
+            let s = g.shape(&args).expect("shape");
+            assert_eq!(s.tiles_m as usize, m.div_ceil(tile.rows()));
+            run(ctx, g, &args);
+            download(&d.c, m * n)
+        };
+        let theirs = cublaslt_reference(ctx, &d, m, n, k);
+        for splits in [1u32, 3.min(k.div_ceil(64) as u32)] {
+            let narrow = launch(TileN::N128, splits);
+            let ours = launch(TileN::M64N256, splits);
+            let diff = narrow.iter().zip(&ours).filter(|(a, b)| a != b).count();
+            let err = rel_err(&f(&ours), &f(&theirs));
+            eprintln!(
+                "hgemm M64N256 {m}x{n}x{k} split {splits}: {diff} elements differ from N128, rel err vs cuBLASLt {err:.2e}"
+            );
+            assert_eq!(diff, 0, "{m}x{n}x{k} split {splits}");
+            assert!(err < 1e-2, "{m}x{n}x{k}: rel err {err}");
+        }
+    }
+    // Padded C (staged epilogue) and accumulate (register epilogue).
+    let (m, n, k) = (192usize, 520usize, 264usize);
+    // ldc = 522: C rows not 16-byte aligned, so no TMA store.
+    let p = Problem::new(m, n, k, (8, 8, 2), 77);
+    let d = device(ctx, &p);
+    let c0 = rand(m * p.ldc, 78);
+    for accumulate in [false, true] {
+        let launch = |tile: TileN| -> Vec<u16> {
+            d.c.upload(&to_bytes(&c0)).expect("c0");
+            let args = GemmArgs {
+                accumulate,
+                hooks: Hooks {
+                    tile_n: Some(tile),
+                    split_k: Some(1),
+                    ..Hooks::default()
+                },
+                ..d.args
+            };
+            let s = g.shape(&args).expect("shape");
+            assert!(!s.tma_store);
+            run(ctx, g, &args);
+            download(&d.c, m * p.ldc)
+        };
+        let narrow = launch(TileN::N128);
+        let ours = launch(TileN::M64N256);
+        let diff = narrow.iter().zip(&ours).filter(|(a, b)| a != b).count();
+        eprintln!("hgemm M64N256 {m}x{n}x{k} ldc {} accumulate {accumulate}: {diff} elements differ from N128", p.ldc);
+        assert_eq!(diff, 0, "accumulate {accumulate}");
+    }
+    let reference = p.reference();
+    let ours = {
+        d.c.upload(&to_bytes(&c0)).expect("c0");
+        run(
+            ctx,
+            g,
+            &GemmArgs {
+                hooks: Hooks {
+                    tile_n: Some(TileN::M64N256),
+                    split_k: Some(1),
+                    ..Hooks::default()
+                },
+                ..d.args
+            },
+        );
+        download(&d.c, m * p.ldc)
+    };
+    assert!(padding_untouched_by(&ours, &c0, m, n, p.ldc));
+    let err = rel_err(&view(&ours, m, n, p.ldc), &reference);
+    assert!(err < 1e-2, "padded rel err {err}");
+    // Hooks counted in 128-row blocks: a typed error, nothing launched.
+    let flags = upload_u32(ctx, &[1u32; 4]);
+    let hooked = GemmArgs {
+        hooks: Hooks {
+            tile_n: Some(TileN::M64N256),
+            wait: Some(WaitHook {
+                flags: DevPtr::new(flags.ptr().raw()),
+                rows_per_flag: 64,
+                epoch: 1,
+            }),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    let stream = ctx.new_stream().expect("stream");
+    // SAFETY: rejected before any launch; the buffers are alive anyway.
+    let r = unsafe { g.launch(stream.cu_stream(), &hooked) };
+    assert!(r.is_err(), "wait hook with 64-row tiles must be refused");
+}
+
+/// Padding columns of C still hold what was there before the launch.
+fn padding_untouched_by(c: &[u16], before: &[u16], m: usize, n: usize, ld: usize) -> bool {
+    (0..m).all(|i| c[i * ld + n..(i + 1) * ld] == before[i * ld + n..(i + 1) * ld])
+}

@@ -163,7 +163,7 @@ pub type Schedule = (TileN, u32, bool);
 /// The label of a schedule in the table: "tile/splits", "t" appended when
 /// only the tail wave is split.
 pub fn schedule_label((tile, splits, tail): Schedule) -> String {
-    format!("{}/{splits}{}", tile.cols(), if tail { "t" } else { "" })
+    format!("{}/{splits}{}", tile.label(), if tail { "t" } else { "" })
 }
 
 /// The schedules [`Bench::shape`] also times: both tile widths, unsplit
@@ -171,7 +171,9 @@ pub fn schedule_label((tile, splits, tail): Schedule) -> String {
 /// splits beyond the k-blocks or the split-K workspace, and splits whose
 /// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the
 /// machine); and where the tiles leave a partial last wave, that wave's
-/// tiles split 2 to 8 ways (at most 2 waves of split units).
+/// tiles split 2 to 8 ways (at most 2 waves of split units). The 64-row
+/// tile ([`TileN::M64N256`]) is a candidate too where M ≤ 1024 leaves the
+/// last 128-row block at most half full (M = 64, 192, ...).
 pub fn schedule_variants(
     m: usize,
     n: usize,
@@ -182,8 +184,14 @@ pub fn schedule_variants(
     let k_blocks = k.div_ceil(super::BLOCK_K) as u64;
     let grid = grid.max(1) as u64;
     let mut out = vec![];
-    for tile in [TileN::N256, TileN::N128] {
-        let tiles = (m.div_ceil(BLOCK_M) * n.div_ceil(tile.cols())) as u64;
+    let rem = m % BLOCK_M;
+    let short_m = m <= 1024 && rem > 0 && rem <= 64;
+    let tiles_of = [TileN::N256, TileN::N128, TileN::M64N256];
+    for tile in tiles_of
+        .into_iter()
+        .filter(|&t| t != TileN::M64N256 || short_m)
+    {
+        let tiles = (m.div_ceil(tile.rows()) * n.div_ceil(tile.cols())) as u64;
         let tail = if tiles >= grid { tiles % grid } else { 0 };
         for s in [1u32, 2, 3, 4, 6, 8] {
             if s as u64 > k_blocks {
@@ -958,7 +966,7 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
         best_chunk_time_ratio: if ct > 0.0 { cb / ct } else { 0.0 },
         best_differs: rows
             .iter()
-            .filter(|r| r.best != format!("{}/{}", r.tile_n.cols(), r.splits))
+            .filter(|r| r.best != format!("{}/{}", r.tile_n.label(), r.splits))
             .count(),
         auto_geomean_ratio_tuned: geo(&|r| r.auto_ratio_tuned),
         auto_worst_ratio_tuned: auto_worst.map_or(0.0, |r| r.auto_ratio_tuned),
@@ -966,7 +974,7 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
         auto_chunk_time_ratio: if ct > 0.0 { ca / ct } else { 0.0 },
         auto_differs: rows
             .iter()
-            .filter(|r| r.auto != format!("{}/{}", r.tile_n.cols(), r.splits))
+            .filter(|r| r.auto != format!("{}/{}", r.tile_n.label(), r.splits))
             .count(),
     }
 }
@@ -1024,7 +1032,7 @@ pub fn table_row(r: &ShapeRow) -> String {
         r.n,
         r.k,
         r.kind,
-        format!("{}/{}", r.tile_n.cols(), r.splits),
+        format!("{}/{}", r.tile_n.label(), r.splits),
         r.ficco_ms,
         r.ficco_tflops,
         r.tuned_ms,
@@ -1280,6 +1288,15 @@ mod tests {
         assert!(v.iter().all(|&(_, s, _)| s <= 2), "{v:?}");
         assert!(v.contains(&(TileN::N256, 2, false)) && v.contains(&(TileN::N128, 1, false)));
         assert_eq!(schedule_label((TileN::N128, 4, true)), "128/4t");
+        assert_eq!(schedule_label((TileN::M64N256, 2, false)), "64x256/2");
+        // 64-row tiles where the last 128-row block is at most half full.
+        let m64 = |m| {
+            schedule_variants(m, 4096, 3584, 132, (TileN::N256, 1, false))
+                .iter()
+                .any(|&(t, _, _)| t == TileN::M64N256)
+        };
+        assert!(m64(64) && m64(192) && m64(960));
+        assert!(!m64(128) && !m64(256) && !m64(100) && !m64(2112));
     }
 
     #[test]

@@ -297,12 +297,18 @@ static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u
   kb1 = (sp + 1) * nk / ns;
 }
 
-template <int BN>
+// M64: 64-row tiles (for small M); the two consumer warpgroups split the
+// tile's BN columns instead of its rows (each 64 x BN/2). Hooks that assume
+// 128-row blocks are off in this mode (checked by the host).
+template <int BN, bool M64>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
                                                   const TMap& cmap, const Params& p) {
+  constexpr u32 TBM = M64 ? 64u : (u32)BM;  // rows per tile
+  constexpr int WN = M64 ? BN / 2 : BN;       // columns per consumer warpgroup
+  constexpr u32 STAGE_AT = TBM * BK * 2;
   constexpr u32 STAGE_B = BK * BN * 2;
-  constexpr u32 STAGE_BYTES = STAGE_A + STAGE_B;
-  constexpr int NACC = BN / 2;           // accumulators per thread
+  constexpr u32 STAGE_BYTES = STAGE_AT + STAGE_B;
+  constexpr int NACC = WN / 2;           // accumulators per thread
   constexpr u64 SLOT = 64ull * BN * 4;   // split-K partial of one half tile
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   // Epilogue staging (TMA-store path): 64 rows x BN per consumer warpgroup.
@@ -335,10 +341,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         unit_of(p, u, nk, t, sp, ns, kb0, kb1);
         u32 mb, nb;
         tile_coords(p, t, mb, nb);
-        const u32 m0 = mb * BM, n0 = nb * BN;
+        const u32 m0 = mb * TBM, n0 = nb * BN;
         if (p.wait_flags != 0) {
           // Hook 4: wait until every flag covering this tile's A rows reached the epoch.
-          u32 last = m0 + BM < p.m ? m0 + BM : p.m;
+          u32 last = m0 + TBM < p.m ? m0 + TBM : p.m;
           for (u32 f = m0 / p.wait_rows; f <= (last - 1) / p.wait_rows; ++f) {
             while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
               __nanosleep(128);
@@ -356,7 +362,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           tma_load_2d(sa, &amap, fb, (int)(kb * BK), (int)m0);
 #pragma unroll
           for (u32 j = 0; j < BN / 64; ++j) {
-            tma_load_2d(sa + STAGE_A + j * (64 * BK * 2), &bmap, fb, (int)(n0 + 64 * j),
+            tma_load_2d(sa + STAGE_AT + j * (64 * BK * 2), &bmap, fb, (int)(n0 + 64 * j),
                         (int)(kb * BK));
           }
           if (++stage == p.stages) {
@@ -380,15 +386,19 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       unit_of(p, u, nk, t, sp, ns, kb0, kb1);
       u32 mb, nb;
       tile_coords(p, t, mb, nb);
-      const u32 m0 = mb * BM, n0 = nb * BN;
+      const u32 m0 = mb * TBM, n0 = nb * BN;
+      // This warpgroup's first output row and column.
+      const u32 rbase = M64 ? m0 : m0 + cw * 64;
+      const u32 cbase0 = M64 ? n0 + cw * (u32)WN : n0;
 #pragma unroll
       for (int i = 0; i < NACC; ++i) d[i] = 0.0f;
       fence_acc<NACC>(d);
       u32 prev = 0;
       for (u32 kb = kb0; kb < kb1; ++kb) {
         mbar_wait(full + 8 * stage, phase);
-        const u32 sa = base + stage * STAGE_BYTES + cw * (64 * BK * 2);
-        const u32 sb = base + stage * STAGE_BYTES + STAGE_A;
+        const u32 sa = base + stage * STAGE_BYTES + (M64 ? 0u : cw * (64 * BK * 2));
+        const u32 sb =
+            base + stage * STAGE_BYTES + STAGE_AT + (M64 ? cw * (u32)(WN / 64) * (64 * BK * 2) : 0u);
         wgmma_fence();
 #pragma unroll
         for (u32 ks = 0; ks < BK / 16; ++ks) {
@@ -397,7 +407,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           //    k16 step = 16 rows of 128 B.
           const u64 da = desc(sa + ks * 32, 16, 1024);
           const u64 db = desc(sb + ks * 2048, 64 * BK * 2, 1024);
-          if constexpr (BN == 256) {
+          if constexpr (WN == 256) {
             wgmma_256(d, da, db);
           } else {
             wgmma_128(d, da, db);
@@ -429,7 +439,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // Split-K: publish this split's partial, count it; the last split of
         // this (tile, half) sums all partials in split order (deterministic)
         // and runs the epilogue.
-        if (m0 + cw * 64 >= p.m) continue;  // no rows in this half
+        if (rbase >= p.m) continue;  // no rows in this half
         const u64 slot = (u64)(t - p.dp_tiles) * 2 + cw;  // split tiles only
         const u64 wsb = p.ws + slot * ns * SLOT;
         const u64 mine = wsb + (u64)sp * SLOT + 16ull * lt;
@@ -480,7 +490,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // conflicts), then one thread stores them with TMA (rows >= M and
         // columns >= N are clipped by the tensor map) and moves on; the
         // stores drain while the next tile's main loop runs.
-        const u32 wst = stg + cw * (64u * BN * 2u);
+        const u32 wst = stg + cw * (64u * WN * 2u);
         if (lt == 0 && p.tma_store == 1)
           asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         named_sync(1 + cw, 128);
@@ -488,7 +498,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         for (int h = 0; h < 2; ++h) {
           const u32 rr = warp * 16 + lane / 4 + 8 * h;  // row in the half tile
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
+          for (int j = 0; j < WN / 8; ++j) {
             const u32 addr = wst + (u32)(j / 8) * 8192u + rr * 128u +
                              ((((u32)j & 7u) ^ (rr & 7u)) << 4) + 4u * (lane & 3);
             asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
@@ -501,8 +511,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           named_sync(1 + cw, 128);
           if (lt == 0) {
 #pragma unroll
-            for (int b = 0; b < BN / 64; ++b) {
-              tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(n0 + 64 * b), (int)(m0 + cw * 64));
+            for (int b = 0; b < WN / 64; ++b) {
+              tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(cbase0 + 64 * b), (int)rbase);
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
@@ -510,12 +520,12 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           // The next tile's staging writes wait at the barrier above until
           // every thread of this warpgroup has read this tile back.
           named_sync(1 + cw, 128);
-          staged_store<BN>(p, wst, m0 + cw * 64, n0, lt);
+          staged_store<WN>(p, wst, rbase, cbase0, lt);
         }
       } else {
       // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
-      const u32 r0 = m0 + cw * 64 + warp * 16 + lane / 4;
-      const u32 cbase = n0 + 2 * (lane & 3);
+      const u32 r0 = rbase + warp * 16 + lane / 4;
+      const u32 cbase = cbase0 + 2 * (lane & 3);
       u64 rowp[2];
       u32 radd[2];
       bool rok[2];
@@ -536,7 +546,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
+      for (int j = 0; j < WN / 8; ++j) {
         const u32 col = cbase + 8 * j;
         if (col < p.n) {
 #pragma unroll
@@ -565,7 +575,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // flight (or the loop ends), when the stores have drained and the
         // fence costs little.
         named_sync(1 + cw, 128);
-        const u32 rlo = m0 + cw * 64;
+        const u32 rlo = rbase;
         if (rlo < p.m) pend = rlo;
       }
     }
@@ -579,12 +589,20 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     ficco_hgemm_n256(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
                      const __grid_constant__ TMap cmap,
                      const __grid_constant__ Params p) {
-  hgemm_body<256>(amap, bmap, cmap, p);
+  hgemm_body<256, false>(amap, bmap, cmap, p);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     ficco_hgemm_n128(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
                      const __grid_constant__ TMap cmap,
                      const __grid_constant__ Params p) {
-  hgemm_body<128>(amap, bmap, cmap, p);
+  hgemm_body<128, false>(amap, bmap, cmap, p);
+}
+
+// 64 x 256 tiles: each consumer warpgroup computes 64 x 128 (wgmma m64n128k16).
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n256_m64(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                         const __grid_constant__ TMap cmap,
+                         const __grid_constant__ Params p) {
+  hgemm_body<256, true>(amap, bmap, cmap, p);
 }

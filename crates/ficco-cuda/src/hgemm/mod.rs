@@ -144,6 +144,7 @@ pub const SOURCE: &str = include_str!("hgemm.cu");
 const KERNEL_NAME: &str = "ficco_hgemm";
 const ENTRY_N256: &str = "ficco_hgemm_n256";
 const ENTRY_N128: &str = "ficco_hgemm_n128";
+const ENTRY_M64N256: &str = "ficco_hgemm_n256_m64";
 /// NVRTC options (the architecture is added: `sm_90a`).
 const OPTIONS: [&str; 1] = ["-std=c++17"];
 const ARCH: &str = "--gpu-architecture=sm_90a";
@@ -219,24 +220,45 @@ pub enum TileN {
     /// 128 × 128 tiles, wgmma m64n128k16: twice the tiles, for shapes that
     /// would otherwise fill the grid badly.
     N128,
+    /// 64 × 256 tiles for small M (M = 64 wastes half of a 128-row tile):
+    /// the two consumer warpgroups split the columns (64 × 128 each, wgmma
+    /// m64n128k16). Never picked by [`auto_schedule`] (the tuner and
+    /// `gemm-bench` time it); only without the hooks that count 128-row
+    /// blocks (wait, signal, destination, `m_start_block`).
+    M64N256,
 }
 
 impl TileN {
     /// Output columns per tile.
     pub const fn cols(self) -> usize {
         match self {
-            TileN::N256 => 256,
+            TileN::N256 | TileN::M64N256 => 256,
             TileN::N128 => 128,
+        }
+    }
+    /// Output rows per tile (one M-block).
+    pub const fn rows(self) -> usize {
+        match self {
+            TileN::N256 | TileN::N128 => BLOCK_M,
+            TileN::M64N256 => 64,
+        }
+    }
+    /// The tile's name in tables and the tune cache: "256", "128", "64x256".
+    pub const fn label(self) -> &'static str {
+        match self {
+            TileN::N256 => "256",
+            TileN::N128 => "128",
+            TileN::M64N256 => "64x256",
         }
     }
     /// Shared memory of one pipeline stage.
     pub const fn stage_bytes(self) -> u32 {
-        ((BLOCK_M * BLOCK_K + BLOCK_K * self.cols()) * 2) as u32
+        ((self.rows() * BLOCK_K + BLOCK_K * self.cols()) * 2) as u32
     }
     /// Most stages (the default).
     pub const fn max_stages(self) -> u32 {
         match self {
-            TileN::N256 => MAX_STAGES,
+            TileN::N256 | TileN::M64N256 => MAX_STAGES,
             TileN::N128 => 6,
         }
     }
@@ -465,7 +487,7 @@ pub struct LaunchShape {
 #[derive(Debug)]
 pub struct HopperGemm {
     lib: sys::CUlibrary,
-    kernels: [sys::CUkernel; 2],
+    kernels: [sys::CUkernel; 3],
     ctx: Arc<CudaContext>,
     sms: u32,
     max_smem: u32,
@@ -536,7 +558,7 @@ impl HopperGemm {
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
-            kernels: [std::ptr::null_mut(); 2],
+            kernels: [std::ptr::null_mut(); 3],
             ctx: ctx.clone(),
             sms,
             max_smem,
@@ -546,7 +568,10 @@ impl HopperGemm {
             tuned: Default::default(),
             timings: Default::default(),
         };
-        for (i, entry) in [ENTRY_N256, ENTRY_N128].into_iter().enumerate() {
+        for (i, entry) in [ENTRY_N256, ENTRY_N128, ENTRY_M64N256]
+            .into_iter()
+            .enumerate()
+        {
             let name = CString::new(entry).map_err(|e| CudaError::Plan(e.to_string()))?;
             // SAFETY: the library is loaded; valid out-pointers, C string and sizes.
             unsafe {
@@ -614,7 +639,9 @@ impl HopperGemm {
     fn resolve(&self, args: &GemmArgs) -> GemmArgs {
         let h = &args.hooks;
         let open = !h.untuned && h.tile_n.is_none() && h.split_k.is_none();
-        match open.then(|| self.tuned(args)).flatten() {
+        // A tuned 64-row tile cannot take a start block (not in the tune key).
+        let fits = |s: &bench::Schedule| s.0 != TileN::M64N256 || h.m_start_block == 0;
+        match open.then(|| self.tuned(args)).flatten().filter(fits) {
             Some(s) => tune::with_schedule(args, s),
             None => *args,
         }
@@ -638,11 +665,19 @@ impl HopperGemm {
         let resolved = self.resolve(args);
         let args = &resolved;
         let shape = validate(args, self.max_smem, self.sms)?;
-        let amap = tensor_map(args.a, args.k, args.m, args.lda, 64, BLOCK_M as u32)?;
+        let amap = tensor_map(
+            args.a,
+            args.k,
+            args.m,
+            args.lda,
+            64,
+            shape.tile_n.rows() as u32,
+        )?;
         let bmap = tensor_map(args.b, args.n, args.k, args.ldb, 64, BLOCK_K as u32)?;
         let kernel = match shape.tile_n {
             TileN::N256 => self.kernels[0],
             TileN::N128 => self.kernels[1],
+            TileN::M64N256 => self.kernels[2],
         };
         let h = &args.hooks;
         let mut p = KernelParams {
@@ -748,7 +783,9 @@ pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
 pub fn estimate_us(tile: TileN, tiles: u64, k_blocks: u64, splits: u64, grid: u64) -> f64 {
     let (kb_us, scale) = match tile {
         TileN::N256 => (0.8, 1.0),
-        TileN::N128 => (0.45, 0.5),
+        // Same B traffic as the wide tile, half the tensor-core work (a guess
+        // until measured: the tuner times it).
+        TileN::N128 | TileN::M64N256 => (0.45, 0.5),
     };
     let waves = (tiles * splits).div_ceil(grid.max(1)) as f64;
     let mut t = waves * (k_blocks.div_ceil(splits) as f64 * kb_us + 3.0);
@@ -892,7 +929,14 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             ));
         }
     }
-    let tiles_m = a.m.div_ceil(BLOCK_M) as u32;
+    if tile == TileN::M64N256
+        && (h.wait.is_some() || h.signal.is_some() || h.dest.is_some() || h.m_start_block != 0)
+    {
+        return Err(bad(
+            "64-row tiles (M64N256) do not take the wait, signal or destination hooks or m_start_block (they count 128-row blocks)".into(),
+        ));
+    }
+    let tiles_m = a.m.div_ceil(tile.rows()) as u32;
     let tiles_n = a.n.div_ceil(tile.cols()) as u32;
     let tiles = tiles_m as u64 * tiles_n as u64;
     if tiles > u32::MAX as u64 {
@@ -1317,6 +1361,56 @@ mod tests {
         assert_eq!(auto_schedule(2048, 3072, 4096, 132), (TileN::N128, 1));
         // short K: never split.
         assert_eq!(auto_schedule(1000, 4104, 72, 132).1, 1);
+    }
+
+    #[test]
+    fn m64_tile_halves_the_rows_and_refuses_block_hooks() {
+        let max = 232448;
+        let mut a = args(64, 4096, 3584);
+        a.hooks.tile_n = Some(TileN::M64N256);
+        a.hooks.split_k = Some(1);
+        let s = validate(&a, max, 132).unwrap();
+        assert_eq!((s.tiles_m, s.tiles_n, s.tile_n), (1, 16, TileN::M64N256));
+        // 40 KiB stages: four fit beside the 64 KiB staging buffer.
+        assert_eq!((s.stages, s.tma_store), (4, true));
+        assert_eq!(TileN::M64N256.stage_bytes(), 40 * 1024);
+        let mut b = a;
+        b.m = 192;
+        assert_eq!(validate(&b, max, 132).unwrap().tiles_m, 3);
+        let hooked = |f: &dyn Fn(&mut Hooks)| {
+            let mut x = a;
+            f(&mut x.hooks);
+            validate(&x, max, 132)
+        };
+        assert!(hooked(&|h| h.m_start_block = 1).is_err());
+        assert!(hooked(&|h| {
+            h.wait = Some(WaitHook {
+                flags: DevPtr::new(0x1000),
+                rows_per_flag: 64,
+                epoch: 1,
+            })
+        })
+        .is_err());
+        assert!(hooked(&|h| {
+            h.signal = Some(SignalHook {
+                counters: DevPtr::new(0x1000),
+                rows_per_counter: 64,
+            })
+        })
+        .is_err());
+        assert!(hooked(&|h| {
+            h.dest = Some(DestHook {
+                table: DevPtr::new(0x1000),
+                ld: 4096,
+                rows_per_block: 64,
+                add: false,
+            })
+        })
+        .is_err());
+        // The default schedule never picks it.
+        a.hooks.tile_n = None;
+        a.hooks.split_k = None;
+        assert_ne!(validate(&a, max, 132).unwrap().tile_n, TileN::M64N256);
     }
 
     #[test]

@@ -124,7 +124,7 @@ fn disk_path(device: &str, key: &TuneKey) -> Option<PathBuf> {
 
 /// "tile splits tail", e.g. "256 4 1".
 fn encode((tile, splits, tail): Schedule) -> String {
-    format!("{} {splits} {}\n", tile.cols(), tail as u8)
+    format!("{} {splits} {}\n", tile.label(), tail as u8)
 }
 
 fn decode(s: &str) -> Option<Schedule> {
@@ -132,6 +132,7 @@ fn decode(s: &str) -> Option<Schedule> {
     let tile = match it.next()? {
         "256" => TileN::N256,
         "128" => TileN::N128,
+        "64x256" => TileN::M64N256,
         _ => return None,
     };
     let splits: u32 = it.next()?.parse().ok()?;
@@ -375,6 +376,7 @@ mod tests {
         for s in [
             (TileN::N256, 1, false),
             (TileN::N128, 4, true),
+            (TileN::M64N256, 2, false),
             (TileN::N256, 8, true),
         ] {
             assert_eq!(decode(&encode(s)), Some(s));
