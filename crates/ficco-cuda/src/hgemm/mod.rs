@@ -12,6 +12,13 @@
 //!   [`Hooks::sm_budget`]) walks the tiles with its own scheduler: groups of
 //!   [`GROUP_M`] M-blocks column by column (B stays in L2), the M order
 //!   rotated to start at [`Hooks::m_start_block`].
+//! - For small M, 64 × 256 tiles ([`TileN::M64N256`], entry
+//!   `ficco_hgemm_n256_m64`): 64-row A stages (40 KiB a stage, so 4 stages
+//!   fit beside the staging buffer) and the two consumer warpgroups split the
+//!   columns (64 × 128 each) instead of the rows; the same template with the
+//!   mode off compiles the other entries unchanged. Chosen only per launch or
+//!   by the tuner, never by [`auto_schedule`]; refused with the hooks that
+//!   count 128-row blocks.
 //! - Warpgroup 0 is the producer (`setmaxnreg.dec` to 40 registers): one
 //!   thread issues TMA loads (`cp.async.bulk.tensor.2d`, 128-byte swizzle)
 //!   into a ring of 2 to [`MAX_STAGES`] stages guarded by mbarriers (parity waits).
@@ -1425,6 +1432,9 @@ mod tests {
     fn source_declares_what_rust_launches() {
         assert!(SOURCE.contains("ficco_hgemm"));
         assert!(SOURCE.contains("struct Params"));
+        for entry in [ENTRY_N256, ENTRY_N128, ENTRY_M64N256] {
+            assert!(SOURCE.contains(&format!("{entry}(")), "{entry}");
+        }
         assert!(SOURCE.contains("tnsp") || SOURCE.contains("0, 1;"));
     }
 
