@@ -22,7 +22,9 @@
 //! Controls (`-own`, `-smN`, `-gcN`, `-occS`, `-ctaN`, `-hi`) become GEMM task
 //! fields, stream priorities and the plan's [`Resources`].
 
-use super::parts::{buffer, collective_op, push_task, resources_of, stream};
+use super::parts::{
+    buffer, collective_op, compute_and_comm_streams, push_task, resources_of, stream,
+};
 use crate::plan::{
     BufferRole, Plan, RankPlan, RankView, Resources, StreamRole, StreamSpec, TaskId, TaskKind, View,
 };
@@ -50,15 +52,7 @@ pub(crate) fn lower(p: &Problem, s: &Schedule) -> Plan {
     } else {
         s.comm_priority
     };
-    let mut streams = vec![stream("compute0", StreamRole::Compute, Priority::Normal)];
-    for i in 0..comm_streams {
-        let name = if comm_streams == 1 {
-            "comm".to_string()
-        } else {
-            format!("comm{i}")
-        };
-        streams.push(stream(&name, StreamRole::Comm, prio));
-    }
+    let mut streams = compute_and_comm_streams(1, comm_streams, prio);
     if reduces {
         // The reduce is part of the collective: it runs beside the GEMMs
         // (communication side of a green split) and first when SMs free up.

@@ -2,10 +2,9 @@
 //! gemm-ar): one step-by-step builder for every granularity, engine and
 //! order (see the parent module's doc for the data flow of each operator).
 
-use super::parts::{buffer, push_task, resources_of, stream};
+use super::parts::{buffer, compute_and_comm_streams, push_task, resources_of, stream};
 use crate::plan::{
-    BufId, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, TaskId, TaskKind,
-    View,
+    BufId, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, TaskId, TaskKind, View,
 };
 use crate::problem::workload::{Op, Problem};
 use crate::space::{Engine, Granularity, Order, Priority, Schedule};
@@ -71,28 +70,12 @@ impl Builder {
         // A fused reduce on two GPUs receives straight into the output.
         let fused_direct = pairwise && s.fused_reduce && p.gpus == 2;
         let needs_reduce = pairwise && !fused_direct;
-        let mut streams: Vec<StreamSpec> = (0..compute_streams)
-            .map(|i| {
-                stream(
-                    &format!("compute{i}"),
-                    StreamRole::Compute,
-                    Priority::Normal,
-                )
-            })
-            .collect();
         let comm_priority = if s.is_seq() {
             Priority::Normal
         } else {
             s.comm_priority
         };
-        for i in 0..comm_streams {
-            let name = if comm_streams == 1 {
-                "comm".to_string()
-            } else {
-                format!("comm{i}")
-            };
-            streams.push(stream(&name, StreamRole::Comm, comm_priority));
-        }
+        let mut streams = compute_and_comm_streams(compute_streams, comm_streams, comm_priority);
         let reduce_stream = needs_reduce.then(|| {
             // Reduces gate the transfers after them (gemm-ar's broadcast) and
             // the plan's tail; at normal priority they starve behind the next

@@ -35,11 +35,11 @@
 //!   (`all`), on every rank even where its lists are empty, so that every
 //!   rank makes the same calls.
 
-use super::parts::{buffer, push_task, resources_of, stream};
+use super::parts::{buffer, compute_and_comm_streams, push_task, resources_of, stream};
 use crate::error::Result;
 use crate::plan::{
-    BufId, BufferRole, GemmGroup, NcclOp, Plan, RankPlan, RankView, Resources, StreamRole,
-    StreamSpec, TaskId, TaskKind, View,
+    BufId, BufferRole, GemmGroup, NcclOp, Plan, RankPlan, RankView, Resources, StreamRole, TaskId,
+    TaskKind, View,
 };
 use crate::problem::routing::Routing;
 use crate::problem::workload::{Op, Problem};
@@ -254,28 +254,12 @@ impl Builder {
         } else {
             1
         };
-        let mut streams: Vec<StreamSpec> = (0..compute_streams)
-            .map(|i| {
-                stream(
-                    &format!("compute{i}"),
-                    StreamRole::Compute,
-                    Priority::Normal,
-                )
-            })
-            .collect();
         let prio = if s.is_seq() {
             Priority::Normal
         } else {
             s.comm_priority
         };
-        for i in 0..comm_streams {
-            let name = if comm_streams == 1 {
-                "comm".to_string()
-            } else {
-                format!("comm{i}")
-            };
-            streams.push(stream(&name, StreamRole::Comm, prio));
-        }
+        let streams = compute_and_comm_streams(compute_streams, comm_streams, prio);
         let (k, n, l) = (p.k, p.n, rt.local_experts());
         let ranks = (0..p.gpus)
             .map(|q| {

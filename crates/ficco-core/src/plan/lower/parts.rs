@@ -77,3 +77,31 @@ pub(crate) fn stream(name: &str, role: StreamRole, priority: Priority) -> Stream
         priority,
     }
 }
+
+/// `compute` compute streams (`compute0`, ...) at normal priority, then
+/// `comm` communication streams (`comm`, or `comm0`, ... when several) at
+/// `comm_priority`: the stream list of every lowering.
+pub(crate) fn compute_and_comm_streams(
+    compute: usize,
+    comm: usize,
+    comm_priority: Priority,
+) -> Vec<StreamSpec> {
+    let mut out: Vec<StreamSpec> = (0..compute)
+        .map(|i| {
+            stream(
+                &format!("compute{i}"),
+                StreamRole::Compute,
+                Priority::Normal,
+            )
+        })
+        .collect();
+    for i in 0..comm {
+        let name = if comm == 1 {
+            "comm".to_string()
+        } else {
+            format!("comm{i}")
+        };
+        out.push(stream(&name, StreamRole::Comm, comm_priority));
+    }
+    out
+}

@@ -30,9 +30,9 @@
 //! kernel of the peers' partials, and the persistent GEMM's waiting CTAs
 //! hold every SM that kernel needs.
 
-use super::parts::{buffer, push_task, resources_of, stream};
+use super::parts::{buffer, compute_and_comm_streams, push_task, resources_of, stream};
 use crate::plan::{
-    BufferRole, Plan, RankPlan, RankView, StreamRole, StreamSpec, TaskId, TaskKind, TileGemm, View,
+    BufferRole, Plan, RankPlan, RankView, StreamRole, TaskId, TaskKind, TileGemm, View,
 };
 use crate::problem::workload::{Op, Problem};
 use crate::space::{Order, Priority, Schedule};
@@ -96,16 +96,7 @@ impl Tiler {
         let (m, k, n, r) = (p.m, p.k, p.n, p.shard_rows());
         let c = tile_chunks(p);
         let comm_streams = if s.order == Order::All { p.gpus - 1 } else { 1 };
-        let mut streams: Vec<StreamSpec> =
-            vec![stream("compute0", StreamRole::Compute, Priority::Normal)];
-        for i in 0..comm_streams {
-            let name = if comm_streams == 1 {
-                "comm".to_string()
-            } else {
-                format!("comm{i}")
-            };
-            streams.push(stream(&name, StreamRole::Comm, s.comm_priority));
-        }
+        let mut streams = compute_and_comm_streams(1, comm_streams, s.comm_priority);
         let acc = s.fused_reduce;
         let buffers = match p.op {
             Op::AgGemm => {
