@@ -39,6 +39,10 @@ pub(crate) struct RankIssue {
     point_ev: Vec<Option<CudaEvent>>,
     /// Per task (start, end) timing events, when a timeline is asked for.
     pub task_ev: Vec<(CudaEvent, CudaEvent)>,
+    /// Per task: its cross-rank flag waits, and the flags it sets after it
+    /// (derived once per run, so issuing does no lookups).
+    flag_waits: Vec<Vec<MemOp>>,
+    flag_writes: Vec<Vec<MemOp>>,
 }
 
 impl RankIssue {
@@ -56,7 +60,38 @@ impl RankIssue {
                 .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(drv("cuEventCreate"))
         };
-        let n_tasks = sh.plan.ranks[r].tasks.len();
+        let rp = &sh.plan.ranks[r];
+        let n_tasks = rp.tasks.len();
+        let flag_waits = rp
+            .tasks
+            .iter()
+            .map(|t| {
+                t.deps
+                    .iter()
+                    .filter(|d| d.rank != r)
+                    .map(|d| {
+                        let p = Point {
+                            rank: d.rank,
+                            index: d.index,
+                        };
+                        let w = sh.layout.slot(p, r).ok_or_else(|| {
+                            CudaError::Plan(format!("no signal flag for {p:?} on rank {r}"))
+                        })?;
+                        Ok(MemOp::WaitGeq(word(sh.flags[r], w), SET))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let flag_writes = (0..n_tasks)
+            .map(|i| {
+                sh.layout.signals[r]
+                    .get(i)
+                    .into_iter()
+                    .flatten()
+                    .map(|&(q, w)| MemOp::Write(word(sh.flags[q], w), SET))
+                    .collect()
+            })
+            .collect();
         let mut task_ev = vec![];
         if timeline {
             for _ in 0..n_tasks {
@@ -72,6 +107,8 @@ impl RankIssue {
                 .map(|&need| need.then(plain).transpose())
                 .collect::<Result<_>>()?,
             task_ev,
+            flag_waits,
+            flag_writes,
             control: rank.control().clone(),
             streams,
         })
@@ -119,7 +156,6 @@ impl RankIssue {
         let stream = self.streams.get(task.stream).ok_or_else(|| {
             CudaError::Plan(format!("task {i} of rank {r} names stream {}", task.stream))
         })?;
-        let mut waits: Vec<MemOp> = vec![];
         for d in &task.deps {
             if d.rank == r {
                 // Stream order already keeps a dependency on the same stream.
@@ -133,19 +169,10 @@ impl RankIssue {
             if let Some(ev) = cross.and_then(|c| c.get(d.rank)?.get(d.index)?.as_ref()) {
                 stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
             }
-            let p = Point {
-                rank: d.rank,
-                index: d.index,
-            };
-            let w = sh
-                .layout
-                .slot(p, r)
-                .ok_or_else(|| CudaError::Plan(format!("no signal flag for {p:?} on rank {r}")))?;
-            waits.push(MemOp::WaitGeq(word(sh.flags[r], w), SET));
         }
         // One batch for all of the task's flag waits (one graph node).
         // SAFETY: the words are inside rank r's live flag buffer, on the stream's device.
-        unsafe { cu::stream_memops(stream.cu_stream(), &waits)? };
+        unsafe { cu::stream_memops(stream.cu_stream(), &self.flag_waits[i])? };
         // A Wait task's Signal (the plan's own flags) as a graph edge too,
         // like the dependencies above (only in a loopback capture).
         for &(q, j) in sh
@@ -186,15 +213,9 @@ impl RankIssue {
         if sh.opts.drop_signal == Some((r, i)) {
             return Ok(());
         }
-        let writes: Vec<MemOp> = sh.layout.signals[r]
-            .get(i)
-            .into_iter()
-            .flatten()
-            .map(|&(q, w)| MemOp::Write(word(sh.flags[q], w), SET))
-            .collect();
-        // SAFETY: each word is inside rank q's live flag buffer; peer access
-        // is enabled between the devices (or it is the same device).
-        unsafe { cu::stream_memops(stream.cu_stream(), &writes) }
+        // SAFETY: each word is inside its consumer's live flag buffer; peer
+        // access is enabled between the devices (or it is the same device).
+        unsafe { cu::stream_memops(stream.cu_stream(), &self.flag_writes[i]) }
     }
 
     /// End of an iteration of `parity`: join every stream into the control
