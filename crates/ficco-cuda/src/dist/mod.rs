@@ -9,6 +9,7 @@
 //! | [`nccl`] | the NCCL unique id through the store; one communicator rank per process |
 //! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket) |
 //! | [`shared`] | VMM device memory exported as a POSIX fd, imported and mapped by the node's other ranks |
+//! | [`session`] | [`Session`]: one process's rank of a job (measurements and single operator calls) |
 //!
 //! Design: nothing here waits without a bound. A rank that dies or never
 //! arrives ends every other rank's next store wait with an error naming it
@@ -23,10 +24,12 @@ pub mod fdpass;
 // its GPU test is its only caller.
 #[allow(dead_code)]
 pub(crate) mod nccl;
+pub mod session;
 pub mod shared;
 pub mod store;
 
 pub use env::LaunchEnv;
+pub use session::{OpCall, OpDone, Session, SessionOpts};
 pub use store::{StoreClient, StoreServer};
 
 use std::time::Duration;
