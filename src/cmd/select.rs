@@ -33,24 +33,6 @@ pub struct SelectArgs {
     json: bool,
 }
 
-/// "ficco VERSION; driver D; nccl N; cublaslt C" and the device of `gpus`
-/// GPUs, or `None` when no GPU is visible.
-pub(crate) fn device_and_software(gpus: usize) -> Option<(String, String)> {
-    let info = ficco_cuda::info();
-    let name = info.gpus.first()?.name.clone();
-    if info.gpus.len() < gpus {
-        return None;
-    }
-    let v = |x: Option<String>| x.unwrap_or_else(|| "none".into());
-    let software = format!(
-        "ficco {}; driver {}; nccl {}; cublaslt {}",
-        env!("CARGO_PKG_VERSION"),
-        v(info.driver_version.map(|x| x.to_string())),
-        v(info.nccl_version.map(|x| x.to_string())),
-        v(info.cublaslt_version.map(|x| x.to_string())),
-    );
-    Some((format!("{gpus}x {name}"), software))
-}
 
 pub fn run(args: SelectArgs) -> Result<()> {
     let selector: Selector = match &args.selector {
@@ -77,7 +59,7 @@ pub fn run(args: SelectArgs) -> Result<()> {
     for (name, p) in &problems {
         let mut hit = None;
         if let Some(c) = &cache {
-            let here = device_and_software(p.gpus);
+            let here = ficco_cuda::info::device_and_software(p.gpus);
             match autotune::consult(c, p, here.as_ref().map(|(d, s)| (d.as_str(), s.as_str()))) {
                 Advice::Hit(e) => hit = Some(e),
                 Advice::Miss(warnings) => {

@@ -1,7 +1,7 @@
 //! `ficco tune`: measures the rule pick and the top predicted schedules on
 //! the GPUs (`ficco_core::choose::autotune`) and caches the winner for `select`.
 
-use super::select::device_and_software;
+use ficco_cuda::info::device_and_software;
 use crate::args::{load_hw, ProblemArgs, DEFAULT_HW};
 use crate::output::{one_line, print};
 use anyhow::{anyhow, bail, Result};

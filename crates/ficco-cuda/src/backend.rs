@@ -1,5 +1,6 @@
 //! [`GpuBackend`]: opens the GPUs and implements `ficco_core::run::Backend`.
 
+use crate::dist::job::Job;
 use crate::error::{drv, CudaError, Result};
 use crate::exec::{self, Rank, RunOpts, RunSpec};
 use crate::info::{self, SystemInfo};
@@ -34,18 +35,23 @@ impl Default for MeasureConfig {
     }
 }
 
-/// Inputs and reference outputs of one prepared problem, per rank.
+/// Inputs and reference outputs of one prepared problem, per rank driven
+/// here (in the order of `GpuBackend::ranks`).
 struct Prepared {
     problem: Problem,
-    /// (role, buffer) per rank.
+    /// (role, buffer) per local rank.
     inputs: Vec<Vec<(BufferRole, DeviceBuffer)>>,
-    /// Reference output per rank.
+    /// Reference output per local rank.
     reference: Vec<DeviceBuffer>,
 }
 
-/// The GPU backend: one process driving `gpus` GPUs (ordinals 0..gpus).
+/// The GPU backend: one process driving `gpus` GPUs (ordinals 0..gpus), or
+/// one rank of a job of one process per rank ([`GpuBackend::open_job`]).
 pub struct GpuBackend {
+    /// The ranks this process drives (`Rank::rank` is the plan rank).
     ranks: Vec<Rank>,
+    /// The job, when other processes drive the other ranks.
+    job: Option<Job>,
     info: SystemInfo,
     pub config: MeasureConfig,
     prepared: Option<Prepared>,
@@ -134,6 +140,7 @@ impl GpuBackend {
             config: MeasureConfig::default(),
             prepared: None,
             loopback: false,
+            job: None,
             run_opts: RunOpts::default(),
             last_graphed: None,
             last_graph_error: None,
@@ -168,10 +175,90 @@ impl GpuBackend {
             config: MeasureConfig::default(),
             prepared: None,
             loopback: true,
+            job: None,
             run_opts: RunOpts::default(),
             last_graphed: None,
             last_graph_error: None,
         })
+    }
+
+    /// Joins the job `env` describes as its rank `env.rank`, one process
+    /// per rank: the GPU `LOCAL_RANK`, or GPU 0 for every rank in loopback
+    /// (`loopback`, or when `None`, exactly when this node has more ranks
+    /// than GPUs; every rank must agree). Buffers and signal flags live in
+    /// memory shared with the node's other ranks; NCCL communicators are
+    /// made on first use. Every rank then calls the same `prepare` and
+    /// `measure` sequence; each returns the job's result on every rank.
+    pub fn open_job(
+        env: crate::dist::LaunchEnv,
+        loopback: Option<bool>,
+        timeout: std::time::Duration,
+    ) -> Result<Self> {
+        hardware_queues();
+        crate::loader::require()?;
+        let found = info::device_count()?;
+        let rv = crate::dist::Rendezvous::join(env, timeout)?;
+        let on_one = loopback.unwrap_or(rv.env.local_world_size > found);
+        let votes = rv.all_gather("loopback", &[u8::from(on_one)])?;
+        if votes.iter().any(|v| v.as_slice() != [u8::from(on_one)]) {
+            return Err(rv
+                .fail(crate::dist::DistError::Mismatch(
+                    "some ranks run in loopback (all on GPU 0), others not".into(),
+                ))
+                .into());
+        }
+        if on_one && !rv.single_node() {
+            return Err(rv
+                .fail(crate::dist::DistError::Mismatch(
+                    "loopback puts every rank on one GPU, but the job spans several hosts".into(),
+                ))
+                .into());
+        }
+        let ordinal = if on_one { 0 } else { rv.env.local_rank };
+        if ordinal >= found {
+            let e = CudaError::NotEnoughGpus {
+                wanted: rv.env.local_world_size,
+                found,
+            };
+            return Err(crate::dist::shared::abort_on(&rv, e));
+        }
+        let opened = (|| -> Result<_> {
+            let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+            let rank = Rank::new(rv.env.rank, ctx.clone())?;
+            Ok((ctx, rank))
+        })();
+        let (ctx, rank) = match opened {
+            Ok(v) => v,
+            Err(e) => return Err(crate::dist::shared::abort_on(&rv, e)),
+        };
+        rv.barrier("opened")?;
+        Ok(GpuBackend {
+            ranks: vec![rank],
+            info: info::info(),
+            config: MeasureConfig::default(),
+            prepared: None,
+            loopback: on_one,
+            job: Some(Job::new(rv, on_one, ordinal, ctx)),
+            run_opts: RunOpts::default(),
+            last_graphed: None,
+            last_graph_error: None,
+        })
+    }
+
+    /// The job this backend is a rank of, if any.
+    pub fn job(&self) -> Option<&Job> {
+        self.job.as_ref()
+    }
+
+    /// The job, after this rank's device work and GPU resources are
+    /// released (its shared memory is released with the job).
+    pub fn into_job(mut self) -> Option<Job> {
+        for r in &self.ranks {
+            let _ = r.synchronize();
+        }
+        self.prepared = None;
+        self.ranks.clear();
+        self.job.take()
     }
 
     /// Whether every rank runs on one GPU.
@@ -189,14 +276,33 @@ impl GpuBackend {
         Ok(None)
     }
 
-    /// In loopback, reference plans run in their copy form (see [`Self::runnable`]).
+    /// In loopback, reference plans run in their copy form (see
+    /// [`Self::runnable`]). Returns the times of the ranks driven here.
     fn run(
         &mut self,
         plan: &Plan,
         ptrs: &[Vec<DevicePtr>],
         spec: RunSpec,
     ) -> Result<Vec<exec::run::RankTimes>> {
-        exec::run_plan_with(&mut self.ranks, plan, ptrs, spec, self.run_opts)
+        match self.job.as_mut() {
+            None => exec::run_plan_with(&mut self.ranks, plan, ptrs, spec, self.run_opts),
+            Some(job) => {
+                let view = job.run_view(plan)?;
+                exec::run::run_plan_in(
+                    &mut self.ranks,
+                    plan,
+                    ptrs,
+                    spec,
+                    self.run_opts,
+                    Some(&view),
+                )
+            }
+        }
+    }
+
+    /// Ranks in the plans this backend runs (the job's, or the GPUs driven).
+    fn world(&self) -> usize {
+        self.job.as_ref().map_or(self.ranks.len(), |j| j.world())
     }
 
     /// The machine description gathered at open.
@@ -204,9 +310,9 @@ impl GpuBackend {
         &self.info
     }
 
-    /// Number of GPUs driven.
+    /// Number of ranks of the plans it runs (GPUs driven, or the job's ranks).
     pub fn gpus(&self) -> usize {
-        self.ranks.len()
+        self.world()
     }
 
     fn device_name(&self) -> String {
@@ -221,19 +327,31 @@ impl GpuBackend {
         } else {
             "no graphs"
         };
+        let procs = if self.job.is_some() {
+            " as processes"
+        } else {
+            ""
+        };
         if self.loopback {
-            return format!("1x {name} (loopback, {} ranks; {launch})", self.ranks.len());
+            return format!(
+                "1x {name} (loopback, {} ranks{procs}; {launch})",
+                self.world()
+            );
         }
-        format!("{}x {} ({launch})", self.ranks.len(), name)
+        format!("{}x {} ({}{launch})", self.world(), name, if procs.is_empty() { "" } else { "a process per GPU; " })
     }
 
     fn bind(&mut self, plan: &Plan) -> Result<Vec<Vec<DevicePtr>>> {
-        if plan.ranks.len() != self.ranks.len() {
+        if plan.ranks.len() != self.world() {
             return Err(CudaError::Plan(format!(
-                "plan has {} ranks but the backend drives {} GPUs",
+                "plan has {} ranks but the backend drives {}",
                 plan.ranks.len(),
-                self.ranks.len()
+                self.world()
             )));
+        }
+        if let Some(job) = self.job.as_mut() {
+            // Nothing of this rank is in flight here (runs end synchronized).
+            return job.bind(plan);
         }
         self.ranks
             .iter_mut()
@@ -255,6 +373,11 @@ impl GpuBackend {
         plan: &Plan,
         init: &[Vec<Option<Vec<u16>>>],
     ) -> Result<Vec<Vec<Vec<u16>>>> {
+        if self.job.is_some() {
+            return Err(CudaError::Plan(
+                "run_host reads every rank's buffers; a rank of a job has only its own".into(),
+            ));
+        }
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
         let ptrs = self.bind(plan)?;
@@ -294,6 +417,72 @@ impl GpuBackend {
         Ok(out)
     }
 
+    /// Runs `plan` once on caller memory (a rank of a job: this process's
+    /// rank): waits for the caller's `stream`, copies each of `inputs`
+    /// (role, address, bytes) into the plan's buffer of that role, runs,
+    /// and copies the plan's output into `out` (address, bytes). Returns
+    /// once `out` is written. Sizes must match the plan's buffers exactly.
+    pub(crate) fn run_on(
+        &mut self,
+        plan: &Plan,
+        inputs: &[(BufferRole, u64, usize)],
+        out: (u64, usize),
+        stream: u64,
+    ) -> Result<()> {
+        let res = self.run_on_inner(plan, inputs, out, stream);
+        self.job_result(res)
+    }
+
+    fn run_on_inner(
+        &mut self,
+        plan: &Plan,
+        inputs: &[(BufferRole, u64, usize)],
+        out: (u64, usize),
+        stream: u64,
+    ) -> Result<()> {
+        if self.ranks.len() != 1 {
+            return Err(CudaError::Plan(
+                "an operator call runs one rank per process".into(),
+            ));
+        }
+        let copy_form = self.runnable(plan)?;
+        let plan = copy_form.as_ref().unwrap_or(plan);
+        let ptrs = self.bind(plan)?;
+        let rank = &self.ranks[0];
+        let r = rank.rank;
+        let rp = &plan.ranks[r];
+        let buffer = |role: BufferRole, bytes: usize| -> Result<usize> {
+            let b = rp.buffer_with(role).ok_or_else(|| {
+                CudaError::Plan(format!("the plan of rank {r} has no {role:?} buffer"))
+            })?;
+            let want = rp.buffers[b].bytes();
+            if want != bytes {
+                return Err(CudaError::Plan(format!(
+                    "{role:?} of rank {r} has {bytes} bytes, the plan's buffer '{}' {want}",
+                    rp.buffers[b].name
+                )));
+            }
+            Ok(b)
+        };
+        rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: the caller's stream handle on this rank's (primary) context.
+        unsafe { crate::driver::cuda::stream_synchronize(stream as cudarc::driver::sys::CUstream)? };
+        for &(role, addr, bytes) in inputs {
+            let b = buffer(role, bytes)?;
+            exec::copy_d2d(rank, ptrs[r][b], DevicePtr(addr), bytes)?;
+        }
+        let o = buffer(BufferRole::Output, out.1)?;
+        rank.synchronize()?;
+        // One call: capturing graphs would cost more than it saves.
+        let graphs = std::mem::replace(&mut self.run_opts.graphs, false);
+        let ran = self.run(plan, &ptrs, RunSpec::ONCE);
+        self.run_opts.graphs = graphs;
+        ran?;
+        let rank = &self.ranks[0];
+        exec::copy_d2d(rank, DevicePtr(out.0), ptrs[r][o], out.1)?;
+        rank.synchronize()
+    }
+
     /// Copies the prepared inputs into the plan's input buffers, or fills them
     /// with fresh random data when nothing is prepared for this problem; poisons
     /// outputs and scratch when `poison`.
@@ -306,14 +495,16 @@ impl GpuBackend {
     ) -> Result<()> {
         let seed = self.config.seed;
         let prepared = self.prepared.as_ref().filter(|p| p.problem == plan.problem);
-        for (r, rp) in plan.ranks.iter().enumerate() {
-            let rank = &self.ranks[r];
+        for (i, rank) in self.ranks.iter().enumerate() {
+            let r = rank.rank;
+            let rp = &plan.ranks[r];
             for (b, buf) in rp.buffers.iter().enumerate() {
                 let n = buf.rows * buf.cols;
                 match buf.role {
                     BufferRole::InputA | BufferRole::InputB | BufferRole::InputX => {
-                        let src = prepared
-                            .and_then(|p| p.inputs[r].iter().find(|(role, _)| *role == buf.role));
+                        let src = prepared.and_then(|p| {
+                            p.inputs.get(i)?.iter().find(|(role, _)| *role == buf.role)
+                        });
                         match src {
                             Some((_, d)) if d.bytes() == buf.bytes() => {
                                 exec::copy_d2d(rank, ptrs[r][b], d.ptr(), buf.bytes())?
@@ -353,8 +544,12 @@ impl GpuBackend {
 
     /// Draws fresh inputs, runs the sequential plan once and keeps its outputs
     /// as the reference for `plan.problem`.
-    #[allow(clippy::needless_range_loop)]
     pub fn prepare_plan(&mut self, seq: &Plan) -> Result<()> {
+        let res = self.prepare_inner(seq);
+        self.job_result(res)
+    }
+
+    fn prepare_inner(&mut self, seq: &Plan) -> Result<()> {
         let copy_form = self.runnable(seq)?;
         let seq = copy_form.as_ref().unwrap_or(seq);
         self.prepared = None;
@@ -366,8 +561,9 @@ impl GpuBackend {
         let ptrs = self.bind(seq)?;
         // Inputs: own allocations, filled with ~U(-1, 1).
         let mut inputs = vec![];
-        for (r, rp) in seq.ranks.iter().enumerate() {
-            let rank = &self.ranks[r];
+        for rank in &self.ranks {
+            let r = rank.rank;
+            let rp = &seq.ranks[r];
             let mut ins = vec![];
             for buf in rp.buffers.iter().filter(|b| {
                 matches!(
@@ -397,10 +593,10 @@ impl GpuBackend {
         self.load_inputs(seq, &ptrs, true, true)?;
         self.run(seq, &ptrs, RunSpec::ONCE)?;
         let mut reference = vec![];
-        for r in 0..self.ranks.len() {
+        for rank in &self.ranks {
+            let r = rank.rank;
             let o = Self::output_of(seq, r)?;
             let bytes = seq.ranks[r].buffers[o].bytes();
-            let rank = &self.ranks[r];
             let d = rank.alloc(bytes)?;
             exec::copy_d2d(rank, d.ptr(), ptrs[r][o], bytes)?;
             let (_, _, nans) = exec::compare(rank, d.ptr(), d.ptr(), bytes / ELEM_BYTES)?;
@@ -419,6 +615,20 @@ impl GpuBackend {
 
     /// Checks (when `check`) and times `plan`; see [`Backend::measure`].
     pub fn measure_plan(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
+        let res = self.measure_inner(plan, check, timeline);
+        self.job_result(res)
+    }
+
+    /// In a job, tells every other rank about this rank's failure (they
+    /// would otherwise wait for it until their timeout).
+    fn job_result<T>(&self, res: Result<T>) -> Result<T> {
+        match (res, self.job.as_ref()) {
+            (Err(e), Some(j)) => Err(j.fail(e)),
+            (res, _) => res,
+        }
+    }
+
+    fn measure_inner(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
         let ptrs = self.bind(plan)?;
@@ -435,6 +645,10 @@ impl GpuBackend {
             self.load_inputs(plan, &ptrs, true, true)?;
             self.run(plan, &ptrs, RunSpec::ONCE)?;
             let (err, ok) = self.check_outputs(plan, &ptrs)?;
+            let (err, ok) = match self.job.as_mut() {
+                Some(j) => j.gather_check(err, ok)?,
+                None => (err, ok),
+            };
             max_rel_err = Some(err);
             correct = ok;
         } else {
@@ -449,6 +663,10 @@ impl GpuBackend {
                 timeline,
             },
         )?;
+        let times = match (self.job.as_mut(), times.first()) {
+            (Some(j), Some(mine)) => j.gather_times(mine)?,
+            _ => times,
+        };
         self.last_graphed = Some(times.iter().all(|t| t.graphed));
         self.last_graph_error = times.iter().find_map(|t| t.graph_error.clone());
         let iters = self.config.iters.max(1);
@@ -505,10 +723,13 @@ impl GpuBackend {
         };
         let mut max_err: f64 = 0.0;
         let mut ok = true;
-        for r in 0..self.ranks.len() {
+        for (i, rank) in self.ranks.iter().enumerate() {
+            let r = rank.rank;
             let o = Self::output_of(plan, r)?;
             let buf = &plan.ranks[r].buffers[o];
-            let reference = &prep.reference[r];
+            let Some(reference) = prep.reference.get(i) else {
+                return Err(CudaError::NotPrepared(plan.problem.label()));
+            };
             if reference.bytes() != buf.bytes() {
                 return Err(CudaError::Plan(format!(
                     "output of rank {r} has {} bytes, the reference {}",
@@ -517,7 +738,7 @@ impl GpuBackend {
                 )));
             }
             let n = buf.rows * buf.cols;
-            let (sd, sr, nans) = exec::compare(&self.ranks[r], ptrs[r][o], reference.ptr(), n)?;
+            let (sd, sr, nans) = exec::compare(rank, ptrs[r][o], reference.ptr(), n)?;
             let err = if nans > 0 {
                 f64::INFINITY
             } else if sr > 0.0 {
@@ -531,7 +752,7 @@ impl GpuBackend {
             max_err = max_err.max(err);
             if plan.problem.op == Op::GemmAr && r > 0 {
                 let o0 = Self::output_of(plan, 0)?;
-                let (sd0, _, nans0) = exec::compare(&self.ranks[r], ptrs[r][o], ptrs[0][o0], n)?;
+                let (sd0, _, nans0) = exec::compare(rank, ptrs[r][o], ptrs[0][o0], n)?;
                 if sd0 != 0.0 || nans0 > 0 {
                     ok = false;
                 }

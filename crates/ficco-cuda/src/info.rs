@@ -243,3 +243,23 @@ mod tests {
         assert!(serde_json::to_string(&i).is_ok());
     }
 }
+
+/// The identity a tuning-cache entry is recorded under: the device of
+/// `gpus` GPUs ("4x NVIDIA H200") and "ficco VERSION; driver D; nccl N;
+/// cublaslt C"; `None` when fewer GPUs are visible.
+pub fn device_and_software(gpus: usize) -> Option<(String, String)> {
+    let info = info();
+    let name = info.gpus.first()?.name.clone();
+    if info.gpus.len() < gpus {
+        return None;
+    }
+    let v = |x: Option<String>| x.unwrap_or_else(|| "none".into());
+    let software = format!(
+        "ficco {}; driver {}; nccl {}; cublaslt {}",
+        env!("CARGO_PKG_VERSION"),
+        v(info.driver_version.map(|x| x.to_string())),
+        v(info.nccl_version.map(|x| x.to_string())),
+        v(info.cublaslt_version.map(|x| x.to_string())),
+    );
+    Some((format!("{gpus}x {name}"), software))
+}

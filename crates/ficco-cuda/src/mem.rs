@@ -27,6 +27,11 @@ impl DevicePtr {
     /// The null address (kernels read it as "absent", e.g. no bias).
     pub const NULL: DevicePtr = DevicePtr(0);
 
+    /// Whether this is [`Self::NULL`] (e.g. memory of another node's rank).
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
     /// The raw address, for the FFI layer and kernel parameter blocks.
     pub fn raw(self) -> u64 {
         self.0

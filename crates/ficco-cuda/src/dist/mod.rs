@@ -9,6 +9,7 @@
 //! | [`nccl`] | the NCCL unique id through the store; one communicator rank per process |
 //! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket) |
 //! | [`shared`] | VMM device memory exported as a POSIX fd, imported and mapped by the node's other ranks |
+//! | [`job`] | [`job::Job`]: a backend's rank of a job: shared arena and flags, its NCCL communicators, results exchanged |
 //! | [`session`] | [`Session`]: one process's rank of a job (measurements and single operator calls) |
 //!
 //! Design: nothing here waits without a bound. A rank that dies or never
@@ -20,9 +21,7 @@
 
 pub mod env;
 pub mod fdpass;
-// The per-process rank runtime that calls it is the next step; until then
-// its GPU test is its only caller.
-#[allow(dead_code)]
+pub mod job;
 pub(crate) mod nccl;
 pub mod session;
 pub mod shared;

@@ -6,9 +6,19 @@
 //! measurements ([`Session::backend`]) or one operator on the caller's
 //! device memory ([`Session::run_op`]).
 
+use super::job::{needs_one_node, Job};
 use crate::backend::GpuBackend;
 use crate::error::{CudaError, Result};
-use ficco_core::problem::workload::Op;
+use ficco_core::choose::autotune::{self, Advice};
+use ficco_core::choose::explore::check_named;
+use ficco_core::choose::select::{self, select_rules_among, Selector};
+use ficco_core::choose::tune::{self, TuneCache};
+use ficco_core::plan::lower::lower;
+use ficco_core::plan::{BufferRole, Plan, TaskKind};
+use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
+use ficco_core::sim::profile::HwProfile;
+use ficco_core::space::{Schedule, SpaceOptions};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::LaunchEnv;
@@ -67,9 +77,31 @@ pub struct OpDone {
     pub schedule: String,
 }
 
+/// The hardware profile the selector and the simulator use for `auto`.
+const SELECT_HW: &str = "h200-nvlink";
+
 /// One process's rank of a job.
 pub struct Session {
     backend: GpuBackend,
+    /// Schedules already chosen for `auto`, by problem.
+    picks: HashMap<Problem, Schedule>,
+    /// The tuning cache (loaded once; `FICCO_TUNE_CACHE` or the default path).
+    cache: Option<TuneCache>,
+}
+
+/// Whether `plan` can run where every rank shares one GPU: no NCCL (it
+/// refuses two ranks on one GPU), no tile GEMM (its blocks spin on flags
+/// that another process's copies set; processes on one GPU time-slice).
+fn runs_in_loopback(plan: &Plan) -> bool {
+    !plan.ranks.iter().any(|rp| {
+        rp.tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::Nccl { .. } | TaskKind::TileGemm(_)))
+    })
+}
+
+fn bad(e: impl std::fmt::Display) -> CudaError {
+    CudaError::Plan(e.to_string())
 }
 
 impl Session {
@@ -77,18 +109,28 @@ impl Session {
     /// rendezvous, this rank's GPU (`LOCAL_RANK`, or 0 in loopback), the
     /// shared signal memory. Every rank of the job calls it.
     pub fn join(env: LaunchEnv, opts: SessionOpts) -> Result<Self> {
-        let _ = (env, opts);
-        Err(CudaError::Plan("Session::join: not built yet".into()))
+        let backend = GpuBackend::open_job(env, opts.loopback, opts.timeout)?;
+        Ok(Session {
+            backend,
+            picks: HashMap::new(),
+            cache: None,
+        })
+    }
+
+    fn job(&self) -> Result<&Job> {
+        self.backend
+            .job()
+            .ok_or_else(|| CudaError::Plan("the session has no job".into()))
     }
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        0
+        self.job().map_or(0, |j| j.rank())
     }
 
     /// Ranks in the job.
     pub fn world(&self) -> usize {
-        1
+        self.backend.gpus()
     }
 
     /// Whether every rank runs on one GPU.
@@ -98,29 +140,117 @@ impl Session {
 
     /// Whether every rank is on this node (copy and tile schedules need it).
     pub fn single_node(&self) -> bool {
-        true
+        self.job().is_ok_and(|j| j.rv.single_node())
     }
 
     /// The CUDA device ordinal this rank drives.
     pub fn device(&self) -> usize {
-        0
+        self.job().map_or(0, |j| j.ordinal)
     }
 
     /// The measuring backend of this rank (every rank calls the same
-    /// `prepare`/`measure` sequence; rank 0 gets the job's results).
+    /// `prepare`/`measure` sequence; every rank gets the job's results).
     pub fn backend(&mut self) -> &mut GpuBackend {
         &mut self.backend
+    }
+
+    /// The schedule `auto` runs for `p`: the tuning cache's measured
+    /// winner for this device, else the rule selector's pick; where that
+    /// cannot run here (NCCL or tile GEMMs in loopback, copies across
+    /// nodes), the rule selector among the schedules that can.
+    pub fn pick(&mut self, p: &Problem) -> Result<Schedule> {
+        if let Some(s) = self.picks.get(p) {
+            return Ok(s.clone());
+        }
+        let cache = self.cache.get_or_insert_with(|| {
+            let path = std::env::var_os("FICCO_TUNE_CACHE")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(tune::default_path);
+            TuneCache::load(&path).0
+        });
+        let here = crate::info::device_and_software(p.gpus);
+        let cached = match autotune::consult(
+            cache,
+            p,
+            here.as_ref().map(|(d, s)| (d.as_str(), s.as_str())),
+        ) {
+            Advice::Hit(e) => e.schedule.parse::<Schedule>().ok(),
+            Advice::Miss(_) => None,
+        };
+        let hw = HwProfile::builtin(SELECT_HW).map_err(bad)?;
+        let first = match cached {
+            Some(s) => s,
+            None => select::select(p, &hw, Selector::Rules).map_err(bad)?.schedule,
+        };
+        let loopback = self.loopback();
+        let multi_node = !self.single_node();
+        let fits = |s: &Schedule| -> bool {
+            lower(p, s).is_ok_and(|plan| {
+                (!loopback || runs_in_loopback(&plan)) && (!multi_node || !needs_one_node(&plan))
+            })
+        };
+        let s = if fits(&first) {
+            first
+        } else {
+            let among: Vec<Schedule> = select::candidates(p).into_iter().filter(fits).collect();
+            select_rules_among(p, &hw, &among).map_err(bad)?.schedule
+        };
+        self.picks.insert(*p, s.clone());
+        Ok(s)
     }
 
     /// Runs one operator on the caller's memory (see [`OpCall`]); every
     /// rank of the job calls it with the same op, shapes and schedule.
     pub fn run_op(&mut self, call: &OpCall<'_>) -> Result<OpDone> {
-        let _ = call;
-        Err(CudaError::Plan("Session::run_op: not built yet".into()))
+        if !matches!(call.op, Op::AgGemm | Op::GemmRs | Op::GemmAr) {
+            return Err(bad(format!(
+                "{} is not an operator call (ag-gemm, gemm-rs or gemm-ar)",
+                call.op
+            )));
+        }
+        let p = Problem::new(call.op, call.m, call.k, call.n, self.world()).map_err(bad)?;
+        let schedule = match call.schedule {
+            Some(name) => {
+                let s: Schedule = name.parse().map_err(bad)?;
+                check_named(call.op, SpaceOptions::default(), std::slice::from_ref(&s))
+                    .map_err(bad)?;
+                if let Some(why) = s.misfit(&p) {
+                    return Err(bad(format!("schedule {name} does not fit {}: {why}", p.label())));
+                }
+                s
+            }
+            None => self.pick(&p)?,
+        };
+        let plan = lower(&p, &schedule).map_err(bad)?;
+        if self.loopback() && !runs_in_loopback(&plan) && !schedule.is_seq() {
+            return Err(CudaError::Skipped(format!(
+                "schedule {} needs NCCL or tile GEMMs, which cannot run with every rank on one GPU (loopback); use a copy schedule",
+                schedule.name()
+            )));
+        }
+        let e = ELEM_BYTES;
+        let shard = p.m / p.gpus;
+        let (a_rows, out_rows) = match call.op {
+            Op::AgGemm => (shard, p.m),
+            Op::GemmRs => (p.m, shard),
+            _ => (p.m, p.m),
+        };
+        let inputs = [
+            (BufferRole::InputA, call.a, a_rows * p.k * e),
+            (BufferRole::InputB, call.b, p.k * p.n * e),
+        ];
+        self.backend
+            .run_on(&plan, &inputs, (call.out, out_rows * p.n * e), call.stream)?;
+        Ok(OpDone {
+            schedule: schedule.name(),
+        })
     }
 
     /// Leaves the job (a last barrier, then the store closes).
     pub fn close(self) -> Result<()> {
-        Ok(())
+        match self.backend.into_job() {
+            Some(job) => Ok(job.rv.close()?),
+            None => Ok(()),
+        }
     }
 }

@@ -215,7 +215,9 @@ impl SymmetricMem {
 /// Tells the other ranks about a failure of this one that is not already
 /// the store's business (those were passed on where they happened).
 pub(crate) fn abort_on(rv: &Rendezvous, e: CudaError) -> CudaError {
-    if !matches!(e, CudaError::Dist(_)) {
+    // Another rank's failure or the store's was passed on where it
+    // happened; a skip is decided alike on every rank from the plan.
+    if !matches!(e, CudaError::Dist(_) | CudaError::Skipped(_)) {
         rv.store().abort(&e.to_string());
     }
     e

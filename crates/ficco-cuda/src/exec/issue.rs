@@ -446,7 +446,18 @@ fn reduce(
 
 /// One NCCL operation on this rank's communicator for the plan.
 fn nccl(rank: &Rank, sh: &Shared<'_>, s: CUstream, op: &NcclOp) -> Result<()> {
-    let comm = sh.comms[rank.rank].0;
+    let comm = sh
+        .comms
+        .get(rank.rank)
+        .copied()
+        .flatten()
+        .ok_or_else(|| {
+            CudaError::Plan(format!(
+                "rank {} has no NCCL communicator in this run",
+                rank.rank
+            ))
+        })?
+        .0;
     let ptr = |v: &View, what: &str| local(rank, sh, v, what).map(|(p, _)| p);
     // SAFETY (all calls below): contiguous (precheck), bounds-checked views of
     // live allocations; the communicator belongs to this rank's thread.

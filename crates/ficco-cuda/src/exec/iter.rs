@@ -121,8 +121,8 @@ impl RankIssue {
         let r = self.r;
         let bank = 1 - parity % 2;
         let c = self.control.cu_stream();
-        let waits: Vec<MemOp> = (0..sh.plan.ranks.len())
-            .filter(|&q| q != r)
+        let waits: Vec<MemOp> = sh
+            .peers(r)
             .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, bank)), SET))
             .collect();
         // SAFETY: the words are inside rank r's live flag buffer (sized to the layout).
@@ -233,8 +233,8 @@ impl RankIssue {
             // SAFETY: the task words are the first `tw` of rank r's live flag buffer.
             unsafe { cu::memset_d32_async(sh.flags[r], 0, tw, c)? };
         }
-        let writes: Vec<MemOp> = (0..sh.plan.ranks.len())
-            .filter(|&q| q != r)
+        let writes: Vec<MemOp> = sh
+            .peers(r)
             .map(|q| MemOp::Write(word(sh.flags[q], sh.layout.end_slot(r, q, parity)), SET))
             .collect();
         // SAFETY: each word is inside rank q's live flag buffer.

@@ -313,7 +313,20 @@ impl Rank {
         let Some((ptr, n)) = f else {
             return Ok(DevicePtr::NULL);
         };
-        // SAFETY: the buffer holds n words on this device; the control stream is live.
+        self.reset_flags_at(ptr, n, preset)?;
+        Ok(ptr)
+    }
+
+    /// Zeroes the `n` flag words at `ptr` (this rank's device memory, also
+    /// memory shared with other processes) and presets `preset` (first,
+    /// count) to SET; returns when done.
+    pub(super) fn reset_flags_at(
+        &self,
+        ptr: DevicePtr,
+        n: usize,
+        preset: (usize, usize),
+    ) -> Result<()> {
+        // SAFETY: the caller's buffer holds n words on this device; the control stream is live.
         unsafe { cu::memset_d32_async(ptr, 0, n, self.control.cu_stream())? };
         if preset.1 > 0 && preset.0 + preset.1 <= n {
             // SAFETY: in bounds, checked above.
@@ -328,8 +341,7 @@ impl Rank {
         }
         self.control
             .synchronize()
-            .map_err(drv("cuStreamSynchronize"))?;
-        Ok(ptr)
+            .map_err(drv("cuStreamSynchronize"))
     }
 
     /// SMs of the compute green context of a split of `green_sms` SMs (as

@@ -12,6 +12,7 @@ use super::iter::{capture, CrossEvents, RankIssue};
 use super::rank::Rank;
 use super::watchdog::watchdog;
 use crate::comm::{CommCache, CommSet, NcclLimits};
+use crate::dist::Rendezvous;
 use crate::driver::cuda as cu;
 use crate::driver::nccl::RawComm;
 use crate::error::{drv, CudaError, Result};
@@ -166,12 +167,17 @@ pub(crate) struct Shared<'a> {
     pub ptrs: &'a [Vec<DevicePtr>],
     /// Raw context of each rank (peer copies name both).
     pub ctxs: &'a [Arc<CudaContext>],
-    /// Each rank's communicator for this plan (its NCCL limits); empty in
-    /// loopback (no NCCL task runs there).
-    pub comms: &'a [CommHandle],
+    /// Each rank's communicator for this plan (its NCCL limits), by global
+    /// rank; `None` in loopback (no NCCL task runs there) and for ranks
+    /// other processes drive.
+    pub comms: &'a [Option<CommHandle>],
+    /// The global ranks this process drives (every rank, but in a job of
+    /// one process per GPU).
+    pub local: &'a [usize],
     /// Where every signal flag is.
     pub layout: &'a SignalLayout,
-    /// Base of each rank's flag buffer.
+    /// Base of each rank's flag buffer as this process sees it; NULL for a
+    /// rank on another node (no flag crosses nodes; see [`Shared::peers`]).
     pub flags: &'a [DevicePtr],
     /// Per rank, the iterations its control stream finished.
     pub progress: &'a HostWords,
@@ -197,6 +203,13 @@ pub(crate) struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// The ranks whose flags rank `r` writes and waits on at iteration
+    /// boundaries: every other rank of its node. Ranks of other nodes only
+    /// meet through NCCL, which orders itself.
+    pub(crate) fn peers(&self, r: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.flags.len()).filter(move |&q| q != r && !self.flags[q].is_null())
+    }
+
     fn total(&self) -> usize {
         self.spec.warmup + self.spec.timed + usize::from(self.spec.timeline)
     }
@@ -612,14 +625,80 @@ pub fn run_plan_with(
     spec: RunSpec,
     opts: RunOpts,
 ) -> Result<Vec<RankTimes>> {
-    if plan.ranks.len() != ranks.len() {
+    run_plan_in(ranks, plan, ptrs, spec, opts, None)
+}
+
+/// How a run reaches the ranks other processes drive (one process per GPU,
+/// see [`crate::dist::Session`]): their flags mapped here, this rank's
+/// communicator, and the job's barriers around the run.
+pub(crate) struct JobRun<'a> {
+    pub rv: &'a Rendezvous,
+    /// Every rank's flag memory as mapped here (NULL: a rank of another
+    /// node), `flag_words` words each.
+    pub flags: Vec<DevicePtr>,
+    pub flag_words: usize,
+    /// Every rank of the job shares one GPU (no NCCL; tile GEMMs share SMs).
+    pub loopback: bool,
+    /// This rank's communicator under the plan's limits (`None` in loopback).
+    pub comm: Option<CommHandle>,
+    /// Names this run's barriers; the same on every rank.
+    pub tag: u64,
+}
+
+/// [`run_plan_with`] for `ranks` of the plan (`Rank::rank` is the plan
+/// rank), the others driven by other processes of `job`. Every rank resets
+/// its own flags, then a job barrier; after the run each rank waits for its
+/// device, then a second barrier, so no write of this run lands in a flag
+/// the next run has reset. A failure here is passed to every rank through
+/// the store.
+pub(crate) fn run_plan_in(
+    ranks: &mut [Rank],
+    plan: &Plan,
+    ptrs: &[Vec<DevicePtr>],
+    spec: RunSpec,
+    opts: RunOpts,
+    job: Option<&JobRun<'_>>,
+) -> Result<Vec<RankTimes>> {
+    let world = plan.ranks.len();
+    let expected = job.map_or(ranks.len(), |j| j.rv.env.world_size);
+    if world != expected || ranks.is_empty() || ranks.iter().any(|r| r.rank >= world) {
         return Err(CudaError::Plan(format!(
-            "plan has {} ranks but the backend drives {} GPUs",
-            plan.ranks.len(),
+            "plan has {world} ranks but the job has {expected} ({} driven here)",
             ranks.len()
         )));
     }
-    let loopback = is_loopback(ranks);
+    if ptrs.len() != world {
+        return Err(CudaError::Plan(format!(
+            "{} ranks' buffers bound for a plan of {world} ranks",
+            ptrs.len()
+        )));
+    }
+    let res = run_bound(ranks, plan, ptrs, spec, opts, job);
+    let Some(j) = job else {
+        return res;
+    };
+    match res {
+        Ok(t) => {
+            j.rv.barrier(&format!("run/{}/done", j.tag))?;
+            Ok(t)
+        }
+        Err(e) => Err(crate::dist::shared::abort_on(j.rv, e)),
+    }
+}
+
+fn run_bound(
+    ranks: &mut [Rank],
+    plan: &Plan,
+    ptrs: &[Vec<DevicePtr>],
+    spec: RunSpec,
+    opts: RunOpts,
+    job: Option<&JobRun<'_>>,
+) -> Result<Vec<RankTimes>> {
+    let world = plan.ranks.len();
+    // Several ranks on one device: no NCCL, tile GEMMs share the SMs.
+    let loopback = job.map_or_else(|| is_loopback(ranks), |j| j.loopback);
+    // Several of this process's ranks on one device: one issuing thread.
+    let one_thread = is_loopback(ranks);
     let has_nccl = plan.ranks.iter().any(|rp| {
         rp.tasks
             .iter()
@@ -642,10 +721,12 @@ pub fn run_plan_with(
     // All allocation and kernel loading happens here, before any rank issues
     // work (either can wait for a device to go idle).
     let mut all_streams = vec![];
-    let mut flags = vec![];
-    let mut tables = vec![];
+    let mut flags = job.map_or_else(|| vec![DevicePtr::NULL; world], |j| j.flags.clone());
+    let mut tables = vec![vec![]; world];
     let tile_share = tile_share(plan, loopback);
-    for (r, rank) in ranks.iter_mut().enumerate() {
+    let local: Vec<usize> = ranks.iter().map(|r| r.rank).collect();
+    for rank in ranks.iter_mut() {
+        let r = rank.rank;
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
@@ -655,15 +736,36 @@ pub fn run_plan_with(
             &ptrs[r],
             tile_share.get(r).copied().unwrap_or(1),
         )?;
-        flags.push(rank.reset_flags(layout.words[r], layout.bank(r, 1))?);
-        tables.push(rank.tile_tables(&plan.ranks[r], &ptrs[r])?);
+        flags[r] = match job {
+            None => rank.reset_flags(layout.words[r], layout.bank(r, 1))?,
+            Some(j) => {
+                if layout.words[r] > j.flag_words || j.flags[r].is_null() {
+                    return Err(CudaError::Plan(format!(
+                        "rank {r} needs {} signal words, the job's flag memory holds {}",
+                        layout.words[r], j.flag_words
+                    )));
+                }
+                rank.reset_flags_at(j.flags[r], layout.words[r].max(1), layout.bank(r, 1))?;
+                j.flags[r]
+            }
+        };
+        tables[r] = rank.tile_tables(&plan.ranks[r], &ptrs[r])?;
     }
-    let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
+    // Contexts by plan rank; a rank of another process has its memory
+    // mapped into this process's context.
+    let mut ctxs: Vec<Arc<CudaContext>> = vec![ranks[0].ctx.clone(); world];
+    for rank in ranks.iter() {
+        ctxs[rank.rank] = rank.ctx.clone();
+    }
     // The communicators under the plan's NCCL limits (default limits when
     // the plan sets none): one set per limits, cached for the process and
     // warmed up at first use. None in loopback.
-    let comms: Vec<CommHandle> = if loopback {
-        vec![]
+    let comms: Vec<Option<CommHandle>> = if let Some(j) = job {
+        (0..world)
+            .map(|q| if q == local[0] { j.comm } else { None })
+            .collect()
+    } else if loopback {
+        vec![None; world]
     } else {
         let limits = NcclLimits {
             max_ctas: plan.resources.nccl_ctas.map(|c| c as u32),
@@ -671,15 +773,15 @@ pub fn run_plan_with(
         };
         let set = comm_set(ranks, limits)?;
         set.warm()?;
-        set.comms().iter().map(|c| CommHandle(c.raw())).collect()
+        set.comms().iter().map(|c| Some(CommHandle(c.raw()))).collect()
     };
     ranks[0]
         .ctx
         .bind_to_thread()
         .map_err(drv("cuCtxSetCurrent"))?;
-    let progress = HostWords::new(ranks.len())?;
+    let progress = HostWords::new(world)?;
     let diag = HostWords::new(layout.words.iter().copied().max().unwrap_or(1))?;
-    let threads = if loopback { 1 } else { ranks.len() };
+    let threads = if one_thread { 1 } else { ranks.len() };
     let start = std::sync::Barrier::new(threads);
     let events = same_rank_events(plan);
     let flag_preds = flag_preds(plan)?;
@@ -689,6 +791,7 @@ pub fn run_plan_with(
         ptrs,
         ctxs: &ctxs,
         comms: &comms,
+        local: &local,
         layout: &layout,
         flags: &flags,
         progress: &progress,
@@ -702,6 +805,10 @@ pub fn run_plan_with(
         start: &start,
         abort: &abort,
     };
+    if let Some(j) = job {
+        // Every rank's flags are reset before any rank may write them.
+        j.rv.barrier(&format!("run/{}/ready", j.tag))?;
+    }
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let mut hang: Option<CudaError> = None;
@@ -716,7 +823,7 @@ pub fn run_plan_with(
             }
             finished.fetch_add(1, Ordering::AcqRel);
         };
-        let handles: Vec<_> = if loopback {
+        let handles: Vec<_> = if one_thread {
             vec![s.spawn(move || {
                 let res = run_loopback(ranks, sh, all_streams);
                 done(res.is_ok(), ranks);
@@ -742,7 +849,10 @@ pub fn run_plan_with(
         handles
             .into_iter()
             .enumerate()
-            .flat_map(|(r, h)| h.join().unwrap_or_else(|_| vec![Err(CudaError::Worker(r))]))
+            .flat_map(|(i, h)| {
+                h.join()
+                    .unwrap_or_else(|_| vec![Err(CudaError::Worker(local.get(i).copied().unwrap_or(i)))])
+            })
             .collect()
     });
     if let Some(h) = hang {

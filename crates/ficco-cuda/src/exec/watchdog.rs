@@ -42,10 +42,20 @@ pub(crate) fn watchdog(
     failed: &AtomicBool,
     threads: usize,
 ) -> Option<CudaError> {
-    let n = ctxs.len();
     let bound = Duration::from_millis(sh.opts.watchdog_ms);
     let total = (sh.spec.warmup + sh.spec.timed + usize::from(sh.spec.timeline)) as u32;
-    let snapshot = || (0..n).map(|r| sh.progress.get(r)).collect::<Vec<u32>>();
+    // Only this process's ranks: other processes watch their own.
+    let snapshot = || {
+        (0..ctxs.len())
+            .map(|r| {
+                if sh.local.contains(&r) {
+                    sh.progress.get(r)
+                } else {
+                    total
+                }
+            })
+            .collect::<Vec<u32>>()
+    };
     let mut last = snapshot();
     let mut last_change = Instant::now();
     let mut hang = None;
@@ -149,7 +159,8 @@ fn release_all(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>]) -> bool {
     let mut all = true;
     for (r, ctx) in ctxs.iter().enumerate() {
         let words = sh.layout.words[r];
-        if words == 0 {
+        // Other processes' ranks too: their waits on this rank end as well.
+        if words == 0 || sh.flags[r].is_null() {
             continue;
         }
         let done = on_side_stream(ctx, |s| {
@@ -178,6 +189,10 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
         // device, which is what is stuck. `sh.diag` lives until the run ends,
         // after the device drained.
         let words = sh.layout.words[r];
+        if sh.flags[r].is_null() {
+            values.push(vec![u32::MAX; words]);
+            continue;
+        }
         let host = sh.diag;
         let res = on_side_stream(ctx, |s| {
             // SAFETY: rank r's live flag buffer holds `words` words and the
@@ -238,9 +253,12 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
         }
     }
     for (r, &done) in progress.iter().enumerate() {
+        if !sh.local.contains(&r) {
+            continue;
+        }
         // Iteration `done` (0-based) starts by waiting on bank 1 - done % 2.
         let bank = 1 - done as usize % 2;
-        for q in (0..plan.ranks.len()).filter(|&q| q != r) {
+        for q in sh.peers(r) {
             if done > 0 && unset(r, sh.layout.end_slot(q, r, bank)) {
                 return (
                     r,
