@@ -97,3 +97,103 @@ fn a_missing_signal_ends_the_process_within_the_bound() {
     // within the bound plus the drain.
     assert!(took < (bound_ms + 20_000) as f64, "took {took} ms");
 }
+
+/// `explore --procs P --backend loopback`: P processes, every rank on GPU 0,
+/// buffers and flags in memory the processes share; rank 0 prints one
+/// report in which the copy schedules ran and matched the reference.
+#[test]
+fn explore_as_processes_checks_copy_schedules_against_the_reference() {
+    for procs in ["2", "4"] {
+        for op in ["ag-gemm", "gemm-rs", "gemm-ar"] {
+            let args = [
+                "explore",
+                "--procs",
+                procs,
+                "--backend",
+                "loopback",
+                "--op",
+                op,
+                "--m",
+                "1024",
+                "--k",
+                "512",
+                "--n",
+                "768",
+                "--gpus",
+                procs,
+                "--json",
+                "--schedule",
+                "shard-copy-ring",
+                "--schedule",
+                "fine2-copy-all",
+            ];
+            let o = ficco(&args, &[("FICCO_WATCHDOG_MS", "8000")]);
+            if no_gpu("explore_as_processes_checks_copy_schedules", &o) {
+                return;
+            }
+            let out = String::from_utf8_lossy(&o.stdout);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{op} P={procs}: {err}");
+            let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON report");
+            let device = v["hardware"].as_str().unwrap_or_default();
+            assert!(device.contains("as processes"), "{device}");
+            for name in ["shard-copy-ring", "fine2-copy-all"] {
+                let row = v["schedules"]
+                    .as_array()
+                    .and_then(|rows| rows.iter().find(|r| r["name"] == name))
+                    .unwrap_or_else(|| panic!("{op} P={procs}: no row {name}:\n{out}"));
+                assert!(row["skipped"].is_null(), "{op} P={procs} {name}: {row}");
+                let e = row["max_rel_err"].as_f64().expect("checked");
+                assert!(e < 1e-2, "{op} P={procs} {name}: error {e}");
+            }
+            eprintln!("{op} P={procs}: ok ({device})");
+        }
+    }
+}
+
+/// A rank that dies in the middle of a run: every other rank ends with an
+/// error within the bound (its watchdog releases the waits on the dead
+/// rank, the store names it), and `--procs` reports the failure.
+#[test]
+fn a_rank_that_dies_ends_the_job_within_the_bound() {
+    let t0 = Instant::now();
+    let o = ficco(
+        &[
+            "explore",
+            "--procs",
+            "4",
+            "--backend",
+            "loopback",
+            "--op",
+            "ag-gemm",
+            "--m",
+            "1024",
+            "--k",
+            "512",
+            "--n",
+            "512",
+            "--gpus",
+            "4",
+            "--schedule",
+            "shard-copy-ring",
+        ],
+        &[
+            ("FICCO_TEST_KILL_RANK", "2"),
+            ("FICCO_WATCHDOG_MS", "2000"),
+            ("FICCO_DIST_TIMEOUT_MS", "8000"),
+        ],
+    );
+    if no_gpu("a_rank_that_dies_ends_the_job_within_the_bound", &o) {
+        return;
+    }
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("{err}\n(took {took:?})");
+    assert!(!o.status.success());
+    assert!(err.contains("rank 2"), "{err}");
+    assert!(
+        err.contains("the job of 4 processes failed"),
+        "the launcher names the failure: {err}"
+    );
+    assert!(took.as_secs() < 60, "took {took:?}");
+}

@@ -137,7 +137,7 @@ fn measure_suite(
         .map(|s| s.problem.gpus)
         .max()
         .unwrap_or(0);
-    let mut backend = open_backend(args.backend, max_gpus, hw)?;
+    let mut backend = open_backend(args.backend, max_gpus, hw, None)?;
     let sim = Simulator::new(hw.clone());
     let predict = |plan: &ficco_core::plan::Plan| sim.predict(plan);
     let opts = ExploreOptions {

@@ -78,6 +78,11 @@ pub struct ExploreArgs {
     /// Restrict to these schedules (repeatable); seq is always included.
     #[arg(long = "schedule", value_name = "NAME")]
     schedules: Vec<String>,
+    /// Run as N processes, one rank each (the launcher variables torchrun
+    /// sets; rank 0 prints the report). Under torchrun leave it out: the
+    /// ranks find their place in the environment.
+    #[arg(long, value_name = "N")]
+    procs: Option<i64>,
 }
 
 /// The scenarios the flags ask for, validated.
@@ -146,6 +151,16 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
 }
 
 pub fn run(args: ExploreArgs) -> Result<()> {
+    let job = super::procs::job_env()?;
+    if let Some(n) = args.procs {
+        if job.is_some() {
+            bail!("--procs starts the ranks itself, but this process already is a rank of a job (RANK is set): leave --procs out under torchrun");
+        }
+        return super::procs::spawn(positive("procs", n)?);
+    }
+    // Rank 0 of a job prints the report and writes the files; the others
+    // only run their part.
+    let reporter = job.as_ref().is_none_or(|e| e.rank == 0);
     if let (Some(t), Some(s)) = (&args.trace, &args.svg) {
         if t == s {
             bail!(
@@ -174,7 +189,7 @@ pub fn run(args: ExploreArgs) -> Result<()> {
         hw.check_fits(&sc.problem)?;
     }
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
-    let mut backend = open_backend(args.backend, max_gpus, &hw)?;
+    let mut backend = open_backend(args.backend, max_gpus, &hw, job)?;
     let space = space(args.controls, &hw);
     let sim = Simulator::new(hw.clone());
     let predict = |plan: &ficco_core::plan::Plan| sim.predict(plan);
@@ -222,13 +237,21 @@ pub fn run(args: ExploreArgs) -> Result<()> {
             });
         }
         // A file that cannot be written fails the command, but only after the table.
-        if let Err(e) = write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several) {
+        let written = if reporter {
+            write_timelines(args.trace.as_deref(), args.svg.as_deref(), &ex, several)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = written {
             write_errors.push(format!("scenario '{}': {e:#}", sc.name));
         }
         reports.push(ex.report);
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if !reporter {
+        return Ok(());
+    }
 
     let fail_writes = |write_errors: Vec<String>| -> Result<()> {
         if write_errors.is_empty() {

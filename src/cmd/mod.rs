@@ -6,6 +6,7 @@ pub mod evaluate;
 pub mod explore;
 pub mod gemm_bench;
 pub mod info;
+pub mod procs;
 pub mod schedules;
 pub mod select;
 pub mod tune;
@@ -71,10 +72,20 @@ fn short_reason(e: &CudaError) -> String {
     }
 }
 
-/// Opens `--backend` for up to `gpus` GPUs. With `auto` and no usable GPU,
-/// says so on stderr and returns the simulator on `hw`.
-pub fn open_backend(choice: BackendArg, gpus: usize, hw: &HwProfile) -> Result<Box<dyn Backend>> {
-    let opened = ficco_cuda::open(choice.into(), gpus, hw).map_err(|e| {
+/// Opens `--backend` for up to `gpus` GPUs, or for this process's rank of
+/// the job `job` describes. With `auto` and no usable GPU, says so on
+/// stderr and returns the simulator on `hw`.
+pub fn open_backend(
+    choice: BackendArg,
+    gpus: usize,
+    hw: &HwProfile,
+    job: Option<ficco_cuda::dist::LaunchEnv>,
+) -> Result<Box<dyn Backend>> {
+    let opened = match job {
+        Some(env) => ficco_cuda::open_job(choice.into(), env, hw),
+        None => ficco_cuda::open(choice.into(), gpus, hw),
+    };
+    let opened = opened.map_err(|e| {
         let hint = tried_hint(&e).map(|h| format!("; {h}")).unwrap_or_default();
         anyhow!(
             "GPU backend not available: {} (or run with --backend sim to simulate{hint})",

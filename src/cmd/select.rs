@@ -33,7 +33,6 @@ pub struct SelectArgs {
     json: bool,
 }
 
-
 pub fn run(args: SelectArgs) -> Result<()> {
     let selector: Selector = match &args.selector {
         Some(s) => s.parse()?,

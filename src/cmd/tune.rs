@@ -1,7 +1,6 @@
 //! `ficco tune`: measures the rule pick and the top predicted schedules on
 //! the GPUs (`ficco_core::choose::autotune`) and caches the winner for `select`.
 
-use ficco_cuda::info::device_and_software;
 use crate::args::{load_hw, ProblemArgs, DEFAULT_HW};
 use crate::output::{one_line, print};
 use anyhow::{anyhow, bail, Result};
@@ -9,6 +8,7 @@ use clap::Args;
 use ficco_core::choose::autotune;
 use ficco_core::choose::tune::{self, TuneCache, TuneEntry, TuneKey};
 use ficco_core::Error;
+use ficco_cuda::info::device_and_software;
 use serde_json::json;
 use std::path::PathBuf;
 

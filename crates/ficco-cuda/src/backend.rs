@@ -338,7 +338,16 @@ impl GpuBackend {
                 self.world()
             );
         }
-        format!("{}x {} ({}{launch})", self.world(), name, if procs.is_empty() { "" } else { "a process per GPU; " })
+        format!(
+            "{}x {} ({}{launch})",
+            self.world(),
+            name,
+            if procs.is_empty() {
+                ""
+            } else {
+                "a process per GPU; "
+            }
+        )
     }
 
     fn bind(&mut self, plan: &Plan) -> Result<Vec<Vec<DevicePtr>>> {
@@ -466,7 +475,9 @@ impl GpuBackend {
         };
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: the caller's stream handle on this rank's (primary) context.
-        unsafe { crate::driver::cuda::stream_synchronize(stream as cudarc::driver::sys::CUstream)? };
+        unsafe {
+            crate::driver::cuda::stream_synchronize(stream as cudarc::driver::sys::CUstream)?
+        };
         for &(role, addr, bytes) in inputs {
             let b = buffer(role, bytes)?;
             exec::copy_d2d(rank, ptrs[r][b], DevicePtr(addr), bytes)?;

@@ -233,17 +233,6 @@ impl fmt::Display for SystemInfo {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn info_never_panics() {
-        let i = super::info();
-        let s = i.to_string();
-        assert!(s.contains("# libraries"));
-        assert!(serde_json::to_string(&i).is_ok());
-    }
-}
-
 /// The identity a tuning-cache entry is recorded under: the device of
 /// `gpus` GPUs ("4x NVIDIA H200") and "ficco VERSION; driver D; nccl N;
 /// cublaslt C"; `None` when fewer GPUs are visible.
@@ -262,4 +251,15 @@ pub fn device_and_software(gpus: usize) -> Option<(String, String)> {
         v(info.cublaslt_version.map(|x| x.to_string())),
     );
     Some((format!("{gpus}x {name}"), software))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn info_never_panics() {
+        let i = super::info();
+        let s = i.to_string();
+        assert!(s.contains("# libraries"));
+        assert!(serde_json::to_string(&i).is_ok());
+    }
 }

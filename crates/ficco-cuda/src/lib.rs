@@ -75,4 +75,4 @@ pub use error::CudaError;
 pub use exec::{RunOpts, DEFAULT_WATCHDOG_MS, GRAPHS_ENV, HANG_EXIT_CODE};
 pub use info::{info, SystemInfo};
 pub use loader::{nccl_soname_shim, Libraries};
-pub use open::{open, open_loopback, BackendChoice, GpuBackends, Opened};
+pub use open::{open, open_job, open_loopback, BackendChoice, GpuBackends, Opened};

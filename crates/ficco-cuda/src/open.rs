@@ -76,6 +76,82 @@ pub fn open(choice: BackendChoice, gpus: usize, hw: &HwProfile) -> Result<Opened
     }
 }
 
+/// Opens this process's rank of the job `env` describes (one process per
+/// rank: `torchrun`, `ficco explore --procs N`): `Gpu` drives GPU
+/// `LOCAL_RANK`, `Loopback` puts every rank on GPU 0, `Auto` does that only
+/// when the node has more ranks than GPUs, and falls back to the simulator
+/// when no GPU is usable (as [`open`] does). Plans of another rank count
+/// than the job's are skipped.
+pub fn open_job(
+    choice: BackendChoice,
+    env: crate::dist::LaunchEnv,
+    hw: &HwProfile,
+) -> Result<Opened, CudaError> {
+    let loopback = match choice {
+        BackendChoice::Sim => return open(choice, env.world_size, hw),
+        BackendChoice::Gpu => Some(false),
+        BackendChoice::Loopback => Some(true),
+        BackendChoice::Auto => None,
+    };
+    let timeout = crate::dist::timeout_from_env();
+    match GpuBackend::open_job(env, loopback, timeout) {
+        Ok(b) => Ok(Opened {
+            backend: Box::new(JobBackend(b)),
+            fallback: None,
+        }),
+        Err(e) if choice == BackendChoice::Auto && is_unavailable(&e) => Ok(Opened {
+            backend: Box::new(Simulator::new(hw.clone())),
+            fallback: Some(e),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// A rank of a job as a [`Backend`]: plans of the job's rank count only.
+struct JobBackend(GpuBackend);
+
+impl JobBackend {
+    fn fits(&self, plan: &Plan) -> Result<(), BackendError> {
+        if plan.problem.gpus != self.0.gpus() {
+            return Err(Box::new(ficco_core::run::Skip(format!(
+                "the job has {} ranks; this problem needs {}",
+                self.0.gpus(),
+                plan.problem.gpus
+            ))));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for JobBackend {
+    fn name(&self) -> &str {
+        if self.0.is_loopback() {
+            "gpu-loopback"
+        } else {
+            "gpu"
+        }
+    }
+
+    fn device(&self) -> String {
+        self.0.device()
+    }
+
+    fn prepare(&mut self, seq: &Plan) -> Result<(), BackendError> {
+        self.fits(seq)?;
+        self.0.prepare(seq)
+    }
+
+    fn measure(
+        &mut self,
+        plan: &Plan,
+        check: bool,
+        timeline: bool,
+    ) -> Result<Measured, BackendError> {
+        self.fits(plan)?;
+        self.0.measure(plan, check, timeline)
+    }
+}
+
 /// The GPU backend for plans of any GPU count: one [`GpuBackend`] per count
 /// (NCCL communicators span exactly the plan's ranks), opened on first use.
 /// The largest count is opened at once, so a machine without enough GPUs is

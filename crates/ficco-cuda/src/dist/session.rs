@@ -160,7 +160,7 @@ impl Session {
     /// nodes), the rule selector among the schedules that can.
     pub fn pick(&mut self, p: &Problem) -> Result<Schedule> {
         if let Some(s) = self.picks.get(p) {
-            return Ok(s.clone());
+            return Ok(*s);
         }
         let cache = self.cache.get_or_insert_with(|| {
             let path = std::env::var_os("FICCO_TUNE_CACHE")
@@ -180,7 +180,11 @@ impl Session {
         let hw = HwProfile::builtin(SELECT_HW).map_err(bad)?;
         let first = match cached {
             Some(s) => s,
-            None => select::select(p, &hw, Selector::Rules).map_err(bad)?.schedule,
+            None => {
+                select::select(p, &hw, Selector::Rules)
+                    .map_err(bad)?
+                    .schedule
+            }
         };
         let loopback = self.loopback();
         let multi_node = !self.single_node();
@@ -195,7 +199,7 @@ impl Session {
             let among: Vec<Schedule> = select::candidates(p).into_iter().filter(fits).collect();
             select_rules_among(p, &hw, &among).map_err(bad)?.schedule
         };
-        self.picks.insert(*p, s.clone());
+        self.picks.insert(*p, s);
         Ok(s)
     }
 
@@ -215,7 +219,10 @@ impl Session {
                 check_named(call.op, SpaceOptions::default(), std::slice::from_ref(&s))
                     .map_err(bad)?;
                 if let Some(why) = s.misfit(&p) {
-                    return Err(bad(format!("schedule {name} does not fit {}: {why}", p.label())));
+                    return Err(bad(format!(
+                        "schedule {name} does not fit {}: {why}",
+                        p.label()
+                    )));
                 }
                 s
             }
@@ -252,5 +259,171 @@ impl Session {
             Some(job) => Ok(job.rv.close()?),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! GPU tests: the parent re-runs this test binary as 2 and 4 ranks on
+    //! GPU 0 (loopback); each rank calls the three operators on its own
+    //! device memory and checks its output against a host reference of
+    //! every rank's inputs (regenerated from the ranks' seeds).
+    use super::*;
+    use crate::mem::DeviceBuffer;
+    use crate::test_common::{b2f, gate, rand, rel_err, GpuAvailability};
+    use cudarc::driver::CudaContext;
+
+    const CHILD: &str = "FICCO_SESSION_CHILD";
+    const TEST: &str = "dist::session::tests::operators_on_caller_memory_match_the_reference";
+    const M: usize = 512;
+    const K: usize = 256;
+    const N: usize = 384;
+
+    #[test]
+    fn operators_on_caller_memory_match_the_reference() {
+        if std::env::var(CHILD).is_ok() {
+            child();
+            return;
+        }
+        let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
+            Ok(n) => GpuAvailability::Found(n),
+            Err(e) => GpuAvailability::Unusable(e.to_string()),
+        };
+        if !gate("operators_on_caller_memory_match_the_reference", 1, found) {
+            return;
+        }
+        for world in [2, 4] {
+            let codes =
+                crate::dist::run_children(TEST, world, CHILD, std::time::Duration::from_secs(240));
+            assert_eq!(
+                codes,
+                vec![Some(0); world],
+                "rank exit codes, {world} ranks"
+            );
+        }
+    }
+
+    /// Row-major f32 product of bf16 matrices [m, k] x [k, n].
+    fn matmul(a: &[u16], b: &[u16], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for l in 0..k {
+                let x = b2f(a[i * k + l]);
+                for j in 0..n {
+                    c[i * n + j] += x * b2f(b[l * n + j]);
+                }
+            }
+        }
+        c
+    }
+
+    fn child() {
+        let env = LaunchEnv::from_env().expect("launcher variables");
+        let (me, world) = (env.rank, env.world_size);
+        let mut s = Session::join(
+            env,
+            SessionOpts {
+                loopback: Some(true),
+                ..Default::default()
+            },
+        )
+        .expect("join");
+        assert!(s.loopback() && s.single_node());
+        let ctx = CudaContext::new(s.device()).expect("context");
+        let upload = |v: &[u16]| {
+            let d = DeviceBuffer::alloc(&ctx, v.len() * 2).expect("alloc");
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            d.upload(&bytes).expect("upload");
+            d
+        };
+        let download = |d: &DeviceBuffer| -> Vec<f32> {
+            let mut bytes = vec![0u8; d.bytes()];
+            d.download(&mut bytes).expect("download");
+            bytes
+                .chunks_exact(2)
+                .map(|c| b2f(u16::from_le_bytes([c[0], c[1]])))
+                .collect()
+        };
+        let shard = M / world;
+        for (op, schedule) in [
+            (Op::AgGemm, Some("shard-copy-ring")),
+            (Op::AgGemm, None),
+            (Op::GemmRs, Some("fine2-copy-all")),
+            (Op::GemmRs, None),
+            (Op::GemmAr, Some("shard-copy-ring")),
+            (Op::GemmAr, None),
+        ] {
+            let a_rows = if op == Op::AgGemm { shard } else { M };
+            // Every rank's inputs, regenerated from its seed.
+            let a_of = |r: usize| rand(a_rows * K, 100 + r as u64 + 10 * op as u64);
+            let b_of = |r: usize| rand(K * N, 200 + r as u64 + 10 * op as u64);
+            let reference: Vec<f32> = match op {
+                Op::AgGemm => {
+                    let gathered: Vec<u16> = (0..world).flat_map(a_of).collect();
+                    matmul(&gathered, &b_of(me), M, K, N)
+                }
+                _ => {
+                    let mut sum = vec![0f32; M * N];
+                    for r in 0..world {
+                        for (s, x) in sum.iter_mut().zip(matmul(&a_of(r), &b_of(r), M, K, N)) {
+                            *s += x;
+                        }
+                    }
+                    if op == Op::GemmRs {
+                        sum[me * shard * N..(me + 1) * shard * N].to_vec()
+                    } else {
+                        sum
+                    }
+                }
+            };
+            let (a, b) = (upload(&a_of(me)), upload(&b_of(me)));
+            // Poisoned: NaN until the operator writes it.
+            let out = upload(&vec![0x7fc0u16; reference.len()]);
+            let done = s
+                .run_op(&OpCall {
+                    op,
+                    m: M,
+                    k: K,
+                    n: N,
+                    schedule,
+                    a: a.ptr().raw(),
+                    b: b.ptr().raw(),
+                    out: out.ptr().raw(),
+                    stream: 0,
+                })
+                .unwrap_or_else(|e| panic!("rank {me} {op} {schedule:?}: {e}"));
+            let err = rel_err(&download(&out), &reference);
+            eprintln!(
+                "rank {me}/{world} {op} {}: rel err {err:.2e}",
+                done.schedule
+            );
+            assert!(
+                err < 2e-2,
+                "rank {me} {op} {}: rel err {err}",
+                done.schedule
+            );
+            if let Some(name) = schedule {
+                assert_eq!(done.schedule, name);
+            }
+        }
+        // A bad call is an error on every rank, not a crash.
+        let e = s
+            .run_op(&OpCall {
+                op: Op::AgGemm,
+                m: M + 1,
+                k: K,
+                n: N,
+                schedule: None,
+                a: 0,
+                b: 0,
+                out: 0,
+                stream: 0,
+            })
+            .expect_err("m not divisible by the ranks");
+        assert!(
+            e.to_string().contains("divisible") || e.to_string().contains(&(M + 1).to_string()),
+            "{e}"
+        );
+        s.close().expect("close");
     }
 }

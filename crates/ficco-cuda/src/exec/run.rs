@@ -85,6 +85,14 @@ fn drop_signal_hook() -> Option<(usize, usize)> {
     Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
 }
 
+/// Test hook of a job (the rank-failure tests): the rank it names exits
+/// abruptly once its first run started, leaving its peers waiting on it.
+const KILL_ENV: &str = "FICCO_TEST_KILL_RANK";
+
+fn kill_hook() -> Option<usize> {
+    std::env::var(KILL_ENV).ok()?.trim().parse().ok()
+}
+
 /// Environment variable that turns CUDA graphs off when `0` (`--no-graph`).
 pub const GRAPHS_ENV: &str = "FICCO_GRAPHS";
 
@@ -773,7 +781,10 @@ fn run_bound(
         };
         let set = comm_set(ranks, limits)?;
         set.warm()?;
-        set.comms().iter().map(|c| Some(CommHandle(c.raw()))).collect()
+        set.comms()
+            .iter()
+            .map(|c| Some(CommHandle(c.raw())))
+            .collect()
     };
     ranks[0]
         .ctx
@@ -808,6 +819,13 @@ fn run_bound(
     if let Some(j) = job {
         // Every rank's flags are reset before any rank may write them.
         j.rv.barrier(&format!("run/{}/ready", j.tag))?;
+        if kill_hook() == Some(j.rv.env.rank) {
+            eprintln!(
+                "ficco: rank {} exits now ({KILL_ENV}, a test of rank failure)",
+                j.rv.env.rank
+            );
+            std::process::exit(3);
+        }
     }
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
@@ -850,8 +868,9 @@ fn run_bound(
             .into_iter()
             .enumerate()
             .flat_map(|(i, h)| {
-                h.join()
-                    .unwrap_or_else(|_| vec![Err(CudaError::Worker(local.get(i).copied().unwrap_or(i)))])
+                h.join().unwrap_or_else(|_| {
+                    vec![Err(CudaError::Worker(local.get(i).copied().unwrap_or(i)))]
+                })
             })
             .collect()
     });
