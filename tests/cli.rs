@@ -483,3 +483,42 @@ fn trace_and_svg_files_are_valid() {
         "cannot write '/no/such/dir/x.svg'",
     );
 }
+
+/// `--procs N` runs N processes (one rank each, the launcher variables
+/// torchrun sets); rank 0 prints the one report. With the simulator this
+/// runs anywhere: the report appears once and equals the single-process one.
+#[test]
+fn procs_runs_ranks_as_processes_and_rank_zero_prints_once() {
+    let one = ficco(&[&["explore", "--backend", "sim", "--json"][..], &SHAPE].concat());
+    let four = ficco(
+        &[
+            &["explore", "--backend", "sim", "--json", "--procs", "4"][..],
+            &SHAPE,
+        ]
+        .concat(),
+    );
+    assert!(four.status.success(), "{}", stderr(&four));
+    assert_eq!(stdout(&four).matches("\"scenario\"").count(), 1);
+    assert_eq!(stdout(&four), stdout(&one));
+}
+
+#[test]
+fn procs_and_launcher_variables_are_checked() {
+    assert_fails(
+        &[&["explore", "--procs", "0"][..], &SHAPE].concat(),
+        "procs must be positive",
+    );
+    // A half-set launcher environment names what is missing.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ficco"))
+        .args([&["explore", "--backend", "sim"][..], &SHAPE].concat())
+        .env("RANK", "0")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("run ficco");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("WORLD_SIZE") && err.contains("one rank of a job"),
+        "{err}"
+    );
+}
