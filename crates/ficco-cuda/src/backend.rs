@@ -35,6 +35,20 @@ impl Default for MeasureConfig {
     }
 }
 
+/// One operand of an operator call on caller memory ([`GpuBackend::run_on`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Operand {
+    /// The plan buffer it fills (an input) or receives (the output).
+    pub role: BufferRole,
+    /// Its device address in this process, and its size.
+    pub addr: u64,
+    pub bytes: usize,
+    /// Every rank's address of its operand of this role, as mapped here,
+    /// when every rank's operand lives in shared memory at the same offset:
+    /// the plan then reads and writes it in place.
+    pub shared: Option<Vec<DevicePtr>>,
+}
+
 /// Inputs and reference outputs of one prepared problem, per rank driven
 /// here (in the order of `GpuBackend::ranks`).
 struct Prepared {
@@ -245,6 +259,17 @@ impl GpuBackend {
         })
     }
 
+    /// The context and device ordinal of this process's one rank (a rank
+    /// of a job).
+    pub(crate) fn rank_context(&self) -> Result<(std::sync::Arc<CudaContext>, usize)> {
+        match (self.ranks.as_slice(), self.job.as_ref()) {
+            ([rank], Some(job)) => Ok((rank.ctx.clone(), job.ordinal)),
+            _ => Err(CudaError::Plan(
+                "shared allocations belong to a rank of a job (one process per rank)".into(),
+            )),
+        }
+    }
+
     /// The job this backend is a rank of, if any.
     pub fn job(&self) -> Option<&Job> {
         self.job.as_ref()
@@ -427,28 +452,18 @@ impl GpuBackend {
     }
 
     /// Runs `plan` once on caller memory (a rank of a job: this process's
-    /// rank): waits for the caller's `stream`, copies each of `inputs`
-    /// (role, address, bytes) into the plan's buffer of that role, runs,
-    /// and copies the plan's output into `out` (address, bytes). Returns
-    /// once `out` is written. Sizes must match the plan's buffers exactly.
-    pub(crate) fn run_on(
-        &mut self,
-        plan: &Plan,
-        inputs: &[(BufferRole, u64, usize)],
-        out: (u64, usize),
-        stream: u64,
-    ) -> Result<()> {
-        let res = self.run_on_inner(plan, inputs, out, stream);
+    /// rank): waits for the caller's `stream`, copies every input operand
+    /// into the plan's buffer of its role, runs, and copies the plan's
+    /// output into the output operand. An operand that lives in shared
+    /// memory ([`Operand::shared`]) is bound in place instead of copied.
+    /// Returns once the output is written. Sizes must match the plan's
+    /// buffers exactly.
+    pub(crate) fn run_on(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
+        let res = self.run_on_inner(plan, operands, stream);
         self.job_result(res)
     }
 
-    fn run_on_inner(
-        &mut self,
-        plan: &Plan,
-        inputs: &[(BufferRole, u64, usize)],
-        out: (u64, usize),
-        stream: u64,
-    ) -> Result<()> {
+    fn run_on_inner(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
         if self.ranks.len() != 1 {
             return Err(CudaError::Plan(
                 "an operator call runs one rank per process".into(),
@@ -456,33 +471,42 @@ impl GpuBackend {
         }
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
-        let ptrs = self.bind(plan)?;
-        let rank = &self.ranks[0];
-        let r = rank.rank;
-        let rp = &plan.ranks[r];
-        let buffer = |role: BufferRole, bytes: usize| -> Result<usize> {
-            let b = rp.buffer_with(role).ok_or_else(|| {
-                CudaError::Plan(format!("the plan of rank {r} has no {role:?} buffer"))
+        let mut ptrs = self.bind(plan)?;
+        let r = self.ranks[0].rank;
+        let mut at = vec![];
+        for op in operands {
+            let rp = &plan.ranks[r];
+            let b = rp.buffer_with(op.role).ok_or_else(|| {
+                CudaError::Plan(format!("the plan of rank {r} has no {:?} buffer", op.role))
             })?;
             let want = rp.buffers[b].bytes();
-            if want != bytes {
+            if want != op.bytes {
                 return Err(CudaError::Plan(format!(
-                    "{role:?} of rank {r} has {bytes} bytes, the plan's buffer '{}' {want}",
-                    rp.buffers[b].name
+                    "{:?} of rank {r} has {} bytes, the plan's buffer '{}' {want}",
+                    op.role, op.bytes, rp.buffers[b].name
                 )));
             }
-            Ok(b)
-        };
+            if let Some(all) = &op.shared {
+                // Every rank binds this role to the caller's shared memory.
+                for (q, (rp, &p)) in plan.ranks.iter().zip(all).enumerate() {
+                    if let Some(bq) = rp.buffer_with(op.role) {
+                        ptrs[q][bq] = p;
+                    }
+                }
+            }
+            at.push(b);
+        }
+        let rank = &self.ranks[0];
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: the caller's stream handle on this rank's (primary) context.
         unsafe {
             crate::driver::cuda::stream_synchronize(stream as cudarc::driver::sys::CUstream)?
         };
-        for &(role, addr, bytes) in inputs {
-            let b = buffer(role, bytes)?;
-            exec::copy_d2d(rank, ptrs[r][b], DevicePtr(addr), bytes)?;
+        for (op, &b) in operands.iter().zip(&at) {
+            if op.role != BufferRole::Output && op.shared.is_none() {
+                exec::copy_d2d(rank, ptrs[r][b], DevicePtr(op.addr), op.bytes)?;
+            }
         }
-        let o = buffer(BufferRole::Output, out.1)?;
         rank.synchronize()?;
         // One call: capturing graphs would cost more than it saves.
         let graphs = std::mem::replace(&mut self.run_opts.graphs, false);
@@ -490,7 +514,11 @@ impl GpuBackend {
         self.run_opts.graphs = graphs;
         ran?;
         let rank = &self.ranks[0];
-        exec::copy_d2d(rank, DevicePtr(out.0), ptrs[r][o], out.1)?;
+        for (op, &b) in operands.iter().zip(&at) {
+            if op.role == BufferRole::Output && op.shared.is_none() {
+                exec::copy_d2d(rank, DevicePtr(op.addr), ptrs[r][b], op.bytes)?;
+            }
+        }
         rank.synchronize()
     }
 

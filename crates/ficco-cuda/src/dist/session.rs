@@ -7,8 +7,10 @@
 //! device memory ([`Session::run_op`]).
 
 use super::job::{needs_one_node, Job};
-use crate::backend::GpuBackend;
+use super::shared::SymmetricMem;
+use crate::backend::{GpuBackend, Operand};
 use crate::error::{CudaError, Result};
+use crate::mem::DevicePtr;
 use ficco_core::choose::autotune::{self, Advice};
 use ficco_core::choose::explore::check_named;
 use ficco_core::choose::select::{self, select_rules_among, Selector};
@@ -87,6 +89,10 @@ pub struct Session {
     picks: HashMap<Problem, Schedule>,
     /// The tuning cache (loaded once; `FICCO_TUNE_CACHE` or the default path).
     cache: Option<TuneCache>,
+    /// Shared allocations handed to the caller ([`Session::alloc`]).
+    heap: Vec<SymmetricMem>,
+    /// Operator calls so far (names each call's exchange).
+    calls: u64,
 }
 
 /// Whether `plan` can run where every rank shares one GPU: no NCCL (it
@@ -114,6 +120,8 @@ impl Session {
             backend,
             picks: HashMap::new(),
             cache: None,
+            heap: vec![],
+            calls: 0,
         })
     }
 
@@ -203,6 +211,110 @@ impl Session {
         Ok(s)
     }
 
+    /// A shared allocation of `bytes` on this rank's device (like PyTorch's
+    /// `symm_mem.empty`): every rank calls it with the same size and gets
+    /// its own buffer, which the node's other ranks map too. Operands that
+    /// lie in such buffers (at the same offset on every rank) are read and
+    /// written in place by [`Session::run_op`] instead of copied. Returns
+    /// the device address; [`Session::free`] releases it.
+    pub fn alloc(&mut self, bytes: usize) -> Result<u64> {
+        if bytes == 0 {
+            return Err(bad("a shared allocation needs at least one byte"));
+        }
+        let (ctx, ordinal) = self.backend.rank_context()?;
+        self.calls += 1;
+        let job = self.job()?;
+        let m = SymmetricMem::exchange(
+            &job.rv,
+            &format!("heap{}", self.calls),
+            &ctx,
+            ordinal,
+            bytes,
+        )?;
+        let addr = m.ptr(job.rank()).map_or(0, |p| p.raw());
+        self.heap.push(m);
+        Ok(addr)
+    }
+
+    /// Releases this rank's shared allocation at `addr` (local: peers keep
+    /// the memory mapped until they release theirs). Unknown addresses are
+    /// an error.
+    pub fn free(&mut self, addr: u64) -> Result<()> {
+        let me = self.rank();
+        let i = self
+            .heap
+            .iter()
+            .position(|m| m.ptr(me).is_some_and(|p| p.raw() == addr))
+            .ok_or_else(|| {
+                bad(format!(
+                    "0x{addr:x} is not a shared allocation of this session"
+                ))
+            })?;
+        self.heap.swap_remove(i);
+        Ok(())
+    }
+
+    /// Where `[addr, addr + bytes)` lies in a shared allocation: its index
+    /// and offset (16-byte aligned, as TMA loads want), if it does.
+    fn in_heap(&self, addr: u64, bytes: usize) -> Option<(usize, u64)> {
+        let me = self.rank();
+        self.heap.iter().enumerate().find_map(|(i, m)| {
+            let base = m.ptr(me)?.raw();
+            let off = addr.checked_sub(base)?;
+            (off + bytes as u64 <= m.bytes() as u64 && off % 16 == 0).then_some((i, off))
+        })
+    }
+
+    /// The operands of a call: each in shared memory at the same place on
+    /// every rank is bound in place (decided alike on every rank through one
+    /// exchange), the others are copied.
+    fn operands(&mut self, ops: &[(BufferRole, u64, usize)]) -> Result<Vec<Operand>> {
+        let mine: Vec<u8> = ops
+            .iter()
+            .flat_map(|&(_, addr, bytes)| {
+                let (i, off) = self
+                    .in_heap(addr, bytes)
+                    .map_or((u64::MAX, 0), |(i, o)| (i as u64, o));
+                [i.to_le_bytes(), off.to_le_bytes()].concat()
+            })
+            .collect();
+        self.calls += 1;
+        let job = self.job()?;
+        let all = job
+            .rv
+            .all_gather(&format!("operands/{}", self.calls), &mine)?;
+        let world = job.world();
+        Ok(ops
+            .iter()
+            .enumerate()
+            .map(|(j, &(role, addr, bytes))| {
+                let at = &mine[j * 16..j * 16 + 16];
+                let agreed = at[..8] != u64::MAX.to_le_bytes()
+                    && all.iter().all(|v| v.get(j * 16..j * 16 + 16) == Some(at));
+                let shared = agreed.then(|| {
+                    let i = u64::from_le_bytes(at[..8].try_into().unwrap_or([0; 8])) as usize;
+                    let off = u64::from_le_bytes(at[8..].try_into().unwrap_or([0; 8])) as usize;
+                    (0..world)
+                        .map(|q| {
+                            self.heap
+                                .get(i)
+                                .and_then(|m| m.ptr(q))
+                                .map_or(DevicePtr::NULL, |p| p.offset(off))
+                        })
+                        .collect::<Vec<_>>()
+                });
+                // Memory of another node's rank is not mapped here: copy.
+                let shared = shared.filter(|v| v.iter().all(|p| !p.is_null()));
+                Operand {
+                    role,
+                    addr,
+                    bytes,
+                    shared,
+                }
+            })
+            .collect())
+    }
+
     /// Runs one operator on the caller's memory (see [`OpCall`]); every
     /// rank of the job calls it with the same op, shapes and schedule.
     pub fn run_op(&mut self, call: &OpCall<'_>) -> Result<OpDone> {
@@ -242,19 +354,20 @@ impl Session {
             Op::GemmRs => (p.m, shard),
             _ => (p.m, p.m),
         };
-        let inputs = [
+        let operands = self.operands(&[
             (BufferRole::InputA, call.a, a_rows * p.k * e),
             (BufferRole::InputB, call.b, p.k * p.n * e),
-        ];
-        self.backend
-            .run_on(&plan, &inputs, (call.out, out_rows * p.n * e), call.stream)?;
+            (BufferRole::Output, call.out, out_rows * p.n * e),
+        ])?;
+        self.backend.run_on(&plan, &operands, call.stream)?;
         Ok(OpDone {
             schedule: schedule.name(),
         })
     }
 
     /// Leaves the job (a last barrier, then the store closes).
-    pub fn close(self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
+        self.heap.clear();
         match self.backend.into_job() {
             Some(job) => Ok(job.rv.close()?),
             None => Ok(()),
@@ -378,19 +491,21 @@ mod tests {
             };
             let (a, b) = (upload(&a_of(me)), upload(&b_of(me)));
             // Poisoned: NaN until the operator writes it.
-            let out = upload(&vec![0x7fc0u16; reference.len()]);
+            let poison = vec![0x7fc0u16; reference.len()];
+            let out = upload(&poison);
+            let call = |a: u64, b: u64, out: u64| OpCall {
+                op,
+                m: M,
+                k: K,
+                n: N,
+                schedule,
+                a,
+                b,
+                out,
+                stream: 0,
+            };
             let done = s
-                .run_op(&OpCall {
-                    op,
-                    m: M,
-                    k: K,
-                    n: N,
-                    schedule,
-                    a: a.ptr().raw(),
-                    b: b.ptr().raw(),
-                    out: out.ptr().raw(),
-                    stream: 0,
-                })
+                .run_op(&call(a.ptr().raw(), b.ptr().raw(), out.ptr().raw()))
                 .unwrap_or_else(|e| panic!("rank {me} {op} {schedule:?}: {e}"));
             let err = rel_err(&download(&out), &reference);
             eprintln!(
@@ -404,6 +519,34 @@ mod tests {
             );
             if let Some(name) = schedule {
                 assert_eq!(done.schedule, name);
+            }
+            // The same operands in shared allocations: bound in place. The
+            // output sits at an offset, so offsets are exercised too.
+            let bytes = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            let sa = s.alloc(a.bytes()).expect("alloc a");
+            let sb = s.alloc(b.bytes()).expect("alloc b");
+            let so = s.alloc(out.bytes() + 4096).expect("alloc out") + 4096;
+            ctx.bind_to_thread().expect("bind");
+            // SAFETY: each allocation holds the bytes written (ctx is current).
+            unsafe {
+                crate::driver::cuda::memcpy_htod(DevicePtr(sa), &bytes(&a_of(me))).expect("a");
+                crate::driver::cuda::memcpy_htod(DevicePtr(sb), &bytes(&b_of(me))).expect("b");
+                crate::driver::cuda::memcpy_htod(DevicePtr(so), &bytes(&poison)).expect("out");
+            }
+            s.run_op(&call(sa, sb, so))
+                .unwrap_or_else(|e| panic!("rank {me} {op} in place: {e}"));
+            let mut raw = vec![0u8; out.bytes()];
+            // SAFETY: as above.
+            unsafe { crate::driver::cuda::memcpy_dtoh(&mut raw, DevicePtr(so)).expect("read") };
+            let got: Vec<f32> = raw
+                .chunks_exact(2)
+                .map(|c| b2f(u16::from_le_bytes([c[0], c[1]])))
+                .collect();
+            let err = rel_err(&got, &reference);
+            eprintln!("rank {me}/{world} {op} in place: rel err {err:.2e}");
+            assert!(err < 2e-2, "rank {me} {op} in place: rel err {err}");
+            for p in [sa, sb, so - 4096] {
+                s.free(p).expect("free");
             }
         }
         // A bad call is an error on every rank, not a crash.
