@@ -1,7 +1,8 @@
 //! ficco-cuda: the GPU backend. It executes `ficco_core` plans on NVIDIA GPUs
 //! through cudarc: cuBLASLt GEMMs, NCCL collectives, copy-engine peer copies
-//! and a few NVRTC kernels, one process driving every GPU with one host thread
-//! per GPU.
+//! and a few NVRTC kernels, either one process driving every GPU with one
+//! host thread per GPU, or one process per GPU ([`dist`]: `torchrun`,
+//! `--procs`, the Python package), with the same plans and executor.
 //!
 //! The main design choices: all cross-rank ordering goes through one seam,
 //! `signal`: flags in device memory that the producer's stream writes and
@@ -23,7 +24,7 @@
 //! | [`info`](mod@info) | GPUs, SMs, memory, copy engines, peer matrix, versions |
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`error`] | [`CudaError`] |
-//! | [`dist`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes |
+//! | [`dist`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes, the rank runtime ([`dist::Session`]) |
 //! | `exec` | the executor: `exec::rank` resources, `exec::check` host checks and output comparison, `exec::issue` one function per task kind, `exec::run` the run loop |
 //! | `signal` | the cross-rank synchronisation seam: device signal flags, epochs, progress words |
 //! | `comm` | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |

@@ -1,5 +1,7 @@
-//! The executor: one process drives every GPU, one host thread per GPU (one
-//! thread for every rank in loopback).
+//! The executor: one host thread per GPU this process drives (one thread for
+//! every rank in loopback); with one process per GPU, each process drives
+//! its rank and reaches the others' through shared memory
+//! ([`run::JobRun`]).
 //!
 //! Per rank: a context (cudarc event tracking off), streams created with the
 //! plan's priorities, an event per task, a control stream that starts and ends
