@@ -6,6 +6,7 @@ Skipped without CUDA, unless FICCO_REQUIRE_GPU=1, where that fails. Run on
 a GPU machine with:
 
     pytest -q python/tests/test_gpu_loopback.py
+    python python/tests/test_gpu_loopback.py      # the same, where pytest is not installed
 """
 
 import json
@@ -15,17 +16,22 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 import ficco
+
+try:
+    import pytest
+except ImportError:  # run as a script (see __main__ below)
+    pytest = None
 
 WORKER = Path(__file__).resolve().parent / "loopback_worker.py"
 
 if not torch.cuda.is_available():
     if os.environ.get("FICCO_REQUIRE_GPU") == "1":
         raise RuntimeError("FICCO_REQUIRE_GPU=1 but torch sees no CUDA device")
-    pytest.skip("no CUDA device (set FICCO_REQUIRE_GPU=1 to fail instead)", allow_module_level=True)
+    if pytest is not None and __name__ != "__main__":
+        pytest.skip("no CUDA device (set FICCO_REQUIRE_GPU=1 to fail instead)", allow_module_level=True)
 
 # bf16 output of a bf16 GEMM (and a sum over ranks): relative Frobenius
 # error of a correct result is ~3e-3; a wrong block or a missing peer is ~1.
@@ -70,8 +76,7 @@ def launch(world, mode, tmp_path, limit_s, extra_env=None):
     return codes, ended, results
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_every_op_equals_the_reference(world, tmp_path):
+def check_ops(world, tmp_path):
     codes, _, results = launch(
         world, "ops", tmp_path, limit_s=500, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
     )
@@ -101,8 +106,7 @@ def test_every_op_equals_the_reference(world, tmp_path):
         assert len({rows[i]["ran"] for rows in results}) == 1, [rows[i] for rows in results]
 
 
-@pytest.mark.parametrize("world,victim", [(2, 0), (4, 2)])
-def test_a_dead_rank_ends_the_others_with_an_error(world, victim, tmp_path):
+def check_dead_rank(world, victim, tmp_path):
     codes, ended, results = launch(
         world,
         f"fail:{victim}",
@@ -122,3 +126,41 @@ def test_a_dead_rank_ends_the_others_with_an_error(world, victim, tmp_path):
         assert row["after_s"] < 40, f"rank {r} raised only after {row['after_s']:.1f} s"
         assert codes[r] == 0, f"rank {r} exited with {codes[r]} after raising"
     assert ended < 60, f"the processes ended only after {ended:.1f} s (codes {codes})"
+
+
+OPS_CASES = [2, 4]
+# Rank 0 (which hosts the session's store) dying, and another rank.
+DEAD_CASES = [(2, 0), (4, 2)]
+
+if pytest is not None:
+
+    @pytest.mark.parametrize("world", OPS_CASES)
+    def test_every_op_equals_the_reference(world, tmp_path):
+        check_ops(world, tmp_path)
+
+    @pytest.mark.parametrize("world,victim", DEAD_CASES)
+    def test_a_dead_rank_ends_the_others_with_an_error(world, victim, tmp_path):
+        check_dead_rank(world, victim, tmp_path)
+
+
+if __name__ == "__main__":
+    import tempfile
+    import traceback
+
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device")
+        sys.exit(0)
+    cases = [(f"ops world={w}", check_ops, (w,)) for w in OPS_CASES]
+    cases += [(f"dead rank world={w} victim={v}", check_dead_rank, (w, v)) for w, v in DEAD_CASES]
+    failed = 0
+    for name, fn, args in cases:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.monotonic()
+            try:
+                fn(*args, Path(d))
+                print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
+            except AssertionError:
+                failed += 1
+                print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+    print(f"{len(cases) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
