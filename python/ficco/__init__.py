@@ -15,9 +15,30 @@ the native layer (the Rust library through PyO3):
 * ``free_port()`` and ``version()``.
 """
 
+import os
+import sys
+
 from ficco._native import Session, check_schedule, free_port, schedules, version
 
 __version__ = version()
+
+
+def _hardware_queues() -> bool:
+    """Asks the CUDA driver for 32 hardware queues per device
+    (``CUDA_DEVICE_MAX_CONNECTIONS``, default 8) unless the user chose: a
+    stream waiting on one of ficco's signal flags blocks its queue, and
+    streams sharing it wait behind it (several ranks' streams share one GPU
+    in loopback). The driver reads it when PyTorch first touches CUDA, so
+    ``import ficco`` before that. Returns whether it was in time."""
+    if "CUDA_DEVICE_MAX_CONNECTIONS" in os.environ:
+        return True
+    torch = sys.modules.get("torch")
+    late = torch is not None and torch.cuda.is_initialized()
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+    return not late
+
+
+_QUEUES_IN_TIME = _hardware_queues()
 
 __all__ = [
     "Session",

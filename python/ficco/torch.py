@@ -43,11 +43,13 @@ import datetime
 import os
 import socket
 import threading
+import warnings
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+import ficco
 from ficco import _native
 
 __all__ = [
@@ -398,6 +400,15 @@ def _join(fn: str, group) -> "_native.Session":
     peers: List[Tuple[str, int, str]] = [("", 0, "")] * size
     dist.all_gather_object(peers, me, group=group)
     local_rank, local_world, loopback = _node_plan(fn, peers, rank)
+    if loopback and not ficco._QUEUES_IN_TIME:
+        warnings.warn(
+            "ficco: CUDA was initialised before `import ficco`, so the driver keeps its "
+            "default 8 hardware queues; with several ranks on one GPU their waiting "
+            "streams can block each other until ficco's watchdog ends the run. Import "
+            "ficco first, or set CUDA_DEVICE_MAX_CONNECTIONS=32.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     name = _group_name(group)
     count = _built.get(name, 0)

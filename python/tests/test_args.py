@@ -72,6 +72,24 @@ def test_import_and_version_match_the_crate():
     assert ficco._native.__name__ == "ficco._native"
 
 
+def run_py(code, **env):
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout
+
+
+def test_import_asks_for_more_hardware_queues_unless_the_user_chose():
+    show = "import os, ficco; print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'], ficco._QUEUES_IN_TIME)"
+    assert run_py(show).split() == ["32", "True"]
+    assert run_py(show, CUDA_DEVICE_MAX_CONNECTIONS="4").split() == ["4", "True"]
+    # After PyTorch initialised CUDA the setting comes too late, which is remembered.
+    late = "import torch; torch.cuda.is_initialized = lambda: True; " + show
+    assert run_py(late).split() == ["32", "False"]
+
+
 def test_free_port_is_a_bindable_port():
     port = ficco.free_port()
     assert isinstance(port, int) and 1 <= port <= 65535
