@@ -2,6 +2,9 @@
 # Builds ficco and every ficco-cuda test executable here (the GPU machine has
 # no Rust toolchain) and copies them into .bin/ (git-ignored), to be carried
 # to the GPU machine: `run` with carry [".bin"], then `bash bench/gpu-tests.sh $OUT`.
+# With maturin on the PATH (`pip install maturin`) it also builds the Python
+# wheel (abi3: any CPython >= 3.9) into .bin/; there `pip install --no-deps
+# .bin/ficco-*.whl` gives `import ficco` beside the PyTorch already installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release
@@ -19,4 +22,13 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".bin/test-" + name)
         print(".bin/test-" + name)
 '
+rm -f .bin/ficco-*.whl
+if command -v maturin >/dev/null; then
+  # `--compatibility linux`: no manylinux audit; the wheel runs where the
+  # binaries above run (same glibc floor), which is all .bin/ is for.
+  (cd python && CARGO_TARGET_DIR="$PWD/../target" \
+    maturin build --release --compatibility linux -o ../.bin/ 2>&1 | tail -1)
+else
+  echo "build-bin: maturin not on PATH, no Python wheel (pip install maturin)" >&2
+fi
 git rev-parse --short HEAD > .bin/COMMIT

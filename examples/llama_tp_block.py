@@ -1,0 +1,318 @@
+"""The forward pass of one Llama-3 transformer block, tensor- and sequence-
+parallel over the ranks of a job, run three ways and compared:
+
+* ``pytorch``: PyTorch sequential (``all_gather_into_tensor`` then ``@``;
+  ``@`` then ``reduce_scatter_tensor``);
+* ``async-tp``: PyTorch async-TP, its fused symmetric-memory ops
+  (``torch.ops.symm_mem.fused_all_gather_matmul`` and
+  ``fused_matmul_reduce_scatter``);
+* ``ficco``: ``ficco.torch.all_gather_matmul`` and ``matmul_reduce_scatter``.
+
+The block (Megatron-style TP with sequence parallelism, as async-TP runs it):
+each rank holds T/P tokens of the residual stream ``x`` ``[T/P, D]``::
+
+    h   = RMSNorm(x)
+    qkv = all_gather(h) @ W_qkv[r]          AG->GEMM   [T, (H + 2 Hkv) hd / P]
+    o   = SDPA(RoPE(q), RoPE(k), v), causal, grouped-query heads
+    x   = x + reduce_scatter(o @ W_o[r])    GEMM->RS   [T/P, D]
+    h   = RMSNorm(x)
+    gu  = all_gather(h) @ W_gate_up[r]      AG->GEMM   [T, 2 F / P]
+    x   = x + reduce_scatter((silu(g) * u) @ W_down[r])   GEMM->RS
+
+It checks that every way's block output agrees with PyTorch sequential within
+bf16 tolerance (relative Frobenius error of the block's update, x_out - x_in,
+below 2e-2) and prints the time per block (CUDA events, after a warm-up, the
+median over ``--iters``, the slowest rank's).
+
+    torchrun --nproc-per-node 4 examples/llama_tp_block.py            # Llama-3-70B block, 8192 tokens
+    torchrun --nproc-per-node 2 examples/llama_tp_block.py --loopback \\
+        --dim 2048 --heads 16 --kv-heads 8 --ffn 8192 --tokens 2048   # every rank on cuda:0 (gloo)
+
+``--loopback`` runs every rank on cuda:0 with a gloo process group (NCCL
+cannot put two ranks on one GPU) and skips async-TP, which needs NCCL; its
+times say nothing about performance.
+"""
+
+import argparse
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import ficco.torch as ft
+
+TOLERANCE = 2e-2
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dim", type=int, default=8192, help="model width D (Llama-3-70B: 8192)")
+    p.add_argument("--heads", type=int, default=64, help="query heads H")
+    p.add_argument("--kv-heads", type=int, default=8, help="key/value heads Hkv (grouped-query attention)")
+    p.add_argument("--ffn", type=int, default=28672, help="MLP hidden size F")
+    p.add_argument("--tokens", type=int, default=8192, help="tokens T of the sequence (all ranks)")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations (after --warmup)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--schedule", default="auto", help="ficco schedule for every op ('auto': tuned, else rules)")
+    p.add_argument("--loopback", action="store_true", help="every rank on cuda:0, gloo; no async-TP")
+    return p.parse_args()
+
+
+# ------------------------------------------------------------ the block
+
+
+def rms_norm(x, w, eps=1e-5):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def rope_tables(tokens, head_dim, device, theta=500000.0):
+    """cos and sin of Llama-3's rotary embedding, [T, hd/2] (theta 500000)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(tokens, device=device, dtype=torch.float32), inv)
+    return ang.cos(), ang.sin()
+
+
+def rope(x, cos, sin):
+    """x [heads, T, hd]: rotate each (even, odd) pair by its position's angle."""
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+def block(x, w, comm, cfg):
+    """One block's forward on this rank's token shard x [T/P, D]."""
+    p, hd = cfg["P"], cfg["hd"]
+    hq, hkv = cfg["heads"] // p, cfg["kv_heads"] // p
+    tokens = x.shape[0] * p
+
+    h = rms_norm(x, w["attn_norm"])
+    qkv = comm.ag_mm("qkv", h, w["qkv"])  # [T, (hq + 2 hkv) hd]
+    q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=1)
+    q = rope(q.reshape(tokens, hq, hd).transpose(0, 1), *w["rope"])
+    k = rope(k.reshape(tokens, hkv, hd).transpose(0, 1), *w["rope"])
+    v = v.reshape(tokens, hkv, hd).transpose(0, 1)
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
+    )
+    o = o.squeeze(0).transpose(0, 1).reshape(tokens, hq * hd).contiguous()
+    x = x + comm.mm_rs("o", o, w["o"])
+
+    h = rms_norm(x, w["mlp_norm"])
+    gu = comm.ag_mm("gate_up", h, w["gate_up"])  # [T, 2 F/P]
+    g, u = gu.chunk(2, dim=1)
+    act = (F.silu(g.float()) * u.float()).to(x.dtype).contiguous()
+    return x + comm.mm_rs("down", act, w["down"])
+
+
+def make_weights(cfg, rank, device):
+    """This rank's shards of one block's weights, [k, n] row-major (the
+    layout the ops take), cut from full weights drawn from one seed, so
+    every rank (and every way) holds the same model."""
+    d, f, p, hd = cfg["dim"], cfg["ffn"], cfg["P"], cfg["hd"]
+    hq, hkv = cfg["heads"] // p, cfg["kv_heads"] // p
+    g = torch.Generator(device=device)
+    g.manual_seed(1234)
+
+    def full(k, n):
+        return torch.randn(k, n, device=device, generator=g, dtype=torch.float32) / math.sqrt(k)
+
+    def cols(t, width, r=rank):
+        return t[:, r * width:(r + 1) * width]
+
+    wq, wk, wv = full(d, cfg["heads"] * hd), full(d, cfg["kv_heads"] * hd), full(d, cfg["kv_heads"] * hd)
+    wo = full(cfg["heads"] * hd, d)
+    wg, wu, wdown = full(d, f), full(d, f), full(f, d)
+    bf = torch.bfloat16
+    return {
+        "attn_norm": (1 + 0.1 * torch.randn(d, device=device, generator=g)).to(bf),
+        "mlp_norm": (1 + 0.1 * torch.randn(d, device=device, generator=g)).to(bf),
+        "qkv": torch.cat([cols(wq, hq * hd), cols(wk, hkv * hd), cols(wv, hkv * hd)], 1).to(bf).contiguous(),
+        "o": wo[rank * hq * hd:(rank + 1) * hq * hd].to(bf).contiguous(),
+        "gate_up": torch.cat([cols(wg, f // p), cols(wu, f // p)], 1).to(bf).contiguous(),
+        "down": wdown[rank * (f // p):(rank + 1) * (f // p)].to(bf).contiguous(),
+        "rope": rope_tables(cfg["tokens"], hd, device),
+    }
+
+
+# ------------------------------------------------------------ three ways
+
+
+class Sequential:
+    """PyTorch sequential: the collective, then the GEMM (or the reverse).
+    On gloo (loopback), which has no reduce-scatter, the same result comes
+    from an all-reduce and this rank's rows."""
+
+    name = "pytorch"
+
+    def __init__(self, group, nccl):
+        self.group, self.nccl = group, nccl
+        self.p = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def ag_mm(self, site, a, b):
+        if self.nccl:
+            full = torch.empty(a.shape[0] * self.p, a.shape[1], dtype=a.dtype, device=a.device)
+            dist.all_gather_into_tensor(full, a, group=self.group)
+        else:
+            parts = [torch.empty_like(a) for _ in range(self.p)]
+            dist.all_gather(parts, a, group=self.group)
+            full = torch.cat(parts)
+        return full @ b
+
+    def mm_rs(self, site, a, b):
+        y = a @ b
+        rows = y.shape[0] // self.p
+        if self.nccl:
+            out = torch.empty(rows, y.shape[1], dtype=y.dtype, device=y.device)
+            dist.reduce_scatter_tensor(out, y, group=self.group)
+            return out
+        dist.all_reduce(y, group=self.group)
+        return y[self.rank * rows:(self.rank + 1) * rows].contiguous()
+
+
+class AsyncTP:
+    """PyTorch async-TP: its fused symmetric-memory ops."""
+
+    name = "async-tp"
+
+    def __init__(self, group):
+        import torch.distributed._symmetric_memory as symm
+
+        self.gname = group.group_name
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(self.gname)
+
+    def ag_mm(self, site, a, b):
+        _, outs = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, self.gname, return_A=False)
+        return outs[0]
+
+    def mm_rs(self, site, a, b):
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, self.gname)
+
+
+class Ficco:
+    """ficco's ops; remembers the schedule each call site ran."""
+
+    name = "ficco"
+
+    def __init__(self, group, schedule):
+        self.group, self.schedule, self.ran = group, schedule, {}
+
+    def ag_mm(self, site, a, b):
+        out = ft.all_gather_matmul(a, b, group=self.group, schedule=self.schedule)
+        self.ran[site] = ft.last_schedule(self.group)
+        return out
+
+    def mm_rs(self, site, a, b):
+        out = ft.matmul_reduce_scatter(a, b, group=self.group, schedule=self.schedule)
+        self.ran[site] = ft.last_schedule(self.group)
+        return out
+
+
+# ------------------------------------------------------------ measuring
+
+
+def slowest(value, device):
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def time_block(fn, iters, warmup, device):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return slowest(statistics.median(times), device)
+
+
+def rel_err(got, want, base):
+    d_got, d_want = got.float() - base.float(), want.float() - base.float()
+    return ((d_got - d_want).norm() / d_want.norm()).item()
+
+
+def main():
+    args = parse_args()
+    if "RANK" not in os.environ:
+        sys.exit("run under torchrun: torchrun --nproc-per-node N examples/llama_tp_block.py ...")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device("cuda", 0 if args.loopback else local_rank)
+    torch.cuda.set_device(dev)
+    if args.loopback:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=dev)
+    group = dist.group.WORLD
+    rank, p = dist.get_rank(), dist.get_world_size()
+    # Collectives on gloo reduce host copies; NCCL needs device tensors.
+    red_dev = dev if not args.loopback else torch.device("cpu")
+    say = print if rank == 0 else (lambda *a, **k: None)
+
+    cfg = dict(dim=args.dim, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
+               tokens=args.tokens, P=p, hd=args.dim // args.heads)
+    problems = [f"{name} = {v} is not divisible by {by}" for name, v, by in [
+        ("--dim", args.dim, args.heads), ("--heads", args.heads, p), ("--kv-heads", args.kv_heads, p),
+        ("--ffn", args.ffn, p), ("--tokens", args.tokens, p)] if v % by]
+    if problems:
+        say("llama_tp_block: " + "; ".join(problems))
+        dist.destroy_process_group()
+        sys.exit(2)
+
+    w = make_weights(cfg, rank, dev)
+    g = torch.Generator(device=dev)
+    g.manual_seed(100 + rank)
+    x = torch.randn(args.tokens // p, args.dim, device=dev, generator=g).to(torch.bfloat16)
+
+    ways = [Sequential(group, nccl=not args.loopback)]
+    if not args.loopback:
+        try:
+            ways.append(AsyncTP(group))
+        except Exception as e:  # an older PyTorch, no symmetric memory
+            say(f"async-tp: unavailable ({type(e).__name__}: {e})")
+    ways.append(Ficco(group, args.schedule))
+
+    say(f"# Llama-3 TP block: D={args.dim} H={args.heads} Hkv={args.kv_heads} F={args.ffn} "
+        f"T={args.tokens} on {p} ranks{' (loopback: every rank on cuda:0, gloo)' if args.loopback else ''}")
+    say(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, ficco {ft._native.version()}")
+    outs, times, failed = {}, {}, False
+    with torch.no_grad():
+        for way in ways:
+            try:
+                outs[way.name] = block(x, w, way, cfg)
+                times[way.name] = time_block(lambda: block(x, w, way, cfg), args.iters, args.warmup, red_dev)
+            except Exception as e:
+                say(f"{way.name}: failed: {type(e).__name__}: {e}")
+                failed = True
+    ref = outs.get("pytorch")
+    say(f"# {'way':10} {'ms/block':>9} {'vs pytorch':>10} {'rel err':>9}")
+    for way in ways:
+        if way.name not in outs:
+            continue
+        err = 0.0 if ref is None or way.name == "pytorch" else slowest(rel_err(outs[way.name], ref, x), red_dev)
+        ok = err < TOLERANCE
+        failed |= not ok
+        t = times[way.name]
+        speed = times["pytorch"] / t if "pytorch" in times else float("nan")
+        say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}")
+        if isinstance(way, Ficco):
+            say("  ficco schedules: " + ", ".join(f"{k}={v}" for k, v in way.ran.items()))
+    ft.close()
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,456 @@
+"""ficco's overlapped operators on PyTorch tensors, inside a ``torch.distributed`` job.
+
+Each call runs one communication-dependent operator on every rank of a
+process group, overlapped by one of ficco's schedules:
+
+==========================  ==================  ========  ==========================================
+call                        ``a``               ``b``     result
+==========================  ==================  ========  ==========================================
+``all_gather_matmul``       ``[m/P, k]`` shard  ``[k,n]`` ``[m, n]`` = all_gather(a, dim 0) @ b
+``matmul_reduce_scatter``   ``[m, k]``          ``[k,n]`` ``[m/P, n]`` = reduce_scatter(a @ b, dim 0),
+                                                          rank r's rows ``r*m/P .. (r+1)*m/P``
+``matmul_all_reduce``       ``[m, k]``          ``[k,n]`` ``[m, n]`` = all_reduce(a @ b)
+==========================  ==================  ========  ==========================================
+
+P is the group's size. Tensors are bfloat16, 2-D, contiguous, on this
+process's current CUDA device; the operator runs on the current CUDA stream
+(ordered after the work queued on it, and the caller's later work after
+it). ``schedule="auto"`` takes the tuning cache's winner for the shape
+(``ficco tune``), else the rule selector's pick (``ficco select``); any name
+``ficco schedules --op OP --gpus P`` lists forces that schedule. Every rank
+of the group calls the same operator with the same shapes and schedule, in
+the same order, as with any collective.
+
+Arguments are checked here before anything reaches the native library; a bad
+one raises ``TypeError`` or ``ValueError`` naming it and saying what to do.
+A failure during the run (a rank that died, a hang) raises ``RuntimeError``
+on every surviving rank within ficco's bounds (``FICCO_DIST_TIMEOUT_MS``,
+``FICCO_WATCHDOG_MS``) instead of hanging.
+
+The ops have no backward: call them under ``torch.no_grad()`` (or on tensors
+that do not require grad).
+
+Sessions: the first call on a group joins a ficco session of that group's
+ranks (its own rendezvous, bootstrapped through the process group's store:
+rank 0 of the group publishes the address of the session's store there), and
+later calls reuse it. ``close()`` closes them; an ``atexit`` hook does too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import socket
+import threading
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+import ficco
+from ficco import _native
+
+__all__ = [
+    "all_gather_matmul",
+    "matmul_reduce_scatter",
+    "matmul_all_reduce",
+    "close",
+    "last_schedule",
+    "session",
+]
+
+# One session per process group (keyed by the group object), the number of
+# sessions built per group name (the rendezvous key of the next one), and the
+# canonical name of the schedule each group's last call ran.
+_sessions: Dict[object, "_native.Session"] = {}
+_built: Dict[str, int] = {}
+_last: Dict[object, str] = {}
+_lock = threading.Lock()
+
+_OPS = {
+    "ag-gemm": "all_gather_matmul",
+    "gemm-rs": "matmul_reduce_scatter",
+    "gemm-ar": "matmul_all_reduce",
+}
+
+
+def all_gather_matmul(
+    a_shard: torch.Tensor,
+    b: torch.Tensor,
+    group: Optional[dist.ProcessGroup] = None,
+    schedule: str = "auto",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``all_gather(a_shard, dim 0) @ b``: ``a_shard`` ``[m/P, k]`` (this
+    rank's rows), ``b`` ``[k, n]``; returns ``[m, n]`` (written into ``out``
+    when given: bfloat16, contiguous, that shape, on the same device)."""
+    return _run("ag-gemm", "a_shard", a_shard, b, group, schedule, out)
+
+
+def matmul_reduce_scatter(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group: Optional[dist.ProcessGroup] = None,
+    schedule: str = "auto",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``reduce_scatter(a @ b)`` over dim 0: ``a`` ``[m, k]``, ``b`` ``[k, n]``;
+    returns this rank's ``[m/P, n]`` rows of the sum over ranks (rank r gets
+    rows ``r*m/P`` to ``(r+1)*m/P``)."""
+    return _run("gemm-rs", "a", a, b, group, schedule, out)
+
+
+def matmul_all_reduce(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group: Optional[dist.ProcessGroup] = None,
+    schedule: str = "auto",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``all_reduce(a @ b)``: ``a`` ``[m, k]``, ``b`` ``[k, n]``; returns the
+    ``[m, n]`` sum over ranks, on every rank."""
+    return _run("gemm-ar", "a", a, b, group, schedule, out)
+
+
+def last_schedule(group: Optional[dist.ProcessGroup] = None) -> Optional[str]:
+    """The canonical name of the schedule the group's last call ran (what
+    ``"auto"`` picked), or ``None`` before the first call."""
+    if not _initialised():
+        return None
+    return _last.get(_resolve(group))
+
+
+def session(group: Optional[dist.ProcessGroup] = None) -> "_native.Session":
+    """The group's ficco session, joined on first use (collective: every rank
+    of the group calls it)."""
+    fn = "ficco.torch.session"
+    _check_initialised(fn)
+    return _session(fn, _resolve(group))
+
+
+def close() -> None:
+    """Closes every cached session (each a last barrier with its group's
+    ranks, so every rank calls it). Raises ``RuntimeError`` naming the first
+    failure after trying them all."""
+    with _lock:
+        items = list(_sessions.items())
+        _sessions.clear()
+        _last.clear()
+    errors = []
+    for _, s in items:
+        try:
+            s.close()
+        except (RuntimeError, ValueError) as e:
+            errors.append(str(e))
+    if errors:
+        raise RuntimeError(
+            f"ficco.torch.close: {len(errors)} session(s) failed to close: {errors[0]}"
+        )
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    try:
+        close()
+    except RuntimeError as e:
+        # Exiting anyway; say why the other ranks may report this one.
+        print(f"ficco: {e}", flush=True)
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _run(op, a_name, a, b, group, schedule, out):
+    fn = f"ficco.torch.{_OPS[op]}"
+    _check_tensor(fn, a_name, a)
+    _check_tensor(fn, "b", b)
+    rows, k = a.shape
+    k_b, n = b.shape
+    if k != k_b:
+        raise ValueError(
+            f"{fn}: inner dimensions differ: {a_name} is {_shape(a)} and b is {_shape(b)}; "
+            f"{a_name}.shape[1] must equal b.shape[0]"
+        )
+    for what, v in ((f"{a_name}.shape[0]", rows), ("k", k), ("n", n)):
+        if v == 0:
+            raise ValueError(f"{fn}: {what} is 0; ficco ops need non-empty operands")
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise ValueError(
+            f"{fn}: ficco ops have no backward; call them under torch.no_grad() "
+            "or pass tensors that do not require grad"
+        )
+    name = _check_schedule_arg(fn, op, schedule, None, None)
+    _check_initialised(fn)
+    group = _resolve(group)
+    size = dist.get_world_size(group)
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{fn}: this process is not a member of the given group")
+    if size < 2:
+        raise ValueError(
+            f"{fn}: the process group has {size} rank; ficco ops need at least 2 ranks "
+            "(use a plain matmul on one GPU)"
+        )
+    if op == "ag-gemm":
+        m = rows * size
+    else:
+        m = rows
+        if rows % size != 0:
+            raise ValueError(
+                f"{fn}: {a_name} has {rows} rows, which is not divisible by the group size "
+                f"{size}; pad m to a multiple of {size}"
+            )
+    out_shape = (m // size if op == "gemm-rs" else m, n)
+    _check_device(fn, a_name, a)
+    _check_device(fn, "b", b)
+    if name is not None:
+        # Again with what the group and the device make known.
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        name = _check_schedule_arg(fn, op, name, size, sms)
+    if out is None:
+        out = torch.empty(out_shape, dtype=torch.bfloat16, device=a.device)
+    else:
+        _check_tensor(fn, "out", out)
+        if tuple(out.shape) != out_shape:
+            raise ValueError(
+                f"{fn}: out is {_shape(out)} but the result is {out_shape}"
+            )
+        _check_device(fn, "out", out)
+    sess = _session(fn, group)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    try:
+        ran = sess.run_op(
+            op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream
+        )
+    except RuntimeError:
+        # The job failed (a rank died or hung): this session is unusable.
+        # Dropped, not closed (closing would wait at a barrier for the lost
+        # rank); the next call joins a new one.
+        with _lock:
+            if _sessions.get(group) is sess:
+                del _sessions[group]
+        raise
+    _last[group] = ran
+    return out
+
+
+def _shape(t: torch.Tensor) -> Tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_tensor(fn: str, name: str, t) -> None:
+    """Type, dtype, rank and layout: what needs no process group or GPU."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.bfloat16:
+        raise TypeError(
+            f"{fn}: {name} has dtype {t.dtype}; ficco ops take torch.bfloat16 "
+            f"(convert with {name}.to(torch.bfloat16))"
+        )
+    if t.dim() != 2:
+        raise ValueError(
+            f"{fn}: {name} must be 2-D, got {t.dim()}-D of shape {_shape(t)} "
+            f"(flatten leading dimensions with {name}.reshape(-1, {name}.shape[-1]))"
+        )
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{fn}: {name} is not contiguous (strides {tuple(t.stride())}); "
+            f"pass {name}.contiguous()"
+        )
+
+
+def _check_device(fn: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_cuda:
+        raise ValueError(
+            f"{fn}: {name} is on {t.device}; ficco ops take CUDA tensors on this "
+            "process's current device (torch.cuda.current_device())"
+        )
+    cur = torch.cuda.current_device()
+    if t.device.index != cur:
+        raise ValueError(
+            f"{fn}: {name} is on {t.device} but the current device is cuda:{cur}; "
+            f"call torch.cuda.set_device({t.device.index}) or move {name} to cuda:{cur}"
+        )
+
+
+def _check_schedule_arg(fn, op, schedule, gpus, sms) -> Optional[str]:
+    """``None`` for "auto", else the canonical name (``ValueError`` from the
+    core's grammar, with where to find valid names)."""
+    if not isinstance(schedule, str):
+        raise TypeError(
+            f"{fn}: schedule must be a str ('auto' or a schedule name), "
+            f"got {type(schedule).__name__}"
+        )
+    if schedule == "auto":
+        return None
+    try:
+        return _native.check_schedule(op, schedule, gpus, sms)
+    except ValueError as e:
+        p = gpus if gpus is not None else "P"
+        raise ValueError(
+            f"{fn}: schedule={schedule!r}: {e}. Pass 'auto' or a name that "
+            f"`ficco schedules --op {op} --gpus {p}` lists "
+            f"(ficco.schedules('{op}', {p}))"
+        ) from None
+
+
+def _initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _check_initialised(fn: str) -> None:
+    if not _initialised():
+        raise ValueError(
+            f"{fn}: torch.distributed is not initialised; call "
+            "torch.distributed.init_process_group(...) first (under torchrun, "
+            "init_process_group('nccl') reads the environment it sets)"
+        )
+
+
+def _resolve(group):
+    return dist.group.WORLD if group is None else group
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def _group_name(group) -> str:
+    name = getattr(group, "group_name", None)
+    if not name:
+        name = dist.distributed_c10d._get_process_group_name(group)
+    return str(name)
+
+
+def _timeout() -> datetime.timedelta:
+    """ficco's rendezvous bound (``FICCO_DIST_TIMEOUT_MS``, default 60 s),
+    used for the wait on the group's store too."""
+    raw = os.environ.get("FICCO_DIST_TIMEOUT_MS", "").strip()
+    try:
+        ms = int(raw)
+    except ValueError:
+        ms = 0
+    return datetime.timedelta(milliseconds=ms if ms > 0 else 60_000)
+
+
+def _session(fn: str, group) -> "_native.Session":
+    with _lock:
+        s = _sessions.get(group)
+        if s is not None:
+            return s
+        s = _join(fn, group)
+        _sessions[group] = s
+        return s
+
+
+def _node_plan(
+    fn: str, peers: List[Tuple[str, int, str]], rank: int
+) -> Tuple[int, int, bool]:
+    """This rank's ``(local_rank, local_world, loopback)`` from every rank's
+    ``(hostname, device index, device uuid)``. Every rank computes the same
+    decision from the same list, so a layout ficco cannot run raises on all
+    of them (rather than leaving some waiting in the rendezvous)."""
+    hosts = [p[0] for p in peers]
+    by_host: Dict[str, List[int]] = {}
+    for r, h in enumerate(hosts):
+        by_host.setdefault(h, []).append(r)
+    kinds = set()
+    for h, ranks in by_host.items():
+        uuids = [peers[r][2] for r in ranks]
+        if len(ranks) == 1:
+            continue
+        if len(set(uuids)) == 1:
+            kinds.add("shared")
+        elif len(set(uuids)) == len(uuids):
+            kinds.add("own")
+        else:
+            raise ValueError(
+                f"{fn}: on host {h!r} some ranks of the group share a GPU and others do "
+                "not; ficco runs one GPU per rank, or every rank of a node on one GPU "
+                "(loopback)"
+            )
+    if len(kinds) > 1:
+        raise ValueError(
+            f"{fn}: some nodes run several ranks on one GPU and others one GPU per rank; "
+            "ficco needs the same layout on every node"
+        )
+    loopback = kinds == {"shared"}
+    for r, (h, dev, _) in enumerate(peers):
+        local = by_host[h].index(r)
+        # The session drives GPU `local rank` (0 in loopback): the tensors
+        # must be there.
+        want = 0 if loopback else local
+        if dev != want:
+            raise ValueError(
+                f"{fn}: rank {r} of the group uses cuda:{dev}, but ficco drives cuda:{want} "
+                f"for it ({'every rank on GPU 0 in loopback' if loopback else 'its rank on its node'}); "
+                "make each rank's current device its local rank in the group "
+                "(torch.cuda.set_device)"
+            )
+    ranks = by_host[hosts[rank]]
+    return ranks.index(rank), len(ranks), loopback
+
+
+def _join(fn: str, group) -> "_native.Session":
+    """Joins a new session of `group`'s ranks: collective over the group."""
+    rank = dist.get_rank(group)
+    size = dist.get_world_size(group)
+    dev = torch.cuda.current_device()
+    me = (socket.gethostname(), dev, str(torch.cuda.get_device_properties(dev).uuid))
+    peers: List[Tuple[str, int, str]] = [("", 0, "")] * size
+    dist.all_gather_object(peers, me, group=group)
+    local_rank, local_world, loopback = _node_plan(fn, peers, rank)
+    if loopback and not ficco._QUEUES_IN_TIME:
+        warnings.warn(
+            "ficco: CUDA was initialised before `import ficco`, so the driver keeps its "
+            "default 8 hardware queues; with several ranks on one GPU their waiting "
+            "streams can block each other until ficco's watchdog ends the run. Import "
+            "ficco first, or set CUDA_DEVICE_MAX_CONNECTIONS=32.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    name = _group_name(group)
+    count = _built.get(name, 0)
+    _built[name] = count + 1
+    store = dist.PrefixStore(
+        f"ficco/{name}/", dist.distributed_c10d._get_default_store()
+    )
+    key = f"session/{count}"
+    if rank == 0:
+        if all(p[0] == peers[0][0] for p in peers):
+            addr = "127.0.0.1"  # one node: never depends on name resolution
+        elif dist.get_global_rank(group, 0) == 0 and os.environ.get("MASTER_ADDR"):
+            addr = os.environ["MASTER_ADDR"]
+        else:
+            addr = socket.gethostname()
+        try:
+            value = f"{addr}:{_native.free_port()}"
+        except RuntimeError as e:
+            value = f"error:{e}"
+        store.set(key, value)
+    else:
+        try:
+            store.wait([key], _timeout())
+        except Exception as e:  # the store's own timeout type varies by version
+            raise RuntimeError(
+                f"{fn}: rank 0 of the group did not publish ficco's session address "
+                f"within {_timeout().total_seconds():.0f} s (FICCO_DIST_TIMEOUT_MS): {e}"
+            ) from None
+        value = store.get(key).decode()
+    if value.startswith("error:"):
+        raise RuntimeError(f"{fn}: rank 0 of the group could not host the session: {value[6:]}")
+    addr, _, port = value.rpartition(":")
+    s = _native.Session(
+        rank, size, local_rank, local_world, addr, int(port), loopback=loopback
+    )
+    if s.device != dev:
+        # A native layer that placed this rank elsewhere than its tensors:
+        # refuse rather than read another GPU's addresses.
+        s.close()
+        raise RuntimeError(
+            f"{fn}: ficco's session drives cuda:{s.device} but this rank's current "
+            f"device is cuda:{dev}"
+        )
+    return s
+

@@ -1,0 +1,169 @@
+"""The Python ops on one GPU: 2 and 4 ranks as processes, all on cuda:0
+(loopback), with a gloo process group, against an fp32 reference; and a rank
+that dies: the others raise instead of hanging.
+
+Skipped without CUDA, unless FICCO_REQUIRE_GPU=1, where that fails. Run on
+a GPU machine with:
+
+    pytest -q python/tests/test_gpu_loopback.py
+    python python/tests/test_gpu_loopback.py [ops|dead]   # the same without pytest
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import ficco
+
+try:
+    import pytest
+except ImportError:  # run as a script (see __main__ below)
+    pytest = None
+
+WORKER = Path(__file__).resolve().parent / "loopback_worker.py"
+
+if not torch.cuda.is_available():
+    if os.environ.get("FICCO_REQUIRE_GPU") == "1":
+        raise RuntimeError("FICCO_REQUIRE_GPU=1 but torch sees no CUDA device")
+    if pytest is not None and __name__ != "__main__":
+        pytest.skip("no CUDA device (set FICCO_REQUIRE_GPU=1 to fail instead)", allow_module_level=True)
+
+# bf16 output of a bf16 GEMM (and a sum over ranks): relative Frobenius
+# error of a correct result is ~3e-3; a wrong block or a missing peer is ~1.
+TOLERANCE = 2e-2
+
+
+def launch(world, mode, tmp_path, limit_s, extra_env=None):
+    """Starts `world` ranks of the worker; returns (exit codes, seconds until
+    the last one ended, each rank's JSON or None). Ranks still running after
+    `limit_s` are killed (their code is then None)."""
+    port = ficco.free_port()
+    base = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "NCCL_NVLS_ENABLE": "0",
+        **(extra_env or {}),
+    }
+    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
+    t0 = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), mode, str(outs[r])],
+            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(world)
+    ]
+    codes = [None] * world
+    while any(c is None for c in codes) and time.monotonic() - t0 < limit_s:
+        for r, p in enumerate(procs):
+            if codes[r] is None:
+                codes[r] = p.poll()
+        time.sleep(0.1)
+    ended = time.monotonic() - t0
+    for r, p in enumerate(procs):
+        if codes[r] is None:
+            p.kill()
+            p.wait()
+    results = [json.loads(o.read_text()) if o.exists() else None for o in outs]
+    return codes, ended, results
+
+
+def check_ops(world, tmp_path):
+    codes, _, results = launch(
+        world, "ops", tmp_path, limit_s=500, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
+    )
+    assert codes == [0] * world, f"exit codes {codes}; results {results}"
+    failures = []
+    for rank, rows in enumerate(results):
+        assert rows is not None and len(rows) == 9, f"rank {rank}: {rows}"
+        for row in rows:
+            what = f"rank {rank} {row['op']} schedule={row['schedule']}"
+            if "error" in row:
+                failures.append(f"{what}: {row['error']}")
+                continue
+            if row["nan"]:
+                failures.append(f"{what}: NaN left in the output (not every element written)")
+            if not row["err"] < TOLERANCE:
+                failures.append(f"{what} (ran {row['ran']}): relative error {row['err']:.3g}")
+            if not row["same_tensor"]:
+                failures.append(f"{what}: the result is not the out= tensor")
+            want = row["schedule"]
+            if want != "auto" and row["ran"] != want:
+                failures.append(f"{what}: ran {row['ran']} instead")
+            if want == "auto" and not row["ran"]:
+                failures.append(f"{what}: no schedule name reported")
+    assert not failures, "\n".join(failures)
+    # "auto" made the same choice on every rank.
+    for i in range(9):
+        assert len({rows[i]["ran"] for rows in results}) == 1, [rows[i] for rows in results]
+
+
+def check_dead_rank(world, victim, tmp_path):
+    codes, ended, results = launch(
+        world,
+        f"fail:{victim}",
+        tmp_path,
+        limit_s=90,
+        extra_env={"FICCO_DIST_TIMEOUT_MS": "10000", "FICCO_WATCHDOG_MS": "5000"},
+    )
+    assert codes[victim] == 3, f"the victim's exit code {codes[victim]}; all {codes}"
+    for r in range(world):
+        if r == victim:
+            continue
+        row = results[r]
+        assert row is not None, f"rank {r} never got past the call (exit code {codes[r]})"
+        assert row["raised"] == "RuntimeError", f"rank {r}: {row}"
+        assert row["message"], f"rank {r}: an empty message"
+        # Within ficco's bounds (10 s rendezvous, 5 s watchdog) plus slack.
+        assert row["after_s"] < 40, f"rank {r} raised only after {row['after_s']:.1f} s"
+        assert codes[r] == 0, f"rank {r} exited with {codes[r]} after raising"
+    assert ended < 60, f"the processes ended only after {ended:.1f} s (codes {codes})"
+
+
+OPS_CASES = [2, 4]
+# Rank 0 (which hosts the session's store) dying, and another rank.
+DEAD_CASES = [(2, 0), (4, 2)]
+
+if pytest is not None:
+
+    @pytest.mark.parametrize("world", OPS_CASES)
+    def test_every_op_equals_the_reference(world, tmp_path):
+        check_ops(world, tmp_path)
+
+    @pytest.mark.parametrize("world,victim", DEAD_CASES)
+    def test_a_dead_rank_ends_the_others_with_an_error(world, victim, tmp_path):
+        check_dead_rank(world, victim, tmp_path)
+
+
+if __name__ == "__main__":
+    import tempfile
+    import traceback
+
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device")
+        sys.exit(0)
+    # `python test_gpu_loopback.py [ops|dead]`: one half (each well within a 10-minute call).
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
+    cases = [(f"ops world={w}", check_ops, (w,)) for w in OPS_CASES if only in ("", "ops")]
+    cases += [(f"dead rank world={w} victim={v}", check_dead_rank, (w, v))
+              for w, v in DEAD_CASES if only in ("", "dead")]
+    failed = 0
+    for name, fn, args in cases:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.monotonic()
+            try:
+                fn(*args, Path(d))
+                print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
+            except AssertionError:
+                failed += 1
+                print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+    print(f"{len(cases) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
