@@ -57,6 +57,7 @@ __all__ = [
     "matmul_reduce_scatter",
     "matmul_all_reduce",
     "close",
+    "empty",
     "last_schedule",
     "session",
 ]
@@ -112,6 +113,51 @@ def matmul_all_reduce(
     """``all_reduce(a @ b)``: ``a`` ``[m, k]``, ``b`` ``[k, n]``; returns the
     ``[m, n]`` sum over ranks, on every rank."""
     return _run("gemm-ar", "a", a, b, group, schedule, out)
+
+
+class _SharedBlock:
+    """One shared allocation seen as a CUDA array (int16 words, viewed as
+    bfloat16 by the caller). The tensor built on it keeps it alive; when the
+    tensor goes, the allocation is released."""
+
+    def __init__(self, s: "_native.Session", addr: int, elems: int):
+        self._session, self._addr = s, addr
+        self.__cuda_array_interface__ = {
+            "shape": (elems,),
+            "typestr": "<i2",
+            "data": (addr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+    def __del__(self):
+        try:
+            self._session.free(self._addr)
+        except Exception:  # interpreter shutdown, or the session failed
+            pass
+
+
+def empty(*size, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """An uninitialised bfloat16 tensor of ``size`` in memory the group's
+    other ranks map too (like ``torch.distributed._symmetric_memory.empty``).
+    Collective: every rank of the group calls it with the same size. Passed
+    to the ops (as an input or ``out=``), it is read or written in place
+    instead of being copied into ficco's buffers, when every rank's tensor
+    lies at the same place of its allocation."""
+    fn = "ficco.torch.empty"
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    if not size or not all(isinstance(d, int) and d > 0 for d in size):
+        raise ValueError(f"{fn}: size must be positive integers, got {size}")
+    _check_initialised(fn)
+    s = _session(fn, _resolve(group))
+    elems = 1
+    for d in size:
+        elems *= d
+    addr = s.alloc(elems * 2)
+    block = _SharedBlock(s, addr, elems)
+    t = torch.as_tensor(block, device=f"cuda:{s.device}")
+    return t.view(torch.bfloat16).view(*size)
 
 
 def last_schedule(group: Optional[dist.ProcessGroup] = None) -> Optional[str]:
@@ -375,18 +421,6 @@ def _node_plan(
             "ficco needs the same layout on every node"
         )
     loopback = kinds == {"shared"}
-    for r, (h, dev, _) in enumerate(peers):
-        local = by_host[h].index(r)
-        # The session drives GPU `local rank` (0 in loopback): the tensors
-        # must be there.
-        want = 0 if loopback else local
-        if dev != want:
-            raise ValueError(
-                f"{fn}: rank {r} of the group uses cuda:{dev}, but ficco drives cuda:{want} "
-                f"for it ({'every rank on GPU 0 in loopback' if loopback else 'its rank on its node'}); "
-                "make each rank's current device its local rank in the group "
-                "(torch.cuda.set_device)"
-            )
     ranks = by_host[hosts[rank]]
     return ranks.index(rank), len(ranks), loopback
 
@@ -442,7 +476,8 @@ def _join(fn: str, group) -> "_native.Session":
         raise RuntimeError(f"{fn}: rank 0 of the group could not host the session: {value[6:]}")
     addr, _, port = value.rpartition(":")
     s = _native.Session(
-        rank, size, local_rank, local_world, addr, int(port), loopback=loopback
+        rank, size, local_rank, local_world, addr, int(port), loopback=loopback,
+        device=dev,
     )
     if s.device != dev:
         # A native layer that placed this rank elsewhere than its tensors:

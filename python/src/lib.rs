@@ -246,7 +246,7 @@ fn closed() -> PyErr {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (rank, world, local_rank, local_world, master_addr, port, loopback=None, timeout_s=None))]
+    #[pyo3(signature = (rank, world, local_rank, local_world, master_addr, port, loopback=None, timeout_s=None, device=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -258,10 +258,12 @@ impl PySession {
         port: i64,
         loopback: Option<bool>,
         timeout_s: Option<f64>,
+        device: Option<usize>,
     ) -> PyResult<Self> {
         let env = launch_env(rank, world, local_rank, local_world, master_addr, port)?;
         let mut opts = SessionOpts {
             loopback,
+            device,
             ..SessionOpts::default()
         };
         if let Some(s) = timeout_s {
@@ -337,6 +339,34 @@ impl PySession {
             Ok(d) => Ok(d.schedule),
             Err(Call::Closed) => Err(closed()),
             Err(Call::Failed(e)) => Err(cuda_err(e)),
+        }
+    }
+
+    /// A shared allocation of `bytes` on this rank's device (collective:
+    /// every rank calls it with the same size); returns its address.
+    /// Operands in such memory are used in place by `run_op`.
+    fn alloc(&self, py: Python<'_>, bytes: usize) -> PyResult<u64> {
+        let inner = &self.inner;
+        let got = py.detach(|| {
+            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_mut() {
+                None => Err(Call::Closed),
+                Some(s) => s.alloc(bytes).map_err(Call::Failed),
+            }
+        });
+        match got {
+            Ok(a) => Ok(a),
+            Err(Call::Closed) => Err(closed()),
+            Err(Call::Failed(e)) => Err(cuda_err(e)),
+        }
+    }
+
+    /// Releases this rank's shared allocation at `addr` (local). A closed
+    /// session already released everything: then it does nothing.
+    fn free(&self, addr: u64) -> PyResult<()> {
+        match self.lock().as_mut() {
+            None => Ok(()),
+            Some(s) => s.free(addr).map_err(cuda_err),
         }
     }
 

@@ -343,9 +343,8 @@ def test_node_plan_decides_the_same_on_every_rank():
     # Loopback: every rank of a node on one GPU.
     shared = [("a", 0, "u0")] * 3
     assert ft._node_plan("f", shared, 2) == (2, 3, True)
-    # A rank whose device is not its local rank is named.
-    with pytest.raises(ValueError, match=r"rank 1 of the group uses cuda:3, but ficco drives cuda:1"):
-        ft._node_plan("f", [("a", 0, "u0"), ("a", 3, "u3")], 0)
+    # A rank whose device is not its local rank drives its own device.
+    assert ft._node_plan("f", [("a", 0, "u0"), ("a", 3, "u3")], 1) == (1, 2, False)
     # Half shared, half not.
     with pytest.raises(ValueError, match="some ranks of the group share a GPU and others do not"):
         ft._node_plan("f", [("a", 0, "u0"), ("a", 0, "u0"), ("a", 2, "u2")], 0)
@@ -360,3 +359,24 @@ def test_rendezvous_bound_follows_the_environment(monkeypatch):
     assert ft._timeout().total_seconds() == 60
     monkeypatch.delenv("FICCO_DIST_TIMEOUT_MS")
     assert ft._timeout().total_seconds() == 60
+
+
+# ------------------------------------------------------- shared tensors
+
+
+@pytest.mark.parametrize("size", [(), (0, 4), (3, -1), (2.5,)])
+def test_empty_needs_positive_integer_sizes(size, no_pg):
+    with pytest.raises(ValueError, match=r"ficco.torch.empty: size must be positive integers"):
+        ft.empty(*size)
+
+
+def test_empty_needs_a_process_group(no_pg):
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+        ft.empty(4, 8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the session would open")
+def test_empty_without_a_gpu_raises_not_panics(world1):
+    with pytest.raises((RuntimeError, ValueError)) as e:
+        ft.empty((4, 8))
+    assert str(e.value)

@@ -59,8 +59,4 @@ def test_sessions_bootstrap_through_the_group_store(tmp_path):
         assert p["addr"] == "127.0.0.1"
     assert "pair" not in res[2]
 
-    # The pair [1, 2]: global rank 1 uses GPU 1 but is local rank 0 of the
-    # group on its node; both members refuse, saying so, before joining.
-    msg = "rank 0 of the group uses cuda:1, but ficco drives cuda:0"
-    assert msg in res[1]["odd"] and msg in res[2]["odd"]
-    assert res[1]["odd"] == res[2]["odd"]
+

@@ -206,6 +206,7 @@ impl GpuBackend {
     pub fn open_job(
         env: crate::dist::LaunchEnv,
         loopback: Option<bool>,
+        device: Option<usize>,
         timeout: std::time::Duration,
     ) -> Result<Self> {
         hardware_queues();
@@ -228,7 +229,7 @@ impl GpuBackend {
                 ))
                 .into());
         }
-        let ordinal = if on_one { 0 } else { rv.env.local_rank };
+        let ordinal = device.unwrap_or(if on_one { 0 } else { rv.env.local_rank });
         if ordinal >= found {
             let e = CudaError::NotEnoughGpus {
                 wanted: rv.env.local_world_size,

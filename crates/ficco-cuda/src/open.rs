@@ -94,7 +94,7 @@ pub fn open_job(
         BackendChoice::Auto => None,
     };
     let timeout = crate::dist::timeout_from_env();
-    match GpuBackend::open_job(env, loopback, timeout) {
+    match GpuBackend::open_job(env, loopback, None, timeout) {
         Ok(b) => Ok(Opened {
             backend: Box::new(JobBackend(b)),
             fallback: None,

@@ -31,6 +31,9 @@ pub struct SessionOpts {
     /// Every rank on GPU 0 (several processes on one GPU). `None`: loopback
     /// exactly when this node has more ranks than GPUs.
     pub loopback: Option<bool>,
+    /// The GPU this rank drives; `None`: `LOCAL_RANK`, or 0 in loopback
+    /// (a PyTorch rank passes its current device).
+    pub device: Option<usize>,
     /// Bound of every rendezvous wait.
     pub timeout: Duration,
 }
@@ -39,6 +42,7 @@ impl Default for SessionOpts {
     fn default() -> Self {
         SessionOpts {
             loopback: None,
+            device: None,
             timeout: super::timeout_from_env(),
         }
     }
@@ -115,7 +119,7 @@ impl Session {
     /// rendezvous, this rank's GPU (`LOCAL_RANK`, or 0 in loopback), the
     /// shared signal memory. Every rank of the job calls it.
     pub fn join(env: LaunchEnv, opts: SessionOpts) -> Result<Self> {
-        let backend = GpuBackend::open_job(env, opts.loopback, opts.timeout)?;
+        let backend = GpuBackend::open_job(env, opts.loopback, opts.device, opts.timeout)?;
         Ok(Session {
             backend,
             picks: HashMap::new(),

@@ -196,11 +196,7 @@ struct Scratch {
     args: GemmArgs,
 }
 
-fn scratch(
-    g: &HopperGemm,
-    key: &TuneKey,
-    template: &GemmArgs,
-) -> Result<Scratch> {
+fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch> {
     let ctx = g.context();
     let elems = |rows: usize, ld: usize| rows.max(1) * ld.max(1);
     let a = DeviceBuffer::alloc(ctx, elems(key.m, key.lda) * 2)?;
