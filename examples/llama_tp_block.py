@@ -302,11 +302,13 @@ def main():
         if way.name not in outs:
             continue
         err = 0.0 if ref is None or way.name == "pytorch" else slowest(rel_err(outs[way.name], ref, x), red_dev)
+        same = ref is not None and way.name != "pytorch" and bool(torch.equal(outs[way.name], ref))
         ok = err < TOLERANCE
         failed |= not ok
         t = times[way.name]
         speed = times["pytorch"] / t if "pytorch" in times else float("nan")
-        say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}")
+        say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}"
+            f"{'  (bitwise equal to pytorch)' if same else ''}")
         if isinstance(way, Ficco):
             say("  ficco schedules: " + ", ".join(f"{k}={v}" for k, v in way.ran.items()))
     ft.close()
