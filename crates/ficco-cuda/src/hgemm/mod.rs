@@ -121,7 +121,10 @@
 //! per-group rows and operands) in one persistent launch: a device table
 //! holds each group's tensor maps and the prefix sums of the groups' tile
 //! counts, and the CTAs walk the global tile list, so they balance across
-//! groups of any size. The executor runs `GroupedGemm` tasks on it.
+//! groups of any size. The executor runs `GroupedGemm` tasks on it
+//! (`FICCO_GROUPED=loop`: the cuBLASLt loop); `gemm-bench --grouped`
+//! ([`bench::grouped`]) times it against that loop. Not yet measured on a
+//! GPU; no K split, hooks or 64-row tiles in this mode.
 //!
 //! # Where it runs
 //! Schedules with `-own`, `-smN` (hook 1) or `-occS` (hook 2, S stages) run
