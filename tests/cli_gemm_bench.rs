@@ -123,3 +123,69 @@ fn argument_errors_come_first() {
         assert!(out.contains(flag), "{out}");
     }
 }
+
+#[test]
+fn grouped_lists_the_moe_presets_expert_gemms() {
+    let o = ficco(&["gemm-bench", "--grouped", "--list"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // 3 models x 2 token counts x 2 skews x 2 expert layers.
+    assert_eq!(rows.len(), 24, "{out}");
+    assert!(out.starts_with("# 24 grouped GEMM cases"), "{out}");
+    // scenario, rank, N, K, experts, empty, rows, max: Mixtral's up
+    // projection, every expert on one GPU, 4096 tokens x top-2.
+    assert_eq!(
+        rows[0][..7],
+        [
+            "mixtral-8x7b.moe_up.t4096.p1.none",
+            "0",
+            "28672",
+            "4096",
+            "8",
+            "0",
+            "8192"
+        ]
+    );
+    assert!(
+        out.contains("qwen3-30b-a3b.moe_down.t16384.p1.heavy"),
+        "{out}"
+    );
+    // On 4 GPUs: the busiest rank's 64 / 4 DeepSeek experts.
+    let o = ficco(&["gemm-bench", "--grouped", "--gpus", "4", "--list"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let ds = out
+        .lines()
+        .find(|l| l.contains("deepseek-v2-lite.moe_up.t4096.p4.heavy"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(ds.split_whitespace().nth(4), Some("16"), "{ds}");
+    // Without a GPU the grouped bench is one error line too.
+    let o = ficco(&[
+        "gemm-bench",
+        "--grouped",
+        "--max-shapes",
+        "1",
+        "--iters",
+        "2",
+    ]);
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: gemm-bench needs a GPU"), "{err}");
+    }
+    for args in [
+        vec!["gemm-bench", "--gpus", "2"],
+        vec!["gemm-bench", "--grouped", "--gpus", "3", "--list"],
+        vec!["gemm-bench", "--grouped", "--gpus", "0", "--list"],
+    ] {
+        let o = ficco(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+    }
+}

@@ -5,6 +5,10 @@
 //! executor launches (`auto` columns, timed in the same rounds). A table
 //! like nccl-tests for people (rows as they are measured), `--json` for
 //! machines; `--list` prints the shapes without a GPU.
+//!
+//! `--grouped` measures ficco's grouped GEMM (one launch over every expert)
+//! against the loop of cuBLASLt calls instead, on the MoE presets' expert
+//! GEMMs ([`ficco_cuda::hgemm::bench::grouped`]).
 
 use crate::output::{print, write_file};
 use anyhow::{anyhow, bail, Context, Result};
@@ -47,6 +51,16 @@ pub struct GemmBenchArgs {
     /// List the shapes and where they come from; measure nothing (no GPU needed).
     #[arg(long)]
     list: bool,
+    /// Measure ficco's grouped GEMM against a loop of cuBLASLt calls on the
+    /// expert GEMMs of the MoE presets (mixtral-8x7b, qwen3-30b-a3b,
+    /// deepseek-v2-lite; 4096 and 16384 tokens; skew none and heavy)
+    /// instead of the suite's shapes.
+    #[arg(long)]
+    grouped: bool,
+    /// With --grouped: GPUs the routing spreads the experts over; the
+    /// busiest rank's experts are measured (1: every expert).
+    #[arg(long, default_value_t = 1, requires = "grouped")]
+    gpus: i64,
 }
 
 pub fn run(args: GemmBenchArgs) -> Result<()> {
@@ -62,6 +76,9 @@ pub fn run(args: GemmBenchArgs) -> Result<()> {
         variants: !args.no_variants,
     };
     let device = count("--device", args.device, 0)?;
+    if args.grouped {
+        return grouped(&args, cfg, device, count("--gpus", args.gpus, 1)?);
+    }
     let suite = ficco_core::problem::suite::load(&args.suite)?;
     let mut shapes = bench::bench_shapes(&suite.scenarios);
     if let Some(n) = args.max_shapes {
@@ -128,6 +145,72 @@ pub fn run(args: GemmBenchArgs) -> Result<()> {
         return print(&json);
     }
     print(&bench::table_footer(&report.summary, &report.hooks))?;
+    if let Some(p) = &args.save {
+        write_file(p, &json).with_context(|| "the table above is complete".to_string())?;
+    }
+    Ok(())
+}
+
+/// `--grouped`: the grouped kernel against the cuBLASLt loop.
+fn grouped(args: &GemmBenchArgs, cfg: BenchConfig, device: usize, gpus: usize) -> Result<()> {
+    use ficco_cuda::hgemm::bench::grouped::{self as g, GroupedEvent};
+    let mut cases = g::grouped_cases(gpus)?;
+    if let Some(n) = args.max_shapes {
+        if n < 1 {
+            bail!("--max-shapes must be at least 1, got {n}");
+        }
+        cases.truncate(n as usize);
+    }
+    if args.list {
+        return print(&g::grouped_list(&cases));
+    }
+    if let Some(dir) = args
+        .save
+        .as_ref()
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
+    {
+        bail!("cannot write the report: no directory '{}'", dir.display());
+    }
+    let table = !args.json;
+    let mut printed: Result<()> = Ok(());
+    let mut on = |e: GroupedEvent<'_>| {
+        let text = match e {
+            GroupedEvent::Loaded {
+                device,
+                sms,
+                compile,
+            } => g::grouped_header(device, sms, compile, cases.len(), gpus, cfg),
+            GroupedEvent::Row(i, n, r) => {
+                if !table {
+                    eprintln!("[{}/{n}] {}", i + 1, r.scenario);
+                }
+                g::grouped_table_row(r)
+            }
+        };
+        if table && printed.is_ok() {
+            printed = print(&text);
+        }
+    };
+    let report = g::run_grouped(device, gpus, &cases, cfg, &mut on).map_err(|e| {
+        if ficco_cuda::open::is_unavailable(&e) {
+            let hint = super::tried_hint(&e)
+                .map(|h| format!("; {h}"))
+                .unwrap_or_default();
+            anyhow!(
+                "gemm-bench needs a GPU: {} (it measures on the device; --list shows the cases{hint})",
+                super::gpu_reason(&e)
+            )
+        } else {
+            anyhow!("gemm-bench --grouped failed: {e}")
+        }
+    })?;
+    printed?;
+    let json = serde_json::to_string_pretty(&report)? + "\n";
+    if args.json {
+        return print(&json);
+    }
+    print(&g::grouped_footer(&report.summary))?;
     if let Some(p) = &args.save {
         write_file(p, &json).with_context(|| "the table above is complete".to_string())?;
     }

@@ -8,8 +8,9 @@
 //!   the loopback reason;
 //! * the loopback reference itself against a host computation of the
 //!   operator from its routing;
-//! * a measurement of the executor's grouped GEMM (a loop of cuBLASLt calls,
-//!   one per expert) on MISSION.md's skewed case (8 experts, hidden 4096,
+//! * a measurement of the executor's grouped GEMM (ficco's grouped kernel on
+//!   Hopper by default, the loop of cuBLASLt calls, one per expert, under
+//!   `FICCO_GROUPED=loop`) on MISSION.md's skewed case (8 experts, hidden 4096,
 //!   FFN 14336, 16384 rows, one expert empty) against the same experts as
 //!   separate GEMM tasks over two streams and one dense GEMM of all rows.
 //!
@@ -243,7 +244,7 @@ fn mission_groups() -> Vec<GemmGroup> {
     out
 }
 
-/// Grouped GEMM (the executor's cuBLASLt loop) vs the same experts as
+/// Grouped GEMM (the executor's grouped route: `FICCO_GROUPED`) vs the same experts as
 /// separate GEMM tasks alternating over two streams, vs one dense GEMM of
 /// all 16384 rows (one expert's weights: the same FLOPs, no grouping).
 /// Prints TFLOP/s of each; the bar from MISSION.md is torch._grouped_mm at
@@ -334,8 +335,21 @@ fn grouped_gemm_vs_cublaslt_loop_and_dense() {
         assert!(t.is_finite() && t > 0.0);
         times.push(t);
     }
-    // The grouped loop does the dense GEMM's FLOPs in 7 calls: never faster
-    // than about the dense GEMM, and not pathologically slower.
+    // The grouped GEMM does the dense GEMM's FLOPs over 7 experts: never
+    // faster than about the dense GEMM, and not pathologically slower.
     assert!(times[0] > 0.8 * times[2], "{times:?}");
     assert!(times[0] < 3.0 * times[2], "{times:?}");
+    // The same task on the cuBLASLt loop, for comparison (the default route
+    // above is ficco's grouped kernel on Hopper).
+    std::env::set_var("FICCO_GROUPED", "loop");
+    let looped = be.measure(&grouped, false, false);
+    std::env::remove_var("FICCO_GROUPED");
+    let t = looped.expect("grouped on the cuBLASLt loop").time_ms;
+    eprintln!(
+        "BENCH {:<12} {:.3} ms  {:.0} TFLOP/s",
+        "grouped-loop",
+        t,
+        flops / (t * 1e-3) / 1e12
+    );
+    assert!(t > 0.8 * times[2] && t < 3.0 * times[2], "{t} vs {times:?}");
 }

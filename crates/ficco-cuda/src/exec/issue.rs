@@ -19,6 +19,7 @@ use crate::driver::cuda as cu;
 use crate::driver::nccl as nc;
 use crate::error::{CudaError, Result};
 use crate::gemm::GemmKey;
+use crate::hgemm::grouped::{grouped_supported, Group, GroupedArgs};
 use crate::hgemm::{
     DestHook, DevPtr, GemmArgs, Hooks, Occupancy, SignalHook, WaitHook, BLOCK_M, GROUP_M,
 };
@@ -43,9 +44,15 @@ pub(super) fn issue(
 ) -> Result<()> {
     let mut go = || match kind {
         TaskKind::Gemm { .. } => gemm(rank, sh, stream.cu_stream(), stream_idx, kind),
-        TaskKind::GroupedGemm { groups, sm_target } => {
-            grouped_gemm(rank, sh, stream.cu_stream(), stream_idx, groups, *sm_target)
-        }
+        TaskKind::GroupedGemm { groups, sm_target } => grouped_gemm(
+            rank,
+            sh,
+            stream.cu_stream(),
+            stream_idx,
+            index,
+            groups,
+            *sm_target,
+        ),
         TaskKind::Copy { src, dst } => copy(sh, stream.cu_stream(), src, dst),
         TaskKind::Reduce { srcs, dst } => reduce(rank, sh, stream, srcs, dst),
         TaskKind::Nccl { op, .. } => nccl(rank, sh, stream.cu_stream(), op),
@@ -177,19 +184,106 @@ pub(crate) fn own_gemm_args(
     })
 }
 
-/// A grouped GEMM as a loop of cuBLASLt calls, one per group, in order on
-/// the task's stream with its workspace (the groups are independent; one
-/// stream keeps them the single task the plan made them). cuBLASLt has no
-/// grouped entry point (`cublasGemmGroupedBatchedEx` is in libcublas,
-/// which ficco does not load).
+/// Environment variable choosing how `GroupedGemm` tasks run: `own` (the
+/// default) is ficco's grouped kernel where it supports the groups, `loop`
+/// the loop of cuBLASLt calls always (to compare the two in one run).
+pub const GROUPED_ENV: &str = "FICCO_GROUPED";
+
+/// How grouped GEMM tasks run ([`GROUPED_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupedRoute {
+    /// One launch of ficco's grouped kernel where it supports the groups
+    /// ([`crate::hgemm::grouped`]), else the cuBLASLt loop.
+    Own,
+    /// A loop of cuBLASLt calls, one per group.
+    Loop,
+}
+
+impl GroupedRoute {
+    /// The route a value of [`GROUPED_ENV`] names (unset or empty: `own`).
+    pub fn parse(v: Option<&str>) -> Result<Self> {
+        match v.map(str::trim) {
+            None | Some("") | Some("own") => Ok(GroupedRoute::Own),
+            Some("loop") => Ok(GroupedRoute::Loop),
+            Some(x) => Err(CudaError::Plan(format!(
+                "{GROUPED_ENV} must be 'own' or 'loop', got '{x}'"
+            ))),
+        }
+    }
+
+    /// The route of this process's environment.
+    pub fn from_env() -> Result<Self> {
+        Self::parse(std::env::var(GROUPED_ENV).ok().as_deref())
+    }
+}
+
+/// One group of a grouped GEMM task: (rows, cols) of A, (rows, cols) of B,
+/// and (address, pitch in bytes) of A, B and C.
+pub(crate) type GroupViews = ((usize, usize), (usize, usize), [(DevicePtr, usize); 3]);
+
+/// The grouped launch of ficco's kernel for a grouped GEMM's groups given
+/// as (rows, cols) of A and B and (address, pitch in bytes) of A, B and C,
+/// with the task's SM target as the SM budget; `None` when the groups do
+/// not share K and N or the kernel does not support them (alignment,
+/// leading dimensions: [`crate::hgemm::grouped::grouped_supported`]).
+pub(crate) fn own_grouped_args(
+    groups: &[GroupViews],
+    sm_target: Option<usize>,
+) -> Option<GroupedArgs> {
+    let &((_, k), (_, n), _) = groups.first()?;
+    let mut out = Vec::with_capacity(groups.len());
+    for &((m, gk), (bk, gn), [(pa, lda), (pb, ldb), (pc, ldc)]) in groups {
+        if gk != k || bk != k || gn != n {
+            return None;
+        }
+        let pitch = |p: usize| (p % ELEM_BYTES == 0).then_some(p / ELEM_BYTES);
+        out.push(Group {
+            m,
+            a: DevPtr::new(pa.raw()),
+            lda: pitch(lda)?,
+            b: DevPtr::new(pb.raw()),
+            ldb: pitch(ldb)?,
+            c: DevPtr::new(pc.raw()),
+            ldc: pitch(ldc)?,
+        });
+    }
+    grouped_supported(n, k, &out).ok()?;
+    Some(GroupedArgs {
+        n,
+        k,
+        groups: out,
+        sm_budget: sm_target.map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
+        tile_n: None,
+    })
+}
+
+/// A grouped GEMM: one launch of ficco's grouped kernel when the run
+/// prepared one for this task ([`Rank::prepare_own_gemm`]: its table of
+/// tensor maps is on the device), else a loop of cuBLASLt calls, one per
+/// group, in order on the task's stream with its workspace (the groups are
+/// independent; one stream keeps them the single task the plan made them).
+/// cuBLASLt has no grouped entry point (`cublasGemmGroupedBatchedEx` is in
+/// libcublas, which ficco does not load).
 fn grouped_gemm(
     rank: &mut Rank,
     sh: &Shared<'_>,
     s: CUstream,
     stream_idx: usize,
+    index: usize,
     groups: &[GemmGroup],
     sm_target: Option<usize>,
 ) -> Result<()> {
+    if let Some(launch) = rank.grouped.get(&index) {
+        let g = rank.own_gemms.get(stream_idx).ok_or_else(|| {
+            CudaError::Plan(format!(
+                "ficco's own GEMM not loaded for stream {stream_idx} before the run"
+            ))
+        })?;
+        // SAFETY: the table was built by this run's preparation from
+        // bounds-checked views of the live, bound buffers (validated: the
+        // groups' outputs are disjoint from each other and from their inputs).
+        return unsafe { g.launch_grouped(s, launch) };
+    }
     let ws = rank.workspaces[stream_idx].ptr();
     for g in groups {
         let (pa, lda) = local(rank, sh, &g.a, "grouped gemm a")?;
@@ -500,6 +594,68 @@ fn nccl(rank: &Rank, sh: &Shared<'_>, s: CUstream, op: &NcclOp) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grouped_route_from_the_environment_value() {
+        assert_eq!(GroupedRoute::parse(None).unwrap(), GroupedRoute::Own);
+        assert_eq!(GroupedRoute::parse(Some("")).unwrap(), GroupedRoute::Own);
+        assert_eq!(GroupedRoute::parse(Some("own")).unwrap(), GroupedRoute::Own);
+        assert_eq!(
+            GroupedRoute::parse(Some(" loop ")).unwrap(),
+            GroupedRoute::Loop
+        );
+        let e = GroupedRoute::parse(Some("cublas")).unwrap_err().to_string();
+        assert!(e.contains("FICCO_GROUPED") && e.contains("cublas"), "{e}");
+    }
+
+    #[test]
+    fn own_grouped_args_take_supported_groups_only() {
+        let p = DevicePtr;
+        // Two experts of K = 256, N = 512 (pitches in bytes), one empty.
+        let g = |m: usize, at: u64| {
+            (
+                (m, 256),
+                (256, 512),
+                [
+                    (p(0x10000 + at), 512),
+                    (p(0x20000 + at), 1024),
+                    (p(0x30000 + at), 1024),
+                ],
+            )
+        };
+        let groups = [g(300, 0), g(0, 0x1000), g(5, 0x2000)];
+        let a = own_grouped_args(&groups, Some(66)).expect("supported");
+        assert_eq!(
+            (a.n, a.k, a.sm_budget, a.tile_n),
+            (512, 256, Some(66), None)
+        );
+        assert_eq!(a.groups.len(), 3);
+        assert_eq!(
+            a.groups[2],
+            Group {
+                m: 5,
+                a: DevPtr::new(0x12000),
+                lda: 256,
+                b: DevPtr::new(0x22000),
+                ldb: 512,
+                c: DevPtr::new(0x32000),
+                ldc: 512,
+            }
+        );
+        assert!(own_grouped_args(&[], None).is_none());
+        // Different N across groups: the loop.
+        let mut other = groups;
+        other[1].1 .1 = 256;
+        assert!(own_grouped_args(&other, None).is_none());
+        // A C row not 16-byte aligned (pitch 1028 bytes): the loop.
+        let mut odd = groups;
+        odd[2].2[2].1 = 1028;
+        assert!(own_grouped_args(&odd, None).is_none());
+        // An A view starting 8 bytes off: the loop.
+        let mut off = groups;
+        off[0].2[0].0 = p(0x10008);
+        assert!(own_grouped_args(&off, None).is_none());
+    }
 
     #[test]
     fn own_gemm_args_carry_views_budget_and_stages() {

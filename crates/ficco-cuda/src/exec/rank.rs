@@ -5,17 +5,18 @@
 //! start issuing (either can wait for the device to go idle).
 
 use super::check::view_addr;
-use super::issue::{own_gemm_args, tile_gemm_args, TileFlags};
+use super::issue::{own_gemm_args, own_grouped_args, tile_gemm_args, GroupedRoute, TileFlags};
 use crate::controls::RawStream;
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::green::{GreenPartition, PartitionRequest};
+use crate::hgemm::grouped::{GroupedArgs, GroupedLaunch};
 use crate::hgemm::HopperGemm;
 use crate::kernels::Kernels;
 use crate::mem::{DeviceBuffer, DevicePtr};
 use cudarc::driver::{CudaContext, CudaStream};
-use ficco_core::plan::{RankPlan, Resources, StreamRole, TaskKind};
+use ficco_core::plan::{GemmGroup, RankPlan, Resources, StreamRole, TaskKind};
 use ficco_core::problem::workload::ELEM_BYTES;
 use ficco_core::space::GemmEngine;
 use ficco_core::space::Priority;
@@ -53,6 +54,9 @@ pub struct Rank {
     /// and signal tickets need stream-ordered launches), loaded when a plan
     /// first runs its GEMMs on it.
     pub(super) own_gemms: Vec<HopperGemm>,
+    /// The current plan's grouped GEMM tasks that run on ficco's grouped
+    /// kernel, by task index: their tables, built before the run.
+    pub(super) grouped: HashMap<usize, GroupedLaunch>,
     /// Green-context splits by compute SM count.
     green: HashMap<usize, GreenSet>,
     /// This rank's signal flags (u32 words peers write, see [`crate::signal`]).
@@ -85,6 +89,7 @@ impl Rank {
             check_acc: DeviceBuffer::alloc(&ctx, 32)?,
             warmed: Default::default(),
             own_gemms: vec![],
+            grouped: HashMap::new(),
             green: HashMap::new(),
             flags: None,
             tables: None,
@@ -219,6 +224,10 @@ impl Rank {
     /// the disk cache), here and never during the run, with the arguments
     /// the run will launch (`tile_share`: persistent tile GEMMs sharing this
     /// rank's SMs, [`super::issue`]'s cap).
+    ///
+    /// Grouped GEMM tasks that the grouped kernel supports run on it (unless
+    /// `FICCO_GROUPED=loop`, [`GroupedRoute`]), whatever the engine: their
+    /// tables of tensor maps are built and copied to the device here.
     pub(super) fn prepare_own_gemm(
         &mut self,
         rp: &RankPlan,
@@ -226,14 +235,24 @@ impl Rank {
         ptrs: &[DevicePtr],
         tile_share: usize,
     ) -> Result<()> {
+        self.grouped.clear();
+        let grouped = self.grouped_tasks(rp, ptrs)?;
         // Tile GEMMs run on it whatever the engine (cuBLASLt has no hooks).
-        let wants = rp.tasks.iter().any(|t| match t.kind {
-            TaskKind::Gemm { .. } => res.gemm == GemmEngine::Own,
-            TaskKind::TileGemm(_) => true,
-            _ => false,
-        });
+        let wants = !grouped.is_empty()
+            || rp.tasks.iter().any(|t| match t.kind {
+                TaskKind::Gemm { .. } => res.gemm == GemmEngine::Own,
+                TaskKind::TileGemm(_) => true,
+                _ => false,
+            });
         while wants && self.own_gemms.len() < rp.streams.len() {
             self.own_gemms.push(HopperGemm::load(&self.ctx)?);
+        }
+        for (i, args) in grouped {
+            let Some(g) = rp.tasks.get(i).and_then(|t| self.own_gemms.get(t.stream)) else {
+                continue;
+            };
+            let launch = g.prepare_grouped(&args)?;
+            self.grouped.insert(i, launch);
         }
         for t in &rp.tasks {
             let Some(g) = self.own_gemms.get(t.stream) else {
@@ -401,6 +420,15 @@ impl Rank {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
     }
 
+    /// [`grouped_tasks`] on this rank's device.
+    fn grouped_tasks(
+        &self,
+        rp: &RankPlan,
+        ptrs: &[DevicePtr],
+    ) -> Result<Vec<(usize, GroupedArgs)>> {
+        grouped_tasks(&self.ctx, rp, ptrs)
+    }
+
     /// Runs every GEMM configuration of `rp` not run before once, alone, into a
     /// temporary output. CUDA loads kernels lazily, and loading one can wait for
     /// the device to go idle: inside a running plan that can deadlock against an
@@ -415,17 +443,27 @@ impl Rank {
         if res.gemm == GemmEngine::Own {
             return Ok(());
         }
-        // Every cuBLASLt GEMM: plain ones (not shaped) and each group of a grouped one.
-        let gemms = rp.tasks.iter().flat_map(|t| match &t.kind {
-            TaskKind::Gemm {
-                a, b, c, sm_target, ..
-            } => vec![(a, b, c, sm_target)],
-            TaskKind::GroupedGemm { groups, sm_target } => groups
-                .iter()
-                .map(|g| (&g.a, &g.b, &g.c, sm_target))
-                .collect(),
-            _ => vec![],
-        });
+        // Every cuBLASLt GEMM: plain ones (not shaped) and each group of a
+        // grouped one that does not run on ficco's grouped kernel.
+        let own_grouped: HashSet<usize> = self
+            .grouped_tasks(rp, ptrs)?
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        let gemms = rp
+            .tasks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| match &t.kind {
+                TaskKind::Gemm {
+                    a, b, c, sm_target, ..
+                } => vec![(a, b, c, sm_target)],
+                TaskKind::GroupedGemm { groups, sm_target } if !own_grouped.contains(&i) => groups
+                    .iter()
+                    .map(|g| (&g.a, &g.b, &g.c, sm_target))
+                    .collect(),
+                _ => vec![],
+            });
         for (a, b, c, sm_target) in gemms {
             let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
             let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
@@ -459,4 +497,53 @@ impl Rank {
         }
         Ok(())
     }
+}
+
+/// The grouped GEMM tasks of `rp` that run on ficco's grouped kernel, by
+/// task index, with their launch arguments: none under
+/// `FICCO_GROUPED=loop` or off Hopper (the kernel is sm_90a), and only
+/// those whose groups the kernel supports.
+fn grouped_tasks(
+    ctx: &Arc<CudaContext>,
+    rp: &RankPlan,
+    ptrs: &[DevicePtr],
+) -> Result<Vec<(usize, GroupedArgs)>> {
+    if GroupedRoute::from_env()? == GroupedRoute::Loop
+        || !rp
+            .tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::GroupedGemm { .. }))
+    {
+        return Ok(vec![]);
+    }
+    let cc = ctx
+        .compute_capability()
+        .map_err(drv("cuDeviceGetAttribute(compute capability)"))?;
+    if cc != (9, 0) {
+        return Ok(vec![]);
+    }
+    let mut out = vec![];
+    for (i, t) in rp.tasks.iter().enumerate() {
+        let TaskKind::GroupedGemm { groups, sm_target } = &t.kind else {
+            continue;
+        };
+        let views = groups
+            .iter()
+            .map(|g: &GemmGroup| {
+                Ok((
+                    (g.a.rows, g.a.cols),
+                    (g.b.rows, g.b.cols),
+                    [
+                        view_addr(&rp.buffers, ptrs, &g.a, "grouped gemm a")?,
+                        view_addr(&rp.buffers, ptrs, &g.b, "grouped gemm b")?,
+                        view_addr(&rp.buffers, ptrs, &g.c, "grouped gemm c")?,
+                    ],
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(args) = own_grouped_args(&views, *sm_target) {
+            out.push((i, args));
+        }
+    }
+    Ok(out)
 }

@@ -12,6 +12,8 @@
 //! `fine2`, `fine4` and `fine8` schedules. [`Bench::hook_costs`] measures each
 //! hook; [`table`] and [`Report`] are the command's two outputs.
 
+pub mod grouped;
+
 use super::{
     Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
     BLOCK_M,
@@ -317,6 +319,10 @@ enum Engine {
     Tuned(GemmKey, DevicePtr, DevicePtr, DevicePtr),
     /// cuBLASLt, first heuristic algorithm.
     Default(GemmKey, DevicePtr, DevicePtr, DevicePtr),
+    /// ficco's grouped kernel, one launch ([`grouped`]).
+    Grouped(std::rc::Rc<super::grouped::GroupedLaunch>),
+    /// Autotuned cuBLASLt calls in order, one per group: (key, a, b, c).
+    Loop(Vec<(GemmKey, DevicePtr, DevicePtr, DevicePtr)>),
 }
 
 /// Operands of one shape.
@@ -434,6 +440,14 @@ impl Bench {
             Engine::Default(key, a, b, c) => {
                 let ws = self.workspace.ptr();
                 self.default.gemm(*key, *a, *b, *c, false, ws, cu)
+            }
+            Engine::Grouped(g) => self.gemm.launch_grouped(cu, g),
+            Engine::Loop(calls) => {
+                let ws = self.workspace.ptr();
+                for &(key, a, b, c) in calls {
+                    self.tuned.gemm(key, a, b, c, false, ws, cu)?;
+                }
+                Ok(())
             }
         }
     }
@@ -875,16 +889,7 @@ pub fn run(
     hooks: bool,
     on: &mut dyn FnMut(Event<'_>),
 ) -> Result<Report> {
-    crate::loader::require()?;
-    let found = crate::info::device_count()?;
-    if device >= found {
-        return Err(CudaError::NotEnoughGpus {
-            wanted: device + 1,
-            found,
-        });
-    }
-    let ctx = CudaContext::new(device).map_err(drv("cuCtxCreate"))?;
-    let name = ctx.name().unwrap_or_else(|_| format!("GPU {device}"));
+    let (ctx, name) = open_device(device)?;
     let mut bench = Bench::new(&ctx, cfg)?;
     let compile = bench.gemm().compile_info().clone();
     let sms = bench.gemm().sms();
@@ -917,6 +922,21 @@ pub fn run(
         rows,
         hooks: hook_rows,
     })
+}
+
+/// A context on GPU `device` and the device's name.
+fn open_device(device: usize) -> Result<(Arc<CudaContext>, String)> {
+    crate::loader::require()?;
+    let found = crate::info::device_count()?;
+    if device >= found {
+        return Err(CudaError::NotEnoughGpus {
+            wanted: device + 1,
+            found,
+        });
+    }
+    let ctx = CudaContext::new(device).map_err(drv("cuCtxCreate"))?;
+    let name = ctx.name().unwrap_or_else(|_| format!("GPU {device}"));
+    Ok((ctx, name))
 }
 
 /// Geomean, worst and chunk aggregate over the rows.

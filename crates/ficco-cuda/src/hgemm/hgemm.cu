@@ -6,7 +6,8 @@
 // (+ C when accumulating), f32 accumulation, bf16 out.
 // Tile 128 x BN x 64 (BN = 256 or 128: two entry points); warpgroup 0
 // produces (TMA), warpgroups 1 and 2 each compute 64 rows of the tile with
-// wgmma m64nBNk16.
+// wgmma m64nBNk16. The `_grouped` entries run many GEMMs of one K and N
+// (MoE experts) in one persistent launch (GroupTable).
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -47,6 +48,15 @@ struct Params {
                      // 2 16-byte thread stores (destination hook, no add)
   u32 sig_delay;     // k-blocks of the next unit issued before a deferred signal
   u32 dp_tiles;      // tiles 0..dp_tiles run unsplit, the rest split `splits` ways
+};
+
+// Grouped mode: one entry per group in global memory; mirrored by
+// `GroupTableParams` in grouped.rs (repr(C)).
+struct GroupTable {
+  u64 maps;    // groups x 3 TMaps (A, B, C of each group), 128-byte aligned
+  u64 first;   // groups + 1 u32: each group's first global tile, then the total
+  u32 groups;
+  u32 pad;
 };
 
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -188,6 +198,42 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
   if (mb >= p.tiles_m) mb -= p.tiles_m;
 }
 
+// Grouped mode: global tile t -> (group g, M-block, N-block of that group).
+// `g` carries over between a thread's calls: its tiles only increase, so
+// the scan over the prefix sums only moves forward (an empty group has no
+// tiles: first[g + 1] == first[g] skips it). Within a group, tiles go as in
+// tile_coords (groups of `group_m` M-blocks column by column, no rotation).
+static __device__ __forceinline__ void group_tile(const GroupTable& gt, const Params& p, u32 t,
+                                                  u32& g, u32& mb, u32& nb) {
+  const u32* first = (const u32*)gt.first;
+  while (t >= first[g + 1]) ++g;
+  const u32 t0 = first[g];
+  const u32 tiles_m = (first[g + 1] - t0) / p.tiles_n;
+  const u32 r0 = t - t0;
+  const u32 per_group = p.group_m * p.tiles_n;
+  const u32 q = r0 / per_group;
+  const u32 fm = q * p.group_m;
+  u32 gs = tiles_m - fm;
+  if (gs > p.group_m) gs = p.group_m;
+  const u32 r = r0 - q * per_group;
+  mb = fm + r % gs;
+  nb = r / gs;
+}
+
+// Grouped mode: the tensor maps live in global memory, written by the host
+// before the launch; a thread orders them before its first TMA use of them
+// (the tensormap proxy acquires them, system scope for a host write). The
+// empty bulk group after it keeps ptxas from dropping the fence (Triton
+// emits the same pair); it waits only for this thread's earlier bulk
+// stores to have read shared memory.
+static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
+  asm volatile(
+      "fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n"
+      "cp.async.bulk.commit_group;\n"
+      "cp.async.bulk.wait_group.read 0;" ::"l"((u64)map)
+      : "memory");
+}
+
 // Hook 5: counts the 64-row half tile starting at row `rlo` (its stores done
 // by the whole warpgroup before a named barrier) towards every signal block
 // it overlaps; the last arrival of a block resets its ticket and increments
@@ -300,9 +346,14 @@ static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u
 // M64: 64-row tiles (for small M); the two consumer warpgroups split the
 // tile's BN columns instead of its rows (each 64 x BN/2). Hooks that assume
 // 128-row blocks are off in this mode (checked by the host).
-template <int BN, bool M64>
+// GROUPED: the tiles of every group of `gt` (p.tiles_m is the groups' total
+// M-blocks); each tile's maps come from the table instead of amap, bmap and
+// cmap (unused). The host allows only the TMA-store epilogue, no hooks and
+// no K split.
+template <int BN, bool M64, bool GROUPED = false>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
-                                                  const TMap& cmap, const Params& p) {
+                                                  const TMap& cmap, const Params& p,
+                                                  const GroupTable* gt = nullptr) {
   constexpr u32 TBM = M64 ? 64u : (u32)BM;  // rows per tile
   constexpr int WN = M64 ? BN / 2 : BN;       // columns per consumer warpgroup
   constexpr u32 STAGE_AT = TBM * BK * 2;
@@ -336,11 +387,25 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       u32 stage = 0, phase = 0;
+      u32 grp = 0, fenced = 0xffffffffu;  // grouped mode: current and acquired group
       for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
         u32 t, sp, ns, kb0, kb1;
         unit_of(p, u, nk, t, sp, ns, kb0, kb1);
         u32 mb, nb;
-        tile_coords(p, t, mb, nb);
+        const TMap* am = &amap;
+        const TMap* bm = &bmap;
+        if constexpr (GROUPED) {
+          group_tile(*gt, p, t, grp, mb, nb);
+          am = (const TMap*)gt->maps + 3 * grp;
+          bm = am + 1;
+          if (grp != fenced) {
+            tmap_acquire(am);
+            tmap_acquire(bm);
+            fenced = grp;
+          }
+        } else {
+          tile_coords(p, t, mb, nb);
+        }
         const u32 m0 = mb * TBM, n0 = nb * BN;
         if (p.wait_flags != 0) {
           // Hook 4: wait until every flag covering this tile's A rows reached the epoch.
@@ -359,10 +424,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           const u32 fb = full + 8 * stage;
           mbar_expect_tx(fb, STAGE_BYTES);
           const u32 sa = base + stage * STAGE_BYTES;
-          tma_load_2d(sa, &amap, fb, (int)(kb * BK), (int)m0);
+          tma_load_2d(sa, am, fb, (int)(kb * BK), (int)m0);
 #pragma unroll
           for (u32 j = 0; j < BN / 64; ++j) {
-            tma_load_2d(sa + STAGE_AT + j * (64 * BK * 2), &bmap, fb, (int)(n0 + 64 * j),
+            tma_load_2d(sa + STAGE_AT + j * (64 * BK * 2), bm, fb, (int)(n0 + 64 * j),
                         (int)(kb * BK));
           }
           if (++stage == p.stages) {
@@ -381,11 +446,23 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     float d[NACC];
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
+    u32 grp = 0, fenced = NONE;  // grouped mode: current and acquired group
     for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
       u32 t, sp, ns, kb0, kb1;
       unit_of(p, u, nk, t, sp, ns, kb0, kb1);
       u32 mb, nb;
-      tile_coords(p, t, mb, nb);
+      const TMap* cm = &cmap;
+      if constexpr (GROUPED) {
+        group_tile(*gt, p, t, grp, mb, nb);
+        cm = (const TMap*)gt->maps + 3 * grp + 2;
+        // Only thread 0 of the warpgroup issues the C stores.
+        if (lt == 0 && grp != fenced) {
+          tmap_acquire(cm);
+          fenced = grp;
+        }
+      } else {
+        tile_coords(p, t, mb, nb);
+      }
       const u32 m0 = mb * TBM, n0 = nb * BN;
       // This warpgroup's first output row and column.
       const u32 rbase = M64 ? m0 : m0 + cw * 64;
@@ -512,7 +589,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           if (lt == 0) {
 #pragma unroll
             for (int b = 0; b < WN / 64; ++b) {
-              tma_store_2d(&cmap, wst + (u32)b * 8192u, (int)(cbase0 + 64 * b), (int)rbase);
+              tma_store_2d(cm, wst + (u32)b * 8192u, (int)(cbase0 + 64 * b), (int)rbase);
             }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
@@ -605,4 +682,23 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ TMap cmap,
                          const __grid_constant__ Params p) {
   hgemm_body<256, true>(amap, bmap, cmap, p);
+}
+
+// Grouped mode (GroupTable): every group's tiles in one persistent launch.
+// amap, bmap and cmap are unused (the host passes zeros): each group's maps
+// are in the table.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n256_grouped(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                             const __grid_constant__ TMap cmap,
+                             const __grid_constant__ Params p,
+                             const __grid_constant__ GroupTable g) {
+  hgemm_body<256, false, true>(amap, bmap, cmap, p, &g);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n128_grouped(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                             const __grid_constant__ TMap cmap,
+                             const __grid_constant__ Params p,
+                             const __grid_constant__ GroupTable g) {
+  hgemm_body<128, false, true>(amap, bmap, cmap, p, &g);
 }

@@ -114,6 +114,18 @@
 //! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
 //! the source, the options, the architecture and the NVRTC version.
 //!
+//! # Grouped mode ([`grouped`])
+//! Entries `ficco_hgemm_n256_grouped` and `ficco_hgemm_n128_grouped` (the
+//! same template with a compile-time switch; the other entries compile
+//! unchanged) run every group of a grouped GEMM (MoE experts: one K and N,
+//! per-group rows and operands) in one persistent launch: a device table
+//! holds each group's tensor maps and the prefix sums of the groups' tile
+//! counts, and the CTAs walk the global tile list, so they balance across
+//! groups of any size. The executor runs `GroupedGemm` tasks on it
+//! (`FICCO_GROUPED=loop`: the cuBLASLt loop); `gemm-bench --grouped`
+//! ([`bench::grouped`]) times it against that loop. Not yet measured on a
+//! GPU; no K split, hooks or 64-row tiles in this mode.
+//!
 //! # Where it runs
 //! Schedules with `-own`, `-smN` (hook 1) or `-occS` (hook 2, S stages) run
 //! every GEMM task on it (`exec::issue`, one instance per plan stream);
@@ -134,6 +146,7 @@
 //! next steps; none is implemented.
 
 pub mod bench;
+pub mod grouped;
 pub mod tune;
 
 use crate::error::{check, drv, CudaError, Result};
@@ -152,6 +165,16 @@ const KERNEL_NAME: &str = "ficco_hgemm";
 const ENTRY_N256: &str = "ficco_hgemm_n256";
 const ENTRY_N128: &str = "ficco_hgemm_n128";
 const ENTRY_M64N256: &str = "ficco_hgemm_n256_m64";
+const ENTRY_N256_GROUPED: &str = "ficco_hgemm_n256_grouped";
+const ENTRY_N128_GROUPED: &str = "ficco_hgemm_n128_grouped";
+/// Every entry, in the order of [`HopperGemm`]'s kernel handles.
+const ENTRIES: [&str; 5] = [
+    ENTRY_N256,
+    ENTRY_N128,
+    ENTRY_M64N256,
+    ENTRY_N256_GROUPED,
+    ENTRY_N128_GROUPED,
+];
 /// NVRTC options (the architecture is added: `sm_90a`).
 const OPTIONS: [&str; 1] = ["-std=c++17"];
 const ARCH: &str = "--gpu-architecture=sm_90a";
@@ -494,7 +517,8 @@ pub struct LaunchShape {
 #[derive(Debug)]
 pub struct HopperGemm {
     lib: sys::CUlibrary,
-    kernels: [sys::CUkernel; 3],
+    /// One per entry of [`ENTRIES`], in its order.
+    kernels: [sys::CUkernel; 5],
     ctx: Arc<CudaContext>,
     sms: u32,
     max_smem: u32,
@@ -565,7 +589,7 @@ impl HopperGemm {
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
-            kernels: [std::ptr::null_mut(); 3],
+            kernels: [std::ptr::null_mut(); 5],
             ctx: ctx.clone(),
             sms,
             max_smem,
@@ -575,10 +599,7 @@ impl HopperGemm {
             tuned: Default::default(),
             timings: Default::default(),
         };
-        for (i, entry) in [ENTRY_N256, ENTRY_N128, ENTRY_M64N256]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, entry) in ENTRIES.into_iter().enumerate() {
             let name = CString::new(entry).map_err(|e| CudaError::Plan(e.to_string()))?;
             // SAFETY: the library is loaded; valid out-pointers, C string and sizes.
             unsafe {
@@ -743,6 +764,23 @@ impl HopperGemm {
             &mut cm as *mut TensorMap as *mut c_void,
             &mut p as *mut KernelParams as *mut c_void,
         ];
+        self.launch_raw(stream, kernel, shape.grid, shape.dyn_smem, &mut params)
+    }
+
+    /// Launches `kernel` (one of this library's) with `params` on `stream`,
+    /// the stream's context made current for the call.
+    ///
+    /// # Safety
+    /// `stream` must be live; `params` must point to the entry's parameters
+    /// in order, each of its exact layout.
+    unsafe fn launch_raw(
+        &self,
+        stream: sys::CUstream,
+        kernel: sys::CUkernel,
+        grid: u32,
+        dyn_smem: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         let mut ctx = std::ptr::null_mut();
         check("cuStreamGetCtx", sys::cuStreamGetCtx(stream, &mut ctx))?;
         check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(ctx))?;
@@ -756,13 +794,13 @@ impl HopperGemm {
                 "cuLaunchKernel(ficco_hgemm)",
                 sys::cuLaunchKernel(
                     f,
-                    shape.grid,
+                    grid,
                     1,
                     1,
                     THREADS,
                     1,
                     1,
-                    shape.dyn_smem,
+                    dyn_smem,
                     stream,
                     params.as_mut_ptr(),
                     std::ptr::null_mut(),
@@ -1432,8 +1470,17 @@ mod tests {
     fn source_declares_what_rust_launches() {
         assert!(SOURCE.contains("ficco_hgemm"));
         assert!(SOURCE.contains("struct Params"));
-        for entry in [ENTRY_N256, ENTRY_N128, ENTRY_M64N256] {
+        for entry in ENTRIES {
             assert!(SOURCE.contains(&format!("{entry}(")), "{entry}");
+        }
+        // The grouped entries take the group table after the plain parameters.
+        for entry in [ENTRY_N256_GROUPED, ENTRY_N128_GROUPED] {
+            let at = SOURCE.find(&format!("{entry}(")).unwrap_or(0);
+            let sig = &SOURCE[at..at + 400.min(SOURCE.len() - at)];
+            assert!(
+                sig.contains("Params p,") && sig.contains("GroupTable g)"),
+                "{entry}"
+            );
         }
         assert!(SOURCE.contains("tnsp") || SOURCE.contains("0, 1;"));
     }
