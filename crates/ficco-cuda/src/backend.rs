@@ -336,6 +336,12 @@ impl GpuBackend {
         &self.info
     }
 
+    /// Grouped GEMM tasks issued on ficco's grouped kernel so far, over the
+    /// ranks driven here (the rest ran as loops of cuBLASLt calls).
+    pub fn grouped_launches(&self) -> usize {
+        self.ranks.iter().map(|r| r.grouped_issued).sum()
+    }
+
     /// Number of ranks of the plans it runs (GPUs driven, or the job's ranks).
     pub fn gpus(&self) -> usize {
         self.world()

@@ -388,10 +388,11 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
             b: w,
         };
         let reference = host.reference();
-        let mut outs = vec![];
         for route in ["own", "loop"] {
             std::env::set_var("FICCO_GROUPED", route);
+            let before = be.grouped_launches();
             let out = be.run_host(&plan, &init);
+            let launched = be.grouped_launches() - before;
             std::env::remove_var("FICCO_GROUPED");
             let out = out.expect("run the grouped plan");
             let y: Vec<f32> = out[0][2].iter().map(|&h| b2f(h)).collect();
@@ -400,14 +401,13 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
                 "executor FICCO_GROUPED={route} N={n} K={k} groups {rows:?}: rel err {err:.2e}"
             );
             assert!(err < 1e-2, "{route} N={n}: rel err {err}");
-            outs.push(out[0][2].clone());
-        }
-        if n % 8 == 0 {
-            // Different kernels round differently somewhere in 100k+
-            // outputs: identical outputs mean both runs took the loop.
-            assert_ne!(
-                outs[0], outs[1],
-                "FICCO_GROUPED=own gave the loop's exact output: the grouped kernel did not run"
+            // The route that ran: the grouped kernel exactly where it
+            // supports the shape (N a multiple of 8) and was asked for.
+            let want_kernel = route == "own" && n % 8 == 0;
+            assert_eq!(
+                launched > 0,
+                want_kernel,
+                "{route} N={n}: {launched} grouped-kernel launches"
             );
         }
     }

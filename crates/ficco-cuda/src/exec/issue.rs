@@ -282,7 +282,9 @@ fn grouped_gemm(
         // SAFETY: the table was built by this run's preparation from
         // bounds-checked views of the live, bound buffers (validated: the
         // groups' outputs are disjoint from each other and from their inputs).
-        return unsafe { g.launch_grouped(s, launch) };
+        unsafe { g.launch_grouped(s, launch)? };
+        rank.grouped_issued += 1;
+        return Ok(());
     }
     let ws = rank.workspaces[stream_idx].ptr();
     for g in groups {

@@ -57,6 +57,9 @@ pub struct Rank {
     /// The current plan's grouped GEMM tasks that run on ficco's grouped
     /// kernel, by task index: their tables, built before the run.
     pub(super) grouped: HashMap<usize, GroupedLaunch>,
+    /// Grouped GEMM tasks issued on the grouped kernel so far (which route
+    /// ran is otherwise invisible: the two often agree bit for bit).
+    pub grouped_issued: usize,
     /// Green-context splits by compute SM count.
     green: HashMap<usize, GreenSet>,
     /// This rank's signal flags (u32 words peers write, see [`crate::signal`]).
@@ -90,6 +93,7 @@ impl Rank {
             warmed: Default::default(),
             own_gemms: vec![],
             grouped: HashMap::new(),
+            grouped_issued: 0,
             green: HashMap::new(),
             flags: None,
             tables: None,
