@@ -184,14 +184,24 @@ pub(crate) fn own_gemm_args(
     })
 }
 
-/// Environment variable choosing how `GroupedGemm` tasks run: `own` (the
-/// default) is ficco's grouped kernel where it supports the groups, `loop`
-/// the loop of cuBLASLt calls always (to compare the two in one run).
+/// Environment variable choosing how `GroupedGemm` tasks run: `auto` (the
+/// default, see [`GroupedRoute::Auto`]), `own` (ficco's grouped kernel
+/// wherever it supports the groups) or `loop` (the loop of cuBLASLt calls
+/// always), to compare them in one run.
 pub const GROUPED_ENV: &str = "FICCO_GROUPED";
+
+/// Non-empty groups from which `auto` takes the grouped kernel. Measured on
+/// one H200 (`ficco gemm-bench --grouped`, `bench/data/2026-11-23-h200-grouped/`):
+/// with 16 to 128 experts the one launch takes 0.19-0.92 of the loop's time;
+/// with 2 to 8 large experts the autotuned cuBLASLt loop is up to 35% faster.
+pub const GROUPED_MIN_GROUPS: usize = 16;
 
 /// How grouped GEMM tasks run ([`GROUPED_ENV`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupedRoute {
+    /// The grouped kernel for tasks of at least [`GROUPED_MIN_GROUPS`]
+    /// non-empty groups that it supports, else the cuBLASLt loop.
+    Auto,
     /// One launch of ficco's grouped kernel where it supports the groups
     /// ([`crate::hgemm::grouped`]), else the cuBLASLt loop.
     Own,
@@ -200,14 +210,25 @@ pub enum GroupedRoute {
 }
 
 impl GroupedRoute {
-    /// The route a value of [`GROUPED_ENV`] names (unset or empty: `own`).
+    /// The route a value of [`GROUPED_ENV`] names (unset or empty: `auto`).
     pub fn parse(v: Option<&str>) -> Result<Self> {
         match v.map(str::trim) {
-            None | Some("") | Some("own") => Ok(GroupedRoute::Own),
+            None | Some("") | Some("auto") => Ok(GroupedRoute::Auto),
+            Some("own") => Ok(GroupedRoute::Own),
             Some("loop") => Ok(GroupedRoute::Loop),
             Some(x) => Err(CudaError::Plan(format!(
-                "{GROUPED_ENV} must be 'own' or 'loop', got '{x}'"
+                "{GROUPED_ENV} must be 'auto', 'own' or 'loop', got '{x}'"
             ))),
+        }
+    }
+
+    /// Whether a supported task of `groups` groups, `non_empty` of them
+    /// with rows, runs on the grouped kernel under this route.
+    pub fn takes_kernel(self, non_empty: usize) -> bool {
+        match self {
+            GroupedRoute::Auto => non_empty >= GROUPED_MIN_GROUPS,
+            GroupedRoute::Own => true,
+            GroupedRoute::Loop => false,
         }
     }
 
@@ -599,8 +620,13 @@ mod tests {
 
     #[test]
     fn grouped_route_from_the_environment_value() {
-        assert_eq!(GroupedRoute::parse(None).unwrap(), GroupedRoute::Own);
-        assert_eq!(GroupedRoute::parse(Some("")).unwrap(), GroupedRoute::Own);
+        assert_eq!(GroupedRoute::parse(None).unwrap(), GroupedRoute::Auto);
+        assert_eq!(GroupedRoute::parse(Some("")).unwrap(), GroupedRoute::Auto);
+        assert_eq!(GroupedRoute::parse(Some("auto")).unwrap(), GroupedRoute::Auto);
+        assert!(GroupedRoute::Auto.takes_kernel(GROUPED_MIN_GROUPS));
+        assert!(!GroupedRoute::Auto.takes_kernel(GROUPED_MIN_GROUPS - 1));
+        assert!(GroupedRoute::Own.takes_kernel(1));
+        assert!(!GroupedRoute::Loop.takes_kernel(128));
         assert_eq!(GroupedRoute::parse(Some("own")).unwrap(), GroupedRoute::Own);
         assert_eq!(
             GroupedRoute::parse(Some(" loop ")).unwrap(),

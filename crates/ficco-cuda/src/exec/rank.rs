@@ -512,7 +512,8 @@ fn grouped_tasks(
     rp: &RankPlan,
     ptrs: &[DevicePtr],
 ) -> Result<Vec<(usize, GroupedArgs)>> {
-    if GroupedRoute::from_env()? == GroupedRoute::Loop
+    let route = GroupedRoute::from_env()?;
+    if route == GroupedRoute::Loop
         || !rp
             .tasks
             .iter()
@@ -531,6 +532,9 @@ fn grouped_tasks(
         let TaskKind::GroupedGemm { groups, sm_target } = &t.kind else {
             continue;
         };
+        if !route.takes_kernel(groups.iter().filter(|g| g.a.rows > 0).count()) {
+            continue;
+        }
         let views = groups
             .iter()
             .map(|g: &GemmGroup| {
