@@ -622,7 +622,10 @@ mod tests {
     fn grouped_route_from_the_environment_value() {
         assert_eq!(GroupedRoute::parse(None).unwrap(), GroupedRoute::Auto);
         assert_eq!(GroupedRoute::parse(Some("")).unwrap(), GroupedRoute::Auto);
-        assert_eq!(GroupedRoute::parse(Some("auto")).unwrap(), GroupedRoute::Auto);
+        assert_eq!(
+            GroupedRoute::parse(Some("auto")).unwrap(),
+            GroupedRoute::Auto
+        );
         assert!(GroupedRoute::Auto.takes_kernel(GROUPED_MIN_GROUPS));
         assert!(!GroupedRoute::Auto.takes_kernel(GROUPED_MIN_GROUPS - 1));
         assert!(GroupedRoute::Own.takes_kernel(1));
