@@ -63,6 +63,22 @@ pub struct GemmBenchArgs {
     gpus: i64,
 }
 
+/// A measurement's failure: no usable GPU (with what `--list` shows
+/// instead, `listed`), or the error of `what`.
+fn failed(e: ficco_cuda::CudaError, what: &str, listed: &str) -> anyhow::Error {
+    if ficco_cuda::open::is_unavailable(&e) {
+        let hint = super::tried_hint(&e)
+            .map(|h| format!("; {h}"))
+            .unwrap_or_default();
+        anyhow!(
+            "gemm-bench needs a GPU: {} (it measures on the device; --list shows the {listed}{hint})",
+            super::gpu_reason(&e)
+        )
+    } else {
+        anyhow!("{what} failed: {e}")
+    }
+}
+
 pub fn run(args: GemmBenchArgs) -> Result<()> {
     let count = |what: &str, v: i64, min: i64| -> Result<usize> {
         if v < min {
@@ -125,20 +141,8 @@ pub fn run(args: GemmBenchArgs) -> Result<()> {
             printed = print(&text);
         }
     };
-    let report =
-        bench::run(device, &suite_name, &shapes, cfg, !args.no_hooks, &mut on).map_err(|e| {
-            if ficco_cuda::open::is_unavailable(&e) {
-                let hint = super::tried_hint(&e)
-                    .map(|h| format!("; {h}"))
-                    .unwrap_or_default();
-                anyhow!(
-                    "gemm-bench needs a GPU: {} (it measures on the device; --list shows the shapes{hint})",
-                    super::gpu_reason(&e)
-                )
-            } else {
-                anyhow!("gemm-bench failed: {e}")
-            }
-        })?;
+    let report = bench::run(device, &suite_name, &shapes, cfg, !args.no_hooks, &mut on)
+        .map_err(|e| failed(e, "gemm-bench", "shapes"))?;
     printed?;
     let json = serde_json::to_string_pretty(&report)? + "\n";
     if args.json {
@@ -192,19 +196,8 @@ fn grouped(args: &GemmBenchArgs, cfg: BenchConfig, device: usize, gpus: usize) -
             printed = print(&text);
         }
     };
-    let report = g::run_grouped(device, gpus, &cases, cfg, &mut on).map_err(|e| {
-        if ficco_cuda::open::is_unavailable(&e) {
-            let hint = super::tried_hint(&e)
-                .map(|h| format!("; {h}"))
-                .unwrap_or_default();
-            anyhow!(
-                "gemm-bench needs a GPU: {} (it measures on the device; --list shows the cases{hint})",
-                super::gpu_reason(&e)
-            )
-        } else {
-            anyhow!("gemm-bench --grouped failed: {e}")
-        }
-    })?;
+    let report = g::run_grouped(device, gpus, &cases, cfg, &mut on)
+        .map_err(|e| failed(e, "gemm-bench --grouped", "cases"))?;
     printed?;
     let json = serde_json::to_string_pretty(&report)? + "\n";
     if args.json {
