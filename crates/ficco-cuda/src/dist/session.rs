@@ -95,8 +95,12 @@ pub struct Session {
     cache: Option<TuneCache>,
     /// Shared allocations handed to the caller ([`Session::alloc`]).
     heap: Vec<SymmetricMem>,
-    /// Operator calls so far (names each call's exchange).
+    /// Operator calls and allocations so far (names each exchange).
     calls: u64,
+    /// Shared allocations ever made (collective, so alike on every rank:
+    /// while it is 0 no operand can be in shared memory and the exchange
+    /// that finds out is skipped).
+    allocs: u64,
 }
 
 /// Whether `plan` can run where every rank shares one GPU: no NCCL (it
@@ -126,6 +130,7 @@ impl Session {
             cache: None,
             heap: vec![],
             calls: 0,
+            allocs: 0,
         })
     }
 
@@ -237,6 +242,7 @@ impl Session {
         )?;
         let addr = m.ptr(job.rank()).map_or(0, |p| p.raw());
         self.heap.push(m);
+        self.allocs += 1;
         Ok(addr)
     }
 
@@ -273,6 +279,17 @@ impl Session {
     /// every rank is bound in place (decided alike on every rank through one
     /// exchange), the others are copied.
     fn operands(&mut self, ops: &[(BufferRole, u64, usize)]) -> Result<Vec<Operand>> {
+        if self.allocs == 0 {
+            return Ok(ops
+                .iter()
+                .map(|&(role, addr, bytes)| Operand {
+                    role,
+                    addr,
+                    bytes,
+                    shared: None,
+                })
+                .collect());
+        }
         let mine: Vec<u8> = ops
             .iter()
             .flat_map(|&(_, addr, bytes)| {
