@@ -208,6 +208,14 @@ def _close_at_exit() -> None:
 # ---------------------------------------------------------------- checks
 
 
+def _needs_one_node(name: str) -> bool:
+    """Whether schedule `name` moves data by other means than NCCL (copy
+    engines, or the fused `tile` schedules): then every rank must be on one
+    node. `seq` and NCCL schedules work across nodes."""
+    parts = name.split("-")
+    return parts[0] == "tile" or "copy" in parts[1:2]
+
+
 def _run(op, a_name, a, b, group, schedule, out):
     fn = f"ficco.torch.{_OPS[op]}"
     _check_tensor(fn, a_name, a)
@@ -264,6 +272,12 @@ def _run(op, a_name, a, b, group, schedule, out):
             )
         _check_device(fn, "out", out)
     sess = _session(fn, group)
+    if name is not None and _needs_one_node(name) and not sess.single_node:
+        raise ValueError(
+            f"{fn}: schedule {name!r} moves data between the GPUs of one node (copy engines "
+            "or fused tiles), but this group spans several hosts; use an NCCL schedule "
+            "(`ficco schedules`) or schedule='auto'"
+        )
     stream = torch.cuda.current_stream(a.device).cuda_stream
     try:
         ran = sess.run_op(

@@ -380,3 +380,12 @@ def test_empty_without_a_gpu_raises_not_panics(world1):
     with pytest.raises((RuntimeError, ValueError)) as e:
         ft.empty((4, 8))
     assert str(e.value)
+
+
+@pytest.mark.parametrize("name,one_node", [
+    ("seq", False), ("shard-nccl-ring", False), ("fine4-nccl-all-2s", False),
+    ("shard-copy-ring", True), ("fine2-copy-all-acc", True), ("tile-copy-ring", True),
+])
+def test_copy_and_tile_schedules_need_one_node(name, one_node):
+    assert ficco.check_schedule("gemm-rs", name) == name
+    assert ft._needs_one_node(name) is one_node
