@@ -229,3 +229,35 @@ fn skew_slows_the_busiest_rank() {
     let (none, heavy) = (t(Skew::NONE), t(Skew::HEAVY));
     assert!(heavy > 1.5 * none, "{none} {heavy}");
 }
+
+/// Below 16 non-empty experts a grouped GEMM costs what the executor's
+/// loop costs: each group's own waves and launch, summed (by hand on a
+/// 2-SM profile with 128x128 tiles); from 16 on, the one kernel's cost.
+#[test]
+fn grouped_cost_follows_the_executor_route() {
+    let mut hw = HwProfile::builtin("h200-nvlink").unwrap();
+    hw.gemm.tile_shapes = vec![[128, 128]];
+    let few = [(128, 512, 128), (0, 512, 128), (256, 512, 128)];
+    let c = cost::grouped_cost(&hw, &few, 2);
+    let a = cost::gemm_cost(&hw, 128, 512, 128, 2);
+    let b = cost::gemm_cost(&hw, 256, 512, 128, 2);
+    assert_eq!(c.waves, a.waves + b.waves);
+    assert_eq!(c.tiles, (a.waves + b.waves) * 2);
+    assert!((c.launch_ms - (a.launch_ms + b.launch_ms)).abs() < 1e-15);
+    let busy = a.waves as f64 * a.wave_ms + b.waves as f64 * b.wave_ms;
+    assert!((c.waves as f64 * c.wave_ms - busy).abs() < 1e-12);
+    // The loop is dearer than the one kernel on the same groups.
+    assert!(c.total_ms() > cost::grouped_gemm_cost(&hw, &few, 2).total_ms());
+    // From the threshold on: the one kernel.
+    let many: Vec<(usize, usize, usize)> = (0..cost::GROUPED_KERNEL_MIN_GROUPS)
+        .map(|i| (64 + 8 * i, 512, 128))
+        .collect();
+    let k = cost::grouped_cost(&hw, &many, 2);
+    let g = cost::grouped_gemm_cost(&hw, &many, 2);
+    assert_eq!((k.tiles, k.waves), (g.tiles, g.waves));
+    assert!((k.total_ms() - g.total_ms()).abs() < 1e-15);
+    // No group: one launch, nothing else.
+    let none = cost::grouped_cost(&hw, &[(0, 512, 128)], 2);
+    assert_eq!((none.tiles, none.waves), (0, 0));
+    assert!(none.total_ms() > 0.0);
+}

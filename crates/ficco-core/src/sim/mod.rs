@@ -400,7 +400,7 @@ impl<'a> Sim<'a> {
                             .iter()
                             .map(|g| (g.a.rows, g.a.cols, g.b.cols))
                             .collect();
-                        let c = cost::grouped_gemm_cost(hw, &shapes, cap);
+                        let c = cost::grouped_cost(hw, &shapes, cap);
                         gemm_work(hw, &c, cap, false)
                     }
                     TaskKind::Copy { src, dst } => {

@@ -190,11 +190,9 @@ pub(crate) fn own_gemm_args(
 /// always), to compare them in one run.
 pub const GROUPED_ENV: &str = "FICCO_GROUPED";
 
-/// Non-empty groups from which `auto` takes the grouped kernel. Measured on
-/// one H200 (`ficco gemm-bench --grouped`, `bench/data/2026-11-23-h200-grouped/`):
-/// with 16 to 128 experts the one launch takes 0.19-0.92 of the loop's time;
-/// with 2 to 8 large experts the autotuned cuBLASLt loop is up to 35% faster.
-pub const GROUPED_MIN_GROUPS: usize = 16;
+/// Non-empty groups from which `auto` takes the grouped kernel: the core's
+/// threshold, so the simulator models the route the executor takes.
+pub const GROUPED_MIN_GROUPS: usize = ficco_core::sim::cost::GROUPED_KERNEL_MIN_GROUPS;
 
 /// How grouped GEMM tasks run ([`GROUPED_ENV`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
