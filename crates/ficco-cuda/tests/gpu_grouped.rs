@@ -351,6 +351,20 @@ fn grouped_plan(rows: &[usize], n: usize, k: usize) -> Plan {
     }
 }
 
+/// (rows per expert, N, K) of the executor tests: the grouped kernel's
+/// shapes with 5 and 20 non-empty experts (below and above the `auto`
+/// threshold), and N = 100 (not a multiple of 8), which stays on the loop.
+fn executor_cases() -> Vec<(Vec<usize>, usize, usize)> {
+    let many: Vec<usize> = (0..22)
+        .map(|e| if e % 11 == 3 { 0 } else { 17 * e + 9 })
+        .collect();
+    vec![
+        (vec![300, 0, 5, 129, 1000, 0, 64], 384, 256),
+        (many, 256, 128),
+        (vec![70, 0, 200], 100, 64),
+    ]
+}
+
 #[test]
 fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
     let test = "executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop";
@@ -366,12 +380,7 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
         }
         Err(e) => panic!("{test}: open failed on a GPU machine: {e}"),
     };
-    // (rows per expert, N, K): the grouped kernel's shapes, and N = 100
-    // (not a multiple of 8), which stays on the loop.
-    for (rows, n, k) in [
-        (vec![300, 0, 5, 129, 1000, 0, 64], 384, 256),
-        (vec![70, 0, 200], 100, 64),
-    ] {
+    for (rows, n, k) in executor_cases() {
         let plan = grouped_plan(&rows, n, k);
         let total: usize = rows.iter().sum();
         let x = rand(total * k, 11);
@@ -388,7 +397,8 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
             b: w,
         };
         let reference = host.reference();
-        for route in ["own", "loop"] {
+        let experts = rows.iter().filter(|&&m| m > 0).count();
+        for route in ["own", "loop", "auto"] {
             std::env::set_var("FICCO_GROUPED", route);
             let before = be.grouped_launches();
             let out = be.run_host(&plan, &init);
@@ -402,8 +412,14 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
             );
             assert!(err < 1e-2, "{route} N={n}: rel err {err}");
             // The route that ran: the grouped kernel exactly where it
-            // supports the shape (N a multiple of 8) and was asked for.
-            let want_kernel = route == "own" && n % 8 == 0;
+            // supports the shape (N a multiple of 8) and was asked for, by
+            // name or (`auto`) by the expert count.
+            let asked = match route {
+                "own" => true,
+                "auto" => experts >= ficco_core::sim::cost::GROUPED_KERNEL_MIN_GROUPS,
+                _ => false,
+            };
+            let want_kernel = asked && n % 8 == 0;
             assert_eq!(
                 launched > 0,
                 want_kernel,
@@ -417,10 +433,7 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
 /// on the device only the route can fail.
 #[test]
 fn executor_test_plans_are_valid() {
-    for (rows, n, k) in [
-        (vec![300, 0, 5, 129, 1000, 0, 64], 384, 256),
-        (vec![70, 0, 200], 100, 64),
-    ] {
+    for (rows, n, k) in executor_cases() {
         let plan = grouped_plan(&rows, n, k);
         ficco_core::plan::validate::validate(&plan).expect("valid plan");
         let TaskKind::GroupedGemm { groups, .. } = &plan.ranks[0].tasks[0].kind else {
