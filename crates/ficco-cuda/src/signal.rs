@@ -41,13 +41,12 @@
 //! parity. Bank 1 starts at 1 (as if an iteration -1 had ended), so every
 //! iteration, the first included, waits the same way.
 //!
-//! **Memory.** Each rank keeps one peer-accessible plain `cuMemAlloc` buffer
-//! of flags (grown when a plan needs more words). Plain `cuMemAlloc` with peer
-//! access enabled is enough while one process drives every GPU (and in
-//! loopback, where every rank is on one device); VMM (`cuMemCreate` +
-//! POSIX-fd export, `cuMemMap`, `cuMemSetAccess`) is the follow-up for one
-//! process per rank, where the flags must be exported. Never NVLink
-//! multicast.
+//! **Memory.** When one process drives every GPU, each rank keeps one
+//! peer-accessible plain `cuMemAlloc` buffer of flags (grown when a plan
+//! needs more words); that is enough there, and in loopback, where every
+//! rank is on one device. With one process per rank the flags are VMM
+//! memory (`cuMemCreate` + POSIX-fd export, mapped by the node's other
+//! ranks: [`crate::dist::job`]). Never NVLink multicast.
 //!
 //! **Progress.** Each rank's control stream also writes its finished
 //! iteration count into a word of pinned, mapped host memory
