@@ -13,7 +13,7 @@ use crate::error::{CudaError, Result};
 use crate::mem::DevicePtr;
 use ficco_core::choose::autotune::{self, Advice};
 use ficco_core::choose::explore::check_named;
-use ficco_core::choose::select::{self, select_rules_among, Selector};
+use ficco_core::choose::select::{self, select_model_among, select_rules_among, Selector};
 use ficco_core::choose::tune::{self, TuneCache};
 use ficco_core::plan::lower::lower;
 use ficco_core::plan::{BufferRole, Plan, TaskKind};
@@ -114,6 +114,54 @@ fn runs_in_loopback(plan: &Plan) -> bool {
     })
 }
 
+/// Where a job's ranks are, as far as schedules care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// Every rank on one GPU: no NCCL, no tile GEMMs (`seq` runs as copies).
+    pub loopback: bool,
+    /// The ranks span several nodes: NCCL schedules only.
+    pub multi_node: bool,
+}
+
+impl Placement {
+    /// Whether `s` can run on `p` here.
+    fn runs(self, p: &Problem, s: &Schedule) -> bool {
+        lower(p, s).is_ok_and(|plan| {
+            (!self.loopback || s.is_seq() || runs_in_loopback(&plan))
+                && (!self.multi_node || !needs_one_node(&plan))
+        })
+    }
+}
+
+/// `first` where it can run at `at`; else the rule selector's pick among
+/// the schedules that can, when that pick can (its rules do not choose the
+/// communication engine by where the ranks are); else the model selector's
+/// fastest of them (`seq` is always among them).
+pub(crate) fn runnable_pick(
+    p: &Problem,
+    first: Schedule,
+    hw: &HwProfile,
+    at: Placement,
+) -> Result<Schedule> {
+    if at.runs(p, &first) {
+        return Ok(first);
+    }
+    let among: Vec<Schedule> = select::candidates(p)
+        .into_iter()
+        .filter(|s| at.runs(p, s))
+        .collect();
+    let s = select_rules_among(p, hw, &among).map_err(bad)?.schedule;
+    if at.runs(p, &s) {
+        return Ok(s);
+    }
+    let s = select_model_among(p, hw, &among).map_err(bad)?.schedule;
+    if at.runs(p, &s) {
+        Ok(s)
+    } else {
+        Ok(Schedule::SEQ)
+    }
+}
+
 fn bad(e: impl std::fmt::Display) -> CudaError {
     CudaError::Plan(e.to_string())
 }
@@ -174,7 +222,7 @@ impl Session {
     /// The schedule `auto` runs for `p`: the tuning cache's measured
     /// winner for this device, else the rule selector's pick; where that
     /// cannot run here (NCCL or tile GEMMs in loopback, copies across
-    /// nodes), the rule selector among the schedules that can.
+    /// nodes), one that can ([`runnable_pick`]).
     pub fn pick(&mut self, p: &Problem) -> Result<Schedule> {
         if let Some(s) = self.picks.get(p) {
             return Ok(*s);
@@ -203,19 +251,11 @@ impl Session {
                     .schedule
             }
         };
-        let loopback = self.loopback();
-        let multi_node = !self.single_node();
-        let fits = |s: &Schedule| -> bool {
-            lower(p, s).is_ok_and(|plan| {
-                (!loopback || runs_in_loopback(&plan)) && (!multi_node || !needs_one_node(&plan))
-            })
+        let at = Placement {
+            loopback: self.loopback(),
+            multi_node: !self.single_node(),
         };
-        let s = if fits(&first) {
-            first
-        } else {
-            let among: Vec<Schedule> = select::candidates(p).into_iter().filter(fits).collect();
-            select_rules_among(p, &hw, &among).map_err(bad)?.schedule
-        };
+        let s = runnable_pick(p, first, &hw, at)?;
         self.picks.insert(*p, s);
         Ok(s)
     }
@@ -362,7 +402,7 @@ impl Session {
             None => self.pick(&p)?,
         };
         let plan = lower(&p, &schedule).map_err(bad)?;
-        if self.loopback() && !runs_in_loopback(&plan) && !schedule.is_seq() {
+        if self.loopback() && !schedule.is_seq() && !runs_in_loopback(&plan) {
             return Err(CudaError::Skipped(format!(
                 "schedule {} needs NCCL or tile GEMMs, which cannot run with every rank on one GPU (loopback); use a copy schedule",
                 schedule.name()
@@ -392,6 +432,79 @@ impl Session {
         match self.backend.into_job() {
             Some(job) => Ok(job.rv.close()?),
             None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod pick_tests {
+    //! CPU: what `auto` may pick where the ranks are.
+    use super::*;
+
+    fn problems() -> Vec<Problem> {
+        let mut out = vec![];
+        for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+            for (m, k, n, gpus) in [
+                (8192, 8192, 3584, 4),
+                (2048, 4096, 1024, 2),
+                (16384, 8192, 7168, 8),
+                (512, 1024, 512, 4),
+            ] {
+                out.push(Problem::new(op, m, k, n, gpus).expect("problem"));
+            }
+        }
+        out
+    }
+
+    fn hw() -> HwProfile {
+        HwProfile::builtin(SELECT_HW).expect("profile")
+    }
+
+    #[test]
+    fn loopback_picks_never_need_nccl_or_tile_gemms() {
+        let at = Placement {
+            loopback: true,
+            multi_node: false,
+        };
+        for p in problems() {
+            for first in select::candidates(&p) {
+                let s = runnable_pick(&p, first, &hw(), at).expect("a pick");
+                let plan = lower(&p, &s).expect("lowers");
+                assert!(
+                    s.is_seq() || runs_in_loopback(&plan),
+                    "{} {}",
+                    p.label(),
+                    s.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn picks_across_nodes_use_nccl_only() {
+        let at = Placement {
+            loopback: false,
+            multi_node: true,
+        };
+        for p in problems() {
+            for first in select::candidates(&p) {
+                let s = runnable_pick(&p, first, &hw(), at).expect("a pick");
+                let plan = lower(&p, &s).expect("lowers");
+                assert!(!needs_one_node(&plan), "{} {}", p.label(), s.name());
+            }
+        }
+    }
+
+    #[test]
+    fn a_runnable_first_choice_is_kept() {
+        let at = Placement {
+            loopback: false,
+            multi_node: false,
+        };
+        for p in problems() {
+            for first in select::candidates(&p) {
+                assert_eq!(runnable_pick(&p, first, &hw(), at).expect("a pick"), first);
+            }
         }
     }
 }
