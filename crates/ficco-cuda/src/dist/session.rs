@@ -222,7 +222,8 @@ impl Session {
     /// The schedule `auto` runs for `p`: the tuning cache's measured
     /// winner for this device, else the rule selector's pick; where that
     /// cannot run here (NCCL or tile GEMMs in loopback, copies across
-    /// nodes), one that can ([`runnable_pick`]).
+    /// nodes), one that can ([`runnable_pick`]). Rank 0's pick, sent to
+    /// every rank through the store (once per problem); every rank calls it.
     pub fn pick(&mut self, p: &Problem) -> Result<Schedule> {
         if let Some(s) = self.picks.get(p) {
             return Ok(*s);
@@ -255,7 +256,24 @@ impl Session {
             loopback: self.loopback(),
             multi_node: !self.single_node(),
         };
-        let s = runnable_pick(p, first, &hw, at)?;
+        let mine = runnable_pick(p, first, &hw, at)?;
+        // Rank 0's pick for everybody: another node's tuning cache may
+        // name another winner, and ranks running different plans would
+        // wait for each other forever.
+        self.calls += 1;
+        let job = self.job()?;
+        let name = job.rv.broadcast(
+            &format!("pick/{}", self.calls),
+            0,
+            (job.rank() == 0)
+                .then(|| mine.name().into_bytes())
+                .as_deref(),
+        )?;
+        let s: Schedule = String::from_utf8_lossy(&name).parse().map_err(|e| {
+            bad(format!(
+                "rank 0 picked a schedule this rank cannot read: {e}"
+            ))
+        })?;
         self.picks.insert(*p, s);
         Ok(s)
     }
