@@ -462,7 +462,9 @@ impl GpuBackend {
     /// rank): waits for the caller's `stream`, copies every input operand
     /// into the plan's buffer of its role, runs, and copies the plan's
     /// output into the output operand. An operand that lives in shared
-    /// memory ([`Operand::shared`]) is bound in place instead of copied.
+    /// memory ([`Operand::shared`]), or whose buffer no other rank's task
+    /// touches (and, an input, no task writes), is bound in place instead
+    /// of copied.
     /// Returns once the output is written. Sizes must match the plan's
     /// buffers exactly.
     pub(crate) fn run_on(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
@@ -480,7 +482,10 @@ impl GpuBackend {
         let plan = copy_form.as_ref().unwrap_or(plan);
         let mut ptrs = self.bind(plan)?;
         let r = self.ranks[0].rank;
+        let uses = ficco_core::plan::validate::buffer_use(plan);
         let mut at = vec![];
+        // Per operand: whether the plan reads or writes it where it is.
+        let mut in_place = vec![];
         for op in operands {
             let rp = &plan.ranks[r];
             let b = rp.buffer_with(op.role).ok_or_else(|| {
@@ -493,6 +498,16 @@ impl GpuBackend {
                     op.role, op.bytes, rp.buffers[b].name
                 )));
             }
+            // A buffer no other rank's task touches, and (an input) no task
+            // writes, is the caller's memory itself (weights, rank-local
+            // activations): aligned as TMA loads want, it is not copied.
+            let u = uses
+                .get(r)
+                .and_then(|v| v.get(b))
+                .copied()
+                .unwrap_or_default();
+            let local =
+                !u.remote && (op.role == BufferRole::Output || !u.written) && op.addr % 16 == 0;
             if let Some(all) = &op.shared {
                 // Every rank binds this role to the caller's shared memory.
                 for (q, (rp, &p)) in plan.ranks.iter().zip(all).enumerate() {
@@ -500,8 +515,11 @@ impl GpuBackend {
                         ptrs[q][bq] = p;
                     }
                 }
+            } else if local {
+                ptrs[r][b] = DevicePtr(op.addr);
             }
             at.push(b);
+            in_place.push(op.shared.is_some() || local);
         }
         let rank = &self.ranks[0];
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
@@ -509,8 +527,8 @@ impl GpuBackend {
         unsafe {
             crate::driver::cuda::stream_synchronize(stream as cudarc::driver::sys::CUstream)?
         };
-        for (op, &b) in operands.iter().zip(&at) {
-            if op.role != BufferRole::Output && op.shared.is_none() {
+        for ((op, &b), &here) in operands.iter().zip(&at).zip(&in_place) {
+            if op.role != BufferRole::Output && !here {
                 exec::copy_d2d(rank, ptrs[r][b], DevicePtr(op.addr), op.bytes)?;
             }
         }
@@ -521,8 +539,8 @@ impl GpuBackend {
         self.run_opts.graphs = graphs;
         ran?;
         let rank = &self.ranks[0];
-        for (op, &b) in operands.iter().zip(&at) {
-            if op.role == BufferRole::Output && op.shared.is_none() {
+        for ((op, &b), &here) in operands.iter().zip(&at).zip(&in_place) {
+            if op.role == BufferRole::Output && !here {
                 exec::copy_d2d(rank, DevicePtr(op.addr), ptrs[r][b], op.bytes)?;
             }
         }

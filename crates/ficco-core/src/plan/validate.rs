@@ -778,3 +778,81 @@ fn check_memory(plan: &Plan, hb: &HappensBefore) -> Result<()> {
     }
     Ok(())
 }
+
+/// How the tasks of a plan use one buffer of one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BufferUse {
+    /// A task of another rank reads or writes it (a copy's far end): it must
+    /// live in memory the other ranks can reach.
+    pub remote: bool,
+    /// Some task writes it.
+    pub written: bool,
+}
+
+/// Per rank per buffer: how the plan's tasks use it ([`BufferUse`]).
+pub fn buffer_use(plan: &Plan) -> Vec<Vec<BufferUse>> {
+    let mut out: Vec<Vec<BufferUse>> = plan
+        .ranks
+        .iter()
+        .map(|rp| vec![BufferUse::default(); rp.buffers.len()])
+        .collect();
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for t in &rp.tasks {
+            for (owner, view, write) in accesses(r, &t.kind) {
+                if let Some(u) = out.get_mut(owner).and_then(|b| b.get_mut(view.buf)) {
+                    u.remote |= owner != r;
+                    u.written |= write;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod buffer_use_tests {
+    use super::*;
+    use crate::plan::lower::lower;
+    use crate::problem::workload::{Op, Problem};
+    use crate::space::Schedule;
+
+    fn uses(op: Op, schedule: &str) -> (Plan, Vec<Vec<BufferUse>>) {
+        let p = Problem::new(op, 1024, 512, 256, 4).expect("problem");
+        let s: Schedule = schedule.parse().expect("schedule");
+        let plan = lower(&p, &s).expect("lower");
+        let u = buffer_use(&plan);
+        (plan, u)
+    }
+
+    /// Inputs are never written; B is never touched by another rank; a copy
+    /// schedule's peers reach some buffer of every rank, NCCL's none.
+    #[test]
+    fn inputs_are_read_only_and_only_copies_reach_across_ranks() {
+        for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+            for s in [
+                "seq",
+                "shard-nccl-ring",
+                "shard-copy-ring",
+                "fine2-copy-all-acc",
+                "tile-copy-ring",
+            ] {
+                if s.ends_with("-acc") && op == Op::AgGemm {
+                    continue;
+                }
+                let (plan, u) = uses(op, s);
+                for (rp, ru) in plan.ranks.iter().zip(&u) {
+                    for (b, bu) in rp.buffers.iter().zip(ru) {
+                        if matches!(b.role, BufferRole::InputA | BufferRole::InputB) {
+                            assert!(!bu.written, "{op} {s}: input {} written", b.name);
+                        }
+                        if b.role == BufferRole::InputB {
+                            assert!(!bu.remote, "{op} {s}: B reached by a peer");
+                        }
+                    }
+                    let copies = s.contains("copy");
+                    assert_eq!(ru.iter().any(|x| x.remote), copies, "{op} {s}");
+                }
+            }
+        }
+    }
+}
