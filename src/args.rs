@@ -10,7 +10,7 @@ use ficco_core::sim::profile::HwProfile;
 use ficco_core::Error;
 
 /// The built-in hardware profile used when `--hw` is not given.
-pub const DEFAULT_HW: &str = "h200-nvlink";
+pub const DEFAULT_HW: &str = ficco_core::sim::profile::DEFAULT_PROFILE;
 
 /// One operator shape: --op --m --k --n (with --gpus, declared beside it).
 #[derive(Args, Debug, Clone)]

@@ -45,15 +45,8 @@ fn child_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
 /// are killed: their rendezvous bound plus their watchdog's, and slack.
 fn grace() -> Duration {
     ficco_cuda::dist::timeout_from_env()
-        + Duration::from_millis(ficco_cuda::DEFAULT_WATCHDOG_MS.max(watchdog_env_ms()))
+        + Duration::from_millis(ficco_cuda::RunOpts::default().watchdog_ms)
         + Duration::from_secs(10)
-}
-
-fn watchdog_env_ms() -> u64 {
-    std::env::var("FICCO_WATCHDOG_MS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Runs this command again as `n` ranks of a job on this machine (store on
@@ -94,6 +87,7 @@ pub fn spawn(n: usize) -> Result<()> {
         }
     }
     let mut codes: Vec<Option<std::process::ExitStatus>> = vec![None; n];
+    let grace = grace();
     let mut failed_at: Option<Instant> = None;
     while codes.iter().any(Option::is_none) {
         for (k, c) in kids.iter_mut().zip(codes.iter_mut()) {
@@ -104,7 +98,7 @@ pub fn spawn(n: usize) -> Result<()> {
                 }
             }
         }
-        if failed_at.is_some_and(|t| t.elapsed() > grace()) {
+        if failed_at.is_some_and(|t| t.elapsed() > grace) {
             for (k, c) in kids.iter_mut().zip(codes.iter()) {
                 if c.is_none() {
                     let _ = k.kill();

@@ -237,9 +237,12 @@ const PROFILE_MIN: f64 = 1e-6;
 /// Largest value a profile quantity may take.
 const PROFILE_MAX: f64 = 1e9;
 
+/// The built-in profile used when none is named (the calibrated one).
+pub const DEFAULT_PROFILE: &str = "h200-nvlink";
+
 const BUILTIN: [(&str, &str); 2] = [
     (
-        "h200-nvlink",
+        DEFAULT_PROFILE,
         include_str!("../../profiles/h200-nvlink.toml"),
     ),
     (

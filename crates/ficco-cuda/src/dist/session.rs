@@ -84,7 +84,7 @@ pub struct OpDone {
 }
 
 /// The hardware profile the selector and the simulator use for `auto`.
-const SELECT_HW: &str = "h200-nvlink";
+const SELECT_HW: &str = ficco_core::sim::profile::DEFAULT_PROFILE;
 
 /// One process's rank of a job.
 pub struct Session {
