@@ -175,7 +175,8 @@ pub fn schedule_label((tile, splits, tail): Schedule) -> String {
 /// machine); and where the tiles leave a partial last wave, that wave's
 /// tiles split 2 to 8 ways (at most 2 waves of split units). The 64-row
 /// tile ([`TileN::M64N256`]) is a candidate too where M ≤ 1024 leaves the
-/// last 128-row block at most half full (M = 64, 192, ...).
+/// last 128-row block at most half full (M = 64, 192, ...). The ping-pong
+/// tile ([`TileN::Pp128`], never split) is a candidate on every shape.
 pub fn schedule_variants(
     m: usize,
     n: usize,
@@ -188,6 +189,9 @@ pub fn schedule_variants(
     let mut out = vec![];
     let rem = m % BLOCK_M;
     let short_m = m <= 1024 && rem > 0 && rem <= 64;
+    if chosen != (TileN::Pp128, 1, false) {
+        out.push((TileN::Pp128, 1, false));
+    }
     let tiles_of = [TileN::N256, TileN::N128, TileN::M64N256];
     for tile in tiles_of
         .into_iter()
@@ -784,6 +788,22 @@ impl Bench {
                 ..h36
             },
         ));
+        // The ping-pong tile, plain and with hooks 3-6: its epilogue and
+        // signals run under the other warpgroup's main loop.
+        let pp = Hooks {
+            tile_n: Some(TileN::Pp128),
+            split_k: Some(1),
+            ..Hooks::default()
+        };
+        settings.push((PINGPONG.into(), pp));
+        settings.push((
+            HOOKS_3_TO_6_PINGPONG.into(),
+            Hooks {
+                tile_n: pp.tile_n,
+                split_k: pp.split_k,
+                ..h36
+            },
+        ));
         // A setting the kernel rejects or cannot launch is reported as
         // failed; the others are still measured.
         let mut checked = vec![];
@@ -1144,6 +1164,7 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
     for (setting, label) in [
         (HOOKS_3_TO_6, "hooks 3-6"),
         (HOOKS_3_TO_6_REGISTER, "hooks 3-6, register epilogue"),
+        (HOOKS_3_TO_6_PINGPONG, "hooks 3-6, ping-pong tile"),
     ] {
         let h36: Vec<String> = hooks
             .iter()
@@ -1153,6 +1174,34 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
         if !h36.is_empty() {
             t += &format!("# {label} (flags set): {} (target <= 3%)\n", h36.join(", "));
         }
+    }
+    // Hooks 3-6 on the ping-pong tile against the plain ping-pong tile.
+    let cost_of = |setting: &str, m, n, k| {
+        hooks
+            .iter()
+            .find(|h| h.setting == setting && (h.m, h.n, h.k) == (m, n, k) && h.error.is_none())
+            .map(|h| h.cost)
+    };
+    let pp: Vec<String> = hooks
+        .iter()
+        .filter(|h| h.setting == PINGPONG && h.error.is_none())
+        .filter_map(|h| {
+            let hooked = cost_of(HOOKS_3_TO_6_PINGPONG, h.m, h.n, h.k)?;
+            Some(format!(
+                "{:+.1}% at {}x{}x{} (plain ping-pong {:+.1}% vs the plain launch)",
+                100.0 * ((1.0 + hooked) / (1.0 + h.cost) - 1.0),
+                h.m,
+                h.n,
+                h.k,
+                100.0 * h.cost
+            ))
+        })
+        .collect();
+    if !pp.is_empty() {
+        t += &format!(
+            "# hooks 3-6 on the ping-pong tile vs the plain ping-pong tile: {}\n",
+            pp.join(", ")
+        );
     }
     t
 }
@@ -1187,6 +1236,10 @@ pub const HOOKS_3_TO_6: &str = "hooks 3-6";
 /// [`HOOKS_3_TO_6`] with the register epilogue ([`Hooks::register_epilogue`])
 /// instead of the staged one (the default).
 pub const HOOKS_3_TO_6_REGISTER: &str = "hooks 3-6 register";
+/// The plain ping-pong tile ([`TileN::Pp128`]).
+pub const PINGPONG: &str = "pingpong";
+/// [`HOOKS_3_TO_6`] on the ping-pong tile.
+pub const HOOKS_3_TO_6_PINGPONG: &str = "hooks 3-6 pingpong";
 
 #[cfg(test)]
 mod tests {
@@ -1317,6 +1370,15 @@ mod tests {
         };
         assert!(m64(64) && m64(192) && m64(960));
         assert!(!m64(128) && !m64(256) && !m64(100) && !m64(2112));
+        // Ping-pong on every shape, unsplit, once.
+        for (m, n, k) in [(8192, 8192, 8192), (64, 4096, 128), (16384, 4096, 1024)] {
+            let v = schedule_variants(m, n, k, 132, (TileN::N256, 1, false));
+            let pp: Vec<_> = v.iter().filter(|s| s.0 == TileN::Pp128).collect();
+            assert_eq!(pp, [&(TileN::Pp128, 1, false)], "{m}x{n}x{k}");
+        }
+        let v = schedule_variants(8192, 8192, 8192, 132, (TileN::Pp128, 1, false));
+        assert!(!v.iter().any(|s| s.0 == TileN::Pp128));
+        assert_eq!(schedule_label((TileN::Pp128, 1, false)), "128pp/1");
     }
 
     #[test]

@@ -159,10 +159,10 @@ pub(super) fn grouped_shape(a: &GroupedArgs, max_smem: u32, sms: u32) -> Result<
     let tile = a
         .tile_n
         .unwrap_or_else(|| grouped_tile(&rows, a.n, a.k, budget));
-    if tile == TileN::M64N256 {
-        return Err(bad(
-            "grouped: 128-row tiles only (N256 or N128), not M64N256".into(),
-        ));
+    if !matches!(tile, TileN::N256 | TileN::N128) {
+        return Err(bad(format!(
+            "grouped: cooperative 128-row tiles only (N256 or N128), not {tile:?}"
+        )));
     }
     // The most stages that leave room for the TMA-store staging buffer.
     let staging = tile.staging_bytes();
@@ -415,6 +415,9 @@ mod tests {
         assert!(grouped_shape(&a, max, 132).is_ok());
         let mut a = args(&[64]);
         a.tile_n = Some(TileN::M64N256);
+        assert!(grouped_shape(&a, max, 132).is_err());
+        let mut a = args(&[64]);
+        a.tile_n = Some(TileN::Pp128);
         assert!(grouped_shape(&a, max, 132).is_err());
         let mut a = args(&[64]);
         a.sm_budget = Some(0);

@@ -321,6 +321,115 @@ static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u3
   }
 }
 
+// The epilogue of `HALVES` 64-row halves of one warpgroup's accumulators:
+// half h is rows rbase + 64 h (accumulators d + h WN / 2, staging
+// wst + h 64 WN 2 bytes), columns cbase0 ... cbase0 + WN - 1. Mode
+// p.tma_store: 1 TMA stores, 2 staged 16-byte thread stores, 0 registers.
+template <int WN, int HALVES>
+static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm, float* d,
+                                                u32 wst, u32 rbase, u32 cbase0, u32 lt,
+                                                u32 cw) {
+  constexpr u32 HALF_BYTES = 64u * WN * 2u;
+  const u32 warp = lt / 32, lane = lt & 31;
+  if (p.tma_store) {
+    // Through shared memory: the outputs are written as bf16 into
+    // 128-byte-swizzled 64 x 64 boxes (no bank conflicts), then one thread
+    // stores them with TMA (rows >= M and columns >= N are clipped by the
+    // tensor map) and moves on; the stores drain while the next tile's main
+    // loop runs.
+    if (lt == 0 && p.tma_store == 1) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    named_sync(1 + cw, 128);
+#pragma unroll
+    for (int hf = 0; hf < HALVES; ++hf) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 rr = warp * 16 + lane / 4 + 8 * h;  // row in the half tile
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+          const u32 addr = wst + (u32)hf * HALF_BYTES + (u32)(j / 8) * 8192u + rr * 128u +
+                           ((((u32)j & 7u) ^ (rr & 7u)) << 4) + 4u * (lane & 3);
+          const float* dh = d + hf * (WN / 2);
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                       "r"(pack_bf16x2(dh[4 * j + 2 * h], dh[4 * j + 2 * h + 1]))
+                       : "memory");
+        }
+      }
+    }
+    if (p.tma_store == 1) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      named_sync(1 + cw, 128);
+      if (lt == 0) {
+#pragma unroll
+        for (int hf = 0; hf < HALVES; ++hf) {
+          if (rbase + 64u * hf >= p.m) continue;
+#pragma unroll
+          for (int b = 0; b < WN / 64; ++b) {
+            tma_store_2d(cm, wst + (u32)hf * HALF_BYTES + (u32)b * 8192u, (int)(cbase0 + 64 * b),
+                         (int)(rbase + 64u * hf));
+          }
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    } else {
+      // The next tile's staging writes wait at the barrier above until
+      // every thread of this warpgroup has read this tile back.
+      named_sync(1 + cw, 128);
+#pragma unroll
+      for (int hf = 0; hf < HALVES; ++hf) {
+        staged_store<WN>(p, wst + (u32)hf * HALF_BYTES, rbase + 64u * hf, cbase0, lt);
+      }
+    }
+    return;
+  }
+  // Registers -> global, bf16x2 per store, bounds-checked.
+#pragma unroll
+  for (int hf = 0; hf < HALVES; ++hf) {
+    const float* dh = d + hf * (WN / 2);
+    const u32 r0 = rbase + 64u * hf + warp * 16 + lane / 4;
+    const u32 cbase = cbase0 + 2 * (lane & 3);
+    u64 rowp[2];
+    u32 radd[2];
+    bool rok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u32 row = r0 + 8 * h;
+      rok[h] = row < p.m;
+      rowp[h] = p.c + 2ull * ((u64)row * p.ldc);
+      radd[h] = p.accumulate;
+      if (p.dest_table != 0 && rok[h]) {
+        // Hook 6: this row's block may be stored through another pointer.
+        const u32 b = row / p.dest_rows;
+        const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
+        if (dp != 0) {
+          rowp[h] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
+          radd[h] = p.dest_add;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j) {
+      const u32 col = cbase + 8 * j;
+      if (col < p.n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (rok[h]) {
+            const u64 addr = rowp[h] + 2ull * col;
+            float lo = dh[4 * j + 2 * h], hi = dh[4 * j + 2 * h + 1];
+            if (radd[h]) {
+              u32 old;
+              asm volatile("ld.global.b32 %0, [%1];" : "=r"(old) : "l"(addr) : "memory");
+              lo += bf16_lo(old);
+              hi += bf16_hi(old);
+            }
+            asm volatile("st.global.b32 [%0], %1;" ::"l"(addr), "r"(pack_bf16x2(lo, hi))
+                         : "memory");
+          }
+        }
+      }
+    }
+  }
+}
+
 extern __shared__ __align__(1024) unsigned char smem_raw[];
 
 // Work unit u -> (tile t, split sp of ns, k-blocks kb0..kb1). The first
@@ -350,7 +459,15 @@ static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u
 // M-blocks); each tile's maps come from the table instead of amap, bmap and
 // cmap (unused). The host allows only the TMA-store epilogue, no hooks and
 // no K split.
-template <int BN, bool M64, bool GROUPED = false>
+// PP: ping-pong. Each consumer warpgroup computes whole 128 x BN tiles (two
+// wgmma of 64 rows per k16 step), the two taking the CTA's tiles in turn:
+// while one runs its main loop, the other runs its epilogue, so the tensor
+// cores idle only while the producer is behind. Each stage is consumed by one
+// warpgroup; a turn barrier per warpgroup orders their main loops (tile i+1's
+// may start once tile i's last k-block is issued), which also keeps every
+// parity wait at most one phase ahead of its barrier. The host allows every
+// hook but no K split.
+template <int BN, bool M64, bool GROUPED = false, bool PP = false>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
                                                   const TMap& cmap, const Params& p,
                                                   const GroupTable* gt = nullptr) {
@@ -362,21 +479,28 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
   constexpr int NACC = WN / 2;           // accumulators per thread
   constexpr u64 SLOT = 64ull * BN * 4;   // split-K partial of one half tile
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  // Epilogue staging (TMA-store path): 64 rows x BN per consumer warpgroup.
+  // Epilogue staging (through shared memory): each consumer warpgroup's
+  // rows (64, 128 in ping-pong) x BN.
+  constexpr u32 STG_WG = (PP ? 128u : 64u) * BN * 2u;
   const u32 stg = base + p.stages * STAGE_BYTES;
-  const u32 full = stg + (p.tma_store ? 2u * 64u * BN * 2u : 0u);  // stages x u64
+  const u32 full = stg + (p.tma_store ? 2u * STG_WG : 0u);  // stages x u64
   const u32 empty = full + 8 * p.stages;           // stages x u64
   const u32 tid = thread_x();
   const u32 wg = tid / 128;
   const u32 tiles = p.tiles_m * p.tiles_n;
   const u32 units = p.dp_tiles + (tiles - p.dp_tiles) * p.splits;
   const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
+  const u32 turn = flag_slot + 8;                  // ping-pong: 2 x u64, one per consumer
   const u32 nk = (p.k + BK - 1) / BK;
 
   if (tid == 0) {
     for (u32 s = 0; s < p.stages; ++s) {
       mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, 2);
+      mbar_init(empty + 8 * s, PP ? 1 : 2);
+    }
+    if (PP) {
+      mbar_init(turn, 1);
+      mbar_init(turn + 8, 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -437,11 +561,68 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
     }
+  } else if constexpr (PP) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const u32 cw = wg - 1;     // consumer index: takes the CTA's units cw, cw + 2, ...
+    const u32 lt = tid & 127;  // thread in warpgroup
+    float d[BN];               // two 64-row halves of BN / 2 accumulators
+    for (u32 i = cw, u = blockIdx.x + cw * gridDim.x; u < units; i += 2, u += 2 * gridDim.x) {
+      // Whole tiles (no K split): unit u is tile u, and the CTA's i-th unit
+      // occupies k-blocks i nk .. (i + 1) nk - 1 of the stage ring.
+      u32 mb, nb;
+      tile_coords(p, u, mb, nb);
+      const u32 m0 = mb * BM, n0 = nb * BN;
+      const u32 pos = i * nk;
+      u32 stage = pos % p.stages, phase = (pos / p.stages) & 1;
+#pragma unroll
+      for (int x = 0; x < BN; ++x) d[x] = 0.0f;
+      fence_acc<BN>(d);
+      // This warpgroup's turn: the other has issued its previous tile's main loop.
+      if (i > 0) mbar_wait(turn + 8 * cw, ((i - 1) / 2) & 1);
+      u32 prev = 0;
+      for (u32 kb = 0; kb < nk; ++kb) {
+        mbar_wait(full + 8 * stage, phase);
+        const u32 sa = base + stage * STAGE_BYTES;
+        const u32 sb = sa + STAGE_AT;
+        wgmma_fence();
+#pragma unroll
+        for (u32 ks = 0; ks < BK / 16; ++ks) {
+          const u64 db = desc(sb + ks * 2048, 64 * BK * 2, 1024);
+          wgmma_128(d, desc(sa + ks * 32, 16, 1024), db);
+          wgmma_128(d + BN / 2, desc(sa + 64 * BK * 2 + ks * 32, 16, 1024), db);
+        }
+        wgmma_commit();
+        if (kb > 0) {
+          wgmma_wait<1>();
+          if (lt == 0) mbar_arrive(empty + 8 * prev);
+        }
+        prev = stage;
+        if (++stage == p.stages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      // Every k-block of this tile is issued: the other warpgroup's turn.
+      if (lt == 0) mbar_arrive(turn + 8 * (1 - cw));
+      wgmma_wait<0>();
+      fence_acc<BN>(d);
+      if (lt == 0) mbar_arrive(empty + 8 * prev);
+      epilogue<BN, 2>(p, &cmap, d, stg + cw * STG_WG, m0, n0, lt, cw);
+      if (p.sig_counters != 0) {
+        // Hook 5, right away: the other warpgroup's main loop runs meanwhile.
+        named_sync(1 + cw, 128);
+        if (lt == 0) {
+          signal_half(p, m0);
+          if (m0 + 64 < p.m) signal_half(p, m0 + 64);
+        }
+      }
+    }
+    // Shared memory must outlive the TMA stores that read it.
+    if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const u32 cw = wg - 1;       // consumer index: rows 64*cw .. of the tile
     const u32 lt = tid & 127;    // thread in warpgroup
-    const u32 warp = lt / 32, lane = lt & 31;
     u32 stage = 0, phase = 0;
     float d[NACC];
     constexpr u32 NONE = 0xffffffffu;
@@ -561,90 +742,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
 
-      if (p.tma_store) {
-        // Epilogue through shared memory: this warpgroup's 64 x BN outputs
-        // are written as bf16 into 128-byte-swizzled 64 x 64 boxes (no bank
-        // conflicts), then one thread stores them with TMA (rows >= M and
-        // columns >= N are clipped by the tensor map) and moves on; the
-        // stores drain while the next tile's main loop runs.
-        const u32 wst = stg + cw * (64u * WN * 2u);
-        if (lt == 0 && p.tma_store == 1)
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        named_sync(1 + cw, 128);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 rr = warp * 16 + lane / 4 + 8 * h;  // row in the half tile
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j) {
-            const u32 addr = wst + (u32)(j / 8) * 8192u + rr * 128u +
-                             ((((u32)j & 7u) ^ (rr & 7u)) << 4) + 4u * (lane & 3);
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
-                         "r"(pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]))
-                         : "memory");
-          }
-        }
-        if (p.tma_store == 1) {
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          named_sync(1 + cw, 128);
-          if (lt == 0) {
-#pragma unroll
-            for (int b = 0; b < WN / 64; ++b) {
-              tma_store_2d(cm, wst + (u32)b * 8192u, (int)(cbase0 + 64 * b), (int)rbase);
-            }
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-          }
-        } else {
-          // The next tile's staging writes wait at the barrier above until
-          // every thread of this warpgroup has read this tile back.
-          named_sync(1 + cw, 128);
-          staged_store<WN>(p, wst, rbase, cbase0, lt);
-        }
-      } else {
-      // Epilogue: registers -> global, bf16x2 per store, bounds-checked.
-      const u32 r0 = rbase + warp * 16 + lane / 4;
-      const u32 cbase = cbase0 + 2 * (lane & 3);
-      u64 rowp[2];
-      u32 radd[2];
-      bool rok[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u32 row = r0 + 8 * h;
-        rok[h] = row < p.m;
-        rowp[h] = p.c + 2ull * ((u64)row * p.ldc);
-        radd[h] = p.accumulate;
-        if (p.dest_table != 0 && rok[h]) {
-          // Hook 6: this row's block may be stored through another pointer.
-          const u32 b = row / p.dest_rows;
-          const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
-          if (dp != 0) {
-            rowp[h] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
-            radd[h] = p.dest_add;
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        const u32 col = cbase + 8 * j;
-        if (col < p.n) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (rok[h]) {
-              const u64 addr = rowp[h] + 2ull * col;
-              float lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
-              if (radd[h]) {
-                u32 old;
-                asm volatile("ld.global.b32 %0, [%1];" : "=r"(old) : "l"(addr) : "memory");
-                lo += bf16_lo(old);
-                hi += bf16_hi(old);
-              }
-              asm volatile("st.global.b32 [%0], %1;" ::"l"(addr), "r"(pack_bf16x2(lo, hi))
-                           : "memory");
-            }
-          }
-        }
-      }
-
-      }
+      epilogue<WN, 1>(p, cm, d, stg + cw * (64u * WN * 2u), rbase, cbase0, lt, cw);
 
       if (p.sig_counters != 0) {
         // Hook 5: every thread's stores of this half tile are issued; the
@@ -674,6 +772,14 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                      const __grid_constant__ TMap cmap,
                      const __grid_constant__ Params p) {
   hgemm_body<128, false>(amap, bmap, cmap, p);
+}
+
+// Ping-pong 128 x 128 tiles: each consumer warpgroup computes whole tiles.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n128_pp(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                        const __grid_constant__ TMap cmap,
+                        const __grid_constant__ Params p) {
+  hgemm_body<128, false, false, true>(amap, bmap, cmap, p);
 }
 
 // 64 x 256 tiles: each consumer warpgroup computes 64 x 128 (wgmma m64n128k16).

@@ -167,13 +167,15 @@ const ENTRY_N128: &str = "ficco_hgemm_n128";
 const ENTRY_M64N256: &str = "ficco_hgemm_n256_m64";
 const ENTRY_N256_GROUPED: &str = "ficco_hgemm_n256_grouped";
 const ENTRY_N128_GROUPED: &str = "ficco_hgemm_n128_grouped";
+const ENTRY_N128_PP: &str = "ficco_hgemm_n128_pp";
 /// Every entry, in the order of [`HopperGemm`]'s kernel handles.
-const ENTRIES: [&str; 5] = [
+const ENTRIES: [&str; 6] = [
     ENTRY_N256,
     ENTRY_N128,
     ENTRY_M64N256,
     ENTRY_N256_GROUPED,
     ENTRY_N128_GROUPED,
+    ENTRY_N128_PP,
 ];
 /// NVRTC options (the architecture is added: `sm_90a`).
 const OPTIONS: [&str; 1] = ["-std=c++17"];
@@ -256,6 +258,14 @@ pub enum TileN {
     /// `gemm-bench` time it); only without the hooks that count 128-row
     /// blocks (wait, signal, destination, `m_start_block`).
     M64N256,
+    /// Ping-pong 128 × 128 tiles (entry `ficco_hgemm_n128_pp`): each
+    /// consumer warpgroup computes whole tiles (two m64n128k16 wgmma per
+    /// k16 step), the two warpgroups taking the CTA's tiles in turn, so
+    /// that one's epilogue runs under the other's main loop. For many tiles
+    /// of short K, where the cooperative tiles' epilogue leaves the tensor
+    /// cores idle. Every hook, no K split; not picked by [`auto_schedule`]
+    /// (the tuner and `gemm-bench` time it).
+    Pp128,
 }
 
 impl TileN {
@@ -263,23 +273,35 @@ impl TileN {
     pub const fn cols(self) -> usize {
         match self {
             TileN::N256 | TileN::M64N256 => 256,
-            TileN::N128 => 128,
+            TileN::N128 | TileN::Pp128 => 128,
         }
     }
     /// Output rows per tile (one M-block).
     pub const fn rows(self) -> usize {
         match self {
-            TileN::N256 | TileN::N128 => BLOCK_M,
+            TileN::N256 | TileN::N128 | TileN::Pp128 => BLOCK_M,
             TileN::M64N256 => 64,
         }
     }
-    /// The tile's name in tables and the tune cache: "256", "128", "64x256".
+    /// The tile's name in tables and the tune cache: "256", "128",
+    /// "64x256", "128pp".
     pub const fn label(self) -> &'static str {
         match self {
             TileN::N256 => "256",
             TileN::N128 => "128",
             TileN::M64N256 => "64x256",
+            TileN::Pp128 => "128pp",
         }
+    }
+    /// The tile of a [`TileN::label`].
+    pub fn from_label(s: &str) -> Option<TileN> {
+        [TileN::N256, TileN::N128, TileN::M64N256, TileN::Pp128]
+            .into_iter()
+            .find(|t| t.label() == s)
+    }
+    /// Whether tiles can be split along K (all but ping-pong).
+    pub const fn splits_k(self) -> bool {
+        !matches!(self, TileN::Pp128)
     }
     /// Shared memory of one pipeline stage.
     pub const fn stage_bytes(self) -> u32 {
@@ -289,12 +311,14 @@ impl TileN {
     pub const fn max_stages(self) -> u32 {
         match self {
             TileN::N256 | TileN::M64N256 => MAX_STAGES,
-            TileN::N128 => 6,
+            TileN::N128 | TileN::Pp128 => 6,
         }
     }
-    /// Shared memory the TMA-store epilogue stages the tile in (bf16).
+    /// Shared memory the TMA-store epilogue stages the tile in (bf16):
+    /// one tile, or in ping-pong one tile per consumer warpgroup.
     pub const fn staging_bytes(self) -> u32 {
-        (BLOCK_M * self.cols() * 2) as u32
+        let tiles = if matches!(self, TileN::Pp128) { 2 } else { 1 };
+        (tiles * BLOCK_M * self.cols() * 2) as u32
     }
     /// Split-K partial of one half tile (64 rows, f32).
     const fn slot_bytes(self) -> usize {
@@ -518,7 +542,7 @@ pub struct LaunchShape {
 pub struct HopperGemm {
     lib: sys::CUlibrary,
     /// One per entry of [`ENTRIES`], in its order.
-    kernels: [sys::CUkernel; 5],
+    kernels: [sys::CUkernel; 6],
     ctx: Arc<CudaContext>,
     sms: u32,
     max_smem: u32,
@@ -589,7 +613,7 @@ impl HopperGemm {
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
-            kernels: [std::ptr::null_mut(); 5],
+            kernels: [std::ptr::null_mut(); 6],
             ctx: ctx.clone(),
             sms,
             max_smem,
@@ -706,6 +730,7 @@ impl HopperGemm {
             TileN::N256 => self.kernels[0],
             TileN::N128 => self.kernels[1],
             TileN::M64N256 => self.kernels[2],
+            TileN::Pp128 => self.kernels[5],
         };
         let h = &args.hooks;
         let mut p = KernelParams {
@@ -814,9 +839,10 @@ impl HopperGemm {
 }
 
 /// Dynamic shared memory of a configuration: 1 KiB alignment slack, the
-/// stages, their barriers, two split-K flags, and the extra reservation.
+/// stages, their barriers, two split-K flags, two ping-pong turn barriers,
+/// and the extra reservation.
 pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
-    1024 + stages * tile.stage_bytes() + 16 * stages + 16 + extra
+    1024 + stages * tile.stage_bytes() + 16 * stages + 32 + extra
 }
 
 /// Estimated time (µs, on an H200) of `tiles` output tiles of `tile` with
@@ -830,7 +856,7 @@ pub fn estimate_us(tile: TileN, tiles: u64, k_blocks: u64, splits: u64, grid: u6
         TileN::N256 => (0.8, 1.0),
         // Same B traffic as the wide tile, half the tensor-core work (a guess
         // until measured: the tuner times it).
-        TileN::N128 | TileN::M64N256 => (0.45, 0.5),
+        TileN::N128 | TileN::M64N256 | TileN::Pp128 => (0.45, 0.5),
     };
     let waves = (tiles * splits).div_ceil(grid.max(1)) as f64;
     let mut t = waves * (k_blocks.div_ceil(splits) as f64 * kb_us + 3.0);
@@ -915,7 +941,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         !tma_able && !h.register_epilogue && !a.accumulate && h.dest.is_none_or(|d| !d.add);
     let stage_out = tma_able || staged_able;
     let staging = tile.staging_bytes() as u64;
-    let fixed = |st: u32| 1024u64 + st as u64 * tile.stage_bytes() as u64 + 16 * st as u64 + 16;
+    let fixed = |st: u32| smem_bytes(tile, st, 0) as u64;
     let st = if h.occupancy.stages != 0 {
         h.occupancy.stages
     } else if stage_out {
@@ -989,6 +1015,12 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     }
     let k_blocks = a.k.div_ceil(BLOCK_K) as u64;
     let splits = match h.split_k {
+        None | Some(1) if !tile.splits_k() => 1,
+        Some(s) if !tile.splits_k() => {
+            return Err(bad(format!(
+                "{tile:?} tiles cannot be split along K (split_k {s}); use split_k 1 or another tile"
+            )))
+        }
         None if tile == auto_tile => auto_split,
         None => {
             let t = tiles;

@@ -162,12 +162,7 @@ fn encode((tile, splits, tail): Schedule) -> String {
 
 fn decode(s: &str) -> Option<Schedule> {
     let mut it = s.split_whitespace();
-    let tile = match it.next()? {
-        "256" => TileN::N256,
-        "128" => TileN::N128,
-        "64x256" => TileN::M64N256,
-        _ => return None,
-    };
+    let tile = TileN::from_label(it.next()?)?;
     let splits: u32 = it.next()?.parse().ok()?;
     let tail = match it.next()? {
         "0" => false,
@@ -406,6 +401,7 @@ mod tests {
             (TileN::N128, 4, true),
             (TileN::M64N256, 2, false),
             (TileN::N256, 8, true),
+            (TileN::Pp128, 1, false),
         ] {
             assert_eq!(decode(&encode(s)), Some(s));
         }
