@@ -773,11 +773,7 @@ fn pingpong_matches_cooperative_tile() {
                     "{tile:?} case {i}: counters {counts:?}"
                 );
             }
-            outs.push((
-                shape,
-                download(&d.c, m * p.ldc),
-                download(&dst, m * ldd),
-            ));
+            outs.push((shape, download(&d.c, m * p.ldc), download(&dst, m * ldd)));
         }
         let (coop, pp) = (&outs[0], &outs[1]);
         let dc = coop.1.iter().zip(&pp.1).filter(|(a, b)| a != b).count();

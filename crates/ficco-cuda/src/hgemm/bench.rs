@@ -169,11 +169,11 @@ pub fn schedule_label((tile, splits, tail): Schedule) -> String {
 }
 
 /// The schedules [`Bench::shape`] also times: both tile widths, unsplit
-/// and split 2 to 8 ways, except `chosen` (the chooser's own, timed anyway),
+/// and split 2 to 16 ways, except `chosen` (the chooser's own, timed anyway),
 /// splits beyond the k-blocks or the split-K workspace, and splits whose
 /// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the
 /// machine); and where the tiles leave a partial last wave, that wave's
-/// tiles split 2 to 8 ways (at most 2 waves of split units). The 64-row
+/// tiles split 2 to 16 ways (at most 2 waves of split units). The 64-row
 /// tile ([`TileN::M64N256`]) is a candidate too where M ≤ 1024 leaves the
 /// last 128-row block at most half full (M = 64, 192, ...). The ping-pong
 /// tile ([`TileN::Pp128`], never split) is a candidate on every shape.
@@ -199,7 +199,7 @@ pub fn schedule_variants(
     {
         let tiles = (m.div_ceil(tile.rows()) * n.div_ceil(tile.cols())) as u64;
         let tail = if tiles >= grid { tiles % grid } else { 0 };
-        for s in [1u32, 2, 3, 4, 6, 8] {
+        for s in [1u32, 2, 3, 4, 6, 8, 12, 16] {
             if s as u64 > k_blocks {
                 continue;
             }
@@ -796,6 +796,40 @@ impl Bench {
             ..Hooks::default()
         };
         settings.push((PINGPONG.into(), pp));
+        // Each hook alone on the ping-pong tile.
+        for (name, h) in [
+            (
+                "pingpong wait",
+                Hooks {
+                    wait: Some(wait),
+                    ..pp
+                },
+            ),
+            (
+                "pingpong signal",
+                Hooks {
+                    signal: Some(signal),
+                    ..pp
+                },
+            ),
+            (
+                "pingpong dest",
+                Hooks {
+                    dest: Some(dest),
+                    ..pp
+                },
+            ),
+            (
+                "pingpong dest+signal",
+                Hooks {
+                    dest: Some(dest),
+                    signal: Some(signal),
+                    ..pp
+                },
+            ),
+        ] {
+            settings.push((name.into(), h));
+        }
         settings.push((
             HOOKS_3_TO_6_PINGPONG.into(),
             Hooks {

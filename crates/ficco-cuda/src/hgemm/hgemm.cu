@@ -234,12 +234,12 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
       : "memory");
 }
 
-// Hook 5: counts the 64-row half tile starting at row `rlo` (its stores done
-// by the whole warpgroup before a named barrier) towards every signal block
-// it overlaps; the last arrival of a block resets its ticket and increments
-// the user's counter with a system-scope release.
-static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
-  const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
+// Hook 5: counts each of the `halves` 64-row half tiles from row `rlo` on
+// (their stores done by the whole warpgroup before a named barrier) towards
+// every signal block it overlaps; the last arrival of a block resets its
+// ticket and increments the user's counter with a system-scope release.
+// One fence publishes every half.
+static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
   if (p.tma_store == 1) {
     // This thread issued the half tile's TMA stores: wait until they are
     // performed, then order them (async proxy) before the release below.
@@ -254,17 +254,21 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo) {
   } else {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
-  for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
-    const u32 blo = b * p.sig_rows;
-    const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
-    const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
-    const u64 tk = p.sig_tickets + 4ull * b;
-    u32 old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
-    if (old + 1 == target) {
-      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
-      asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
-                   : "memory");
+  for (u32 h = 0; h < halves; ++h, rlo += 64) {
+    if (rlo >= p.m) break;
+    const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
+    for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
+      const u32 blo = b * p.sig_rows;
+      const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
+      const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
+      const u64 tk = p.sig_tickets + 4ull * b;
+      u32 old;
+      asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+      if (old + 1 == target) {
+        asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
+        asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
+                     : "memory");
+      }
     }
   }
 }
@@ -361,7 +365,7 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
       if (lt == 0) {
 #pragma unroll
         for (int hf = 0; hf < HALVES; ++hf) {
-          if (rbase + 64u * hf >= p.m) continue;
+          // (Grouped mode has no p.m: the tensor map clips rows past M.)
 #pragma unroll
           for (int b = 0; b < WN / 64; ++b) {
             tma_store_2d(cm, wst + (u32)hf * HALF_BYTES + (u32)b * 8192u, (int)(cbase0 + 64 * b),
@@ -611,10 +615,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       if (p.sig_counters != 0) {
         // Hook 5, right away: the other warpgroup's main loop runs meanwhile.
         named_sync(1 + cw, 128);
-        if (lt == 0) {
-          signal_half(p, m0);
-          if (m0 + 64 < p.m) signal_half(p, m0 + 64);
-        }
+        if (lt == 0) signal_half(p, m0, 2);
       }
     }
     // Shared memory must outlive the TMA stores that read it.

@@ -1016,11 +1016,9 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     let k_blocks = a.k.div_ceil(BLOCK_K) as u64;
     let splits = match h.split_k {
         None | Some(1) if !tile.splits_k() => 1,
-        Some(s) if !tile.splits_k() => {
-            return Err(bad(format!(
-                "{tile:?} tiles cannot be split along K (split_k {s}); use split_k 1 or another tile"
-            )))
-        }
+        Some(s) if !tile.splits_k() => return Err(bad(format!(
+            "{tile:?} tiles cannot be split along K (split_k {s}); use split_k 1 or another tile"
+        ))),
         None if tile == auto_tile => auto_split,
         None => {
             let t = tiles;

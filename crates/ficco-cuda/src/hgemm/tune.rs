@@ -88,9 +88,11 @@ pub struct Tuned {
 
 /// Warm-up launches and timed launches per candidate and round.
 const WARMUP: usize = 2;
-const ITERS: usize = 5;
+const ITERS: usize = 6;
 /// Rounds over the candidates (interleaved, so clock drift hits all alike).
-const ROUNDS: usize = 2;
+/// Two rounds of five picked schedules up to 16% slower than the fastest
+/// (as `gemm-bench` measures them, 2026-11-24): four of six.
+const ROUNDS: usize = 4;
 /// Elements of the random block that fills every scratch operand, repeated
 /// (2 MiB: generated once, uploaded in pieces).
 const RANDOM_BLOCK: usize = 1 << 20;
