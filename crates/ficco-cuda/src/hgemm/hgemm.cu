@@ -169,6 +169,15 @@ static __device__ __forceinline__ u32 ld_acquire_sys(u64 p) {
   return v;
 }
 
+// A destination-table entry: written before the launch, read-only during
+// it, so the loads of a thread's rows can all be in flight at once (a
+// volatile load would order each after the previous one).
+static __device__ __forceinline__ u64 ld_table(u64 p) {
+  u64 v;
+  asm("ld.global.nc.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
 static __device__ __forceinline__ void named_sync(u32 id, u32 count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
@@ -262,9 +271,12 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 ha
       const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
       const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
       const u64 tk = p.sig_tickets + 4ull * b;
+      // Relaxed: the fence above releases this warpgroup's stores; the last
+      // arrival acquires the others' with a fence of its own.
       u32 old;
-      asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+      asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
       if (old + 1 == target) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
         asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
                      : "memory");
@@ -292,7 +304,7 @@ static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u3
     rowp[i] = p.c + 2ull * ((u64)row * p.ldc);
     if (p.dest_table != 0 && rok[i]) {
       const u32 b = row / p.dest_rows;
-      const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
+      const u64 dp = ld_table(p.dest_table + 8ull * b);
       if (dp != 0) rowp[i] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
     }
   }
@@ -403,7 +415,7 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
       if (p.dest_table != 0 && rok[h]) {
         // Hook 6: this row's block may be stored through another pointer.
         const u32 b = row / p.dest_rows;
-        const u64 dp = *(const volatile u64*)(p.dest_table + 8ull * b);
+        const u64 dp = ld_table(p.dest_table + 8ull * b);
         if (dp != 0) {
           rowp[h] = dp + 2ull * ((u64)(row - b * p.dest_rows) * p.dest_ld);
           radd[h] = p.dest_add;
@@ -514,6 +526,11 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     // Producer warpgroup: one thread issues every TMA load.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
+      if constexpr (!GROUPED) {
+        // Fetch the descriptors while the barriers settle (first loads wait less).
+        asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&amap) : "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&bmap) : "memory");
+      }
       u32 stage = 0, phase = 0;
       u32 grp = 0, fenced = 0xffffffffu;  // grouped mode: current and acquired group
       for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
