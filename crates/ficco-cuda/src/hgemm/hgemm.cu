@@ -533,6 +533,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       }
       u32 stage = 0, phase = 0;
       u32 grp = 0, fenced = 0xffffffffu;  // grouped mode: current and acquired group
+      u64 wait_ready = 0;  // hook 4: flags 0..63 already seen at the epoch
       for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
         u32 t, sp, ns, kb0, kb1;
         unit_of(p, u, nk, t, sp, ns, kb0, kb1);
@@ -553,16 +554,24 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
         const u32 m0 = mb * TBM, n0 = nb * BN;
         if (p.wait_flags != 0) {
-          // Hook 4: wait until every flag covering this tile's A rows reached the epoch.
+          // Hook 4: wait until every flag covering this tile's A rows reached
+          // the epoch. A flag seen ready stays ready for the launch: the
+          // first 64 are remembered, so later tiles of those rows skip the
+          // load and the fence (the loads after the first fence stay ordered
+          // after it).
           u32 last = m0 + TBM < p.m ? m0 + TBM : p.m;
+          bool waited = false;
           for (u32 f = m0 / p.wait_rows; f <= (last - 1) / p.wait_rows; ++f) {
+            if (f < 64 && ((wait_ready >> f) & 1)) continue;
             while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
               __nanosleep(128);
             }
+            if (f < 64) wait_ready |= 1ull << f;
+            waited = true;
           }
           // The flag's writer published A through the generic proxy; TMA reads
           // through the async proxy.
-          asm volatile("fence.proxy.async.global;" ::: "memory");
+          if (waited) asm volatile("fence.proxy.async.global;" ::: "memory");
         }
         for (u32 kb = kb0; kb < kb1; ++kb) {
           mbar_wait(empty + 8 * stage, phase ^ 1);
