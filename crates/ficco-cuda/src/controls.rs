@@ -161,6 +161,46 @@ pub unsafe fn time_ms(
     Ok(out)
 }
 
+/// Times `f` on `stream` in batches, for runs of a few microseconds: each
+/// batch enqueues `warmup` (at least one) untimed runs, records the start
+/// event while the GPU is still busy with them (so the host's launch gaps
+/// stay out of the measurement), then `per_batch` runs back to back and the
+/// end event, and synchronizes only then. Returns each batch's time per
+/// run in ms, sorted.
+///
+/// # Safety
+/// `stream` must be a live stream of `ctx`'s device.
+pub unsafe fn time_batched_ms(
+    ctx: &Arc<CudaContext>,
+    stream: sys::CUstream,
+    warmup: usize,
+    batches: usize,
+    per_batch: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<f32>> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let (e0, e1) = (RawEvent::new()?, RawEvent::new()?);
+    let per_batch = per_batch.max(1);
+    let mut out = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        for _ in 0..warmup.max(1) {
+            f()?;
+        }
+        // SAFETY: the events are alive; the stream is live (caller).
+        unsafe {
+            cu::event_record(e0.0, stream)?;
+            for _ in 0..per_batch {
+                f()?;
+            }
+            cu::event_record(e1.0, stream)?;
+            cu::event_synchronize(e1.0)?;
+            out.push(cu::event_elapsed_ms(e0.0, e1.0)? / per_batch as f32);
+        }
+    }
+    out.sort_by(f32::total_cmp);
+    Ok(out)
+}
+
 /// Median of sorted times (0 when empty).
 pub fn median(sorted: &[f32]) -> f32 {
     if sorted.is_empty() {

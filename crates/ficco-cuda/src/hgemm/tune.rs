@@ -14,7 +14,7 @@
 
 use super::bench::{schedule_variants, Schedule};
 use super::{cache_key, cubin_cache_dir, Bf16, DevPtr, GemmArgs, HopperGemm, TileN, SOURCE};
-use crate::controls::{median, time_ms};
+use crate::controls::{median, time_batched_ms};
 use crate::error::{check, CudaError, Result};
 use crate::mem::DeviceBuffer;
 use cudarc::driver::sys;
@@ -86,12 +86,15 @@ pub struct Tuned {
     pub source: TuneSource,
 }
 
-/// Warm-up launches and timed launches per candidate and round.
-const WARMUP: usize = 2;
-const ITERS: usize = 6;
+/// Per candidate and round: batches of back-to-back launches (each timed
+/// as a whole, after one untimed launch that keeps the GPU busy), and
+/// launches per batch. Timing single launches with a host sync between
+/// them counted the host's launch gap into 20 µs kernels.
+const BATCHES: usize = 2;
+const PER_BATCH: usize = 4;
 /// Rounds over the candidates (interleaved, so clock drift hits all alike).
-/// Two rounds of five picked schedules up to 16% slower than the fastest
-/// (as `gemm-bench` measures them, 2026-11-24): four of six.
+/// Two rounds of five single launches picked schedules up to 16% slower than
+/// the fastest (as `gemm-bench` measures them, 2026-11-24).
 const ROUNDS: usize = 4;
 /// Elements of the random block that fills every scratch operand, repeated
 /// (2 MiB: generated once, uploaded in pieces).
@@ -321,7 +324,9 @@ impl HopperGemm {
                 // SAFETY: scratch operands and hook words sized for the key
                 // (the wait flags are at the epoch), alive until the stream
                 // is synchronized below; the stream is on this device.
-                match unsafe { time_ms(&ctx, cu, WARMUP, ITERS, || self.launch(cu, &a)) } {
+                match unsafe {
+                    time_batched_ms(&ctx, cu, 1, BATCHES, PER_BATCH, || self.launch(cu, &a))
+                } {
                     Ok(t) => times[i].extend(t),
                     Err(_) => failed[i] = true,
                 }
