@@ -6,8 +6,10 @@
 // (+ C when accumulating), f32 accumulation, bf16 out.
 // Tile 128 x BN x 64 (BN = 256 or 128: two entry points); warpgroup 0
 // produces (TMA), warpgroups 1 and 2 each compute 64 rows of the tile with
-// wgmma m64nBNk16. The `_grouped` entries run many GEMMs of one K and N
-// (MoE experts) in one persistent launch (GroupTable).
+// wgmma m64nBNk16; in `ficco_hgemm_n128_pp` (ping-pong) each of them computes
+// whole 128 x 128 tiles, the two taking tiles in turn. The `_grouped` entries
+// run many GEMMs of one K and N (MoE experts) in one persistent launch
+// (GroupTable).
 
 typedef unsigned long long u64;
 typedef unsigned int u32;

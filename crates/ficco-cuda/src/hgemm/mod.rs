@@ -12,6 +12,17 @@
 //!   [`Hooks::sm_budget`]) walks the tiles with its own scheduler: groups of
 //!   [`GROUP_M`] M-blocks column by column (B stays in L2), the M order
 //!   rotated to start at [`Hooks::m_start_block`].
+//! - Ping-pong 128 × 128 tiles ([`TileN::Pp128`], entry
+//!   `ficco_hgemm_n128_pp`): each consumer warpgroup computes whole tiles
+//!   (two m64n128k16 wgmma per k16 step, 128 accumulators) and the two take
+//!   the CTA's tiles in turn. Each stage is consumed by one warpgroup (its
+//!   empty barrier counts one arrival), a consumer skips the other's
+//!   k-blocks in the ring, and a turn barrier per warpgroup lets tile i+1's
+//!   main loop start once tile i's last k-block is issued: that orders the
+//!   tensor-core work and keeps every parity wait at most one phase ahead of
+//!   its barrier. One warpgroup's epilogue and signal then run under the
+//!   other's main loop. Every hook, no K split; the chooser takes it from
+//!   [`PINGPONG_MIN_WAVES`] waves of tiles on.
 //! - For small M, 64 × 256 tiles ([`TileN::M64N256`], entry
 //!   `ficco_hgemm_n256_m64`): 64-row A stages (40 KiB a stage, so 4 stages
 //!   fit beside the staging buffer) and the two consumer warpgroups split the
@@ -131,19 +142,21 @@
 //! every GEMM task on it (`exec::issue`, one instance per plan stream);
 //! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
 //!
-//! # Measured (one H200, 2026-11-23; `bench/data/2026-11-23-h200-gemm/`)
-//! 8192³ at 728 TFLOP/s against the autotuned cuBLASLt's 691 in the same run;
-//! geomean time ratio to autotuned cuBLASLt 1.018 over the 160 whole and
-//! chunk GEMMs of `suites/llama3.toml` (chunk shapes taken together 1.002),
-//! worst 1.34 (64 × 4096 × 3584: one M-block, split-K). Order, wait and
-//! signal hooks cost 0-5%; the destination hook and accumulate use the
-//! register epilogue, 6-13% slower than the TMA-store one.
+//! # Measured (one H200, 2026-11-24; `bench/data/2026-11-24-h200-s5/`)
+//! Over five `gemm-bench` runs, the autotuned pick against the autotuned
+//! cuBLASLt: geomean 0.973-1.017 over the 161 whole and chunk GEMMs of
+//! `suites/llama3.toml`, chunk shapes together 0.974-0.987, worst 1.13-1.23
+//! (64-row chunks); 8192³ at cuBLASLt's speed (630-656 against 629-641
+//! TFLOP/s on this power-limited GPU). Hooks 3-6 cost +2.0-2.8% at 8192³ on
+//! the ping-pong tile, +4.8-5.5% at 2048 × 14336 × 4096, +5.8-6.4% at
+//! 1024 × 4096 × 7168 (cooperative tile; the last tile's signal is exposed
+//! there).
 //!
 //! # Not done
-//! Clusters of 2 with TMA multicast, a shared-memory epilogue for the
-//! destination hook and accumulate, stream-K instead of split-K for shapes
-//! of one or two M-blocks, and a ping-pong consumer schedule are the known
-//! next steps; none is implemented.
+//! Clusters of 2 with TMA multicast, TMA stores through per-block tensor
+//! maps for the destination hook (it uses 16-byte thread stores from the
+//! staging buffer), and stream-K instead of split-K for shapes of one or two
+//! M-blocks are the known next steps.
 
 pub mod bench;
 pub mod grouped;
