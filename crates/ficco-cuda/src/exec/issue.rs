@@ -490,6 +490,7 @@ pub(crate) fn tile_gemm_args(
             ld: pitch / ELEM_BYTES,
             rows_per_block: rows,
             add: g.dest_add,
+            maps: None,
         }),
         ..Hooks::default()
     };

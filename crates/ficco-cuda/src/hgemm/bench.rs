@@ -659,10 +659,25 @@ impl Bench {
         let flag_bytes: Vec<u8> = (0..blocks).flat_map(|_| 1u32.to_le_bytes()).collect();
         flags.upload(&flag_bytes)?;
         counters.upload(&vec![0u8; blocks * 4])?;
-        let tbl: Vec<u8> = (0..blocks)
-            .flat_map(|b| (o.c.ptr().raw() + (b * rows * n * 2) as u64).to_le_bytes())
+        let entries: Vec<u64> = (0..blocks)
+            .map(|b| o.c.ptr().raw() + (b * rows * n * 2) as u64)
             .collect();
+        let tbl: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
         table.upload(&tbl)?;
+        // The same table as tensor maps (TMA-store epilogue), where the rows
+        // per block allow (multiples of 64).
+        let maps = self
+            .gemm
+            .dest_maps(
+                &entries,
+                n,
+                rows as u32,
+                m,
+                n,
+                DevPtr::new(o.c.ptr().raw()),
+                n,
+            )
+            .ok();
         let wait = WaitHook {
             flags: DevPtr::new(flags.ptr().raw()),
             rows_per_flag: rows as u32,
@@ -677,7 +692,12 @@ impl Bench {
             ld: n,
             rows_per_block: rows as u32,
             add: false,
+            maps: None,
         };
+        let dest_maps = maps.as_ref().map(|mp| DestHook {
+            maps: Some(mp.ptr()),
+            ..dest
+        });
         let sms = self.gemm.sms();
         let tiles_m = m.div_ceil(BLOCK_M) as u32;
         let mut settings: Vec<(String, Hooks)> = vec![("plain".into(), Hooks::default())];
@@ -838,6 +858,39 @@ impl Bench {
                 ..h36
             },
         ));
+        // The destination hook through per-block tensor maps (TMA stores).
+        if let Some(dm) = dest_maps {
+            settings.push((
+                "dest(maps)".into(),
+                Hooks {
+                    dest: Some(dm),
+                    ..Hooks::default()
+                },
+            ));
+            settings.push((
+                "pingpong dest(maps)".into(),
+                Hooks {
+                    dest: Some(dm),
+                    ..pp
+                },
+            ));
+            settings.push((
+                HOOKS_3_TO_6_MAPS.into(),
+                Hooks {
+                    dest: Some(dm),
+                    ..h36
+                },
+            ));
+            settings.push((
+                HOOKS_3_TO_6_PINGPONG_MAPS.into(),
+                Hooks {
+                    tile_n: pp.tile_n,
+                    split_k: pp.split_k,
+                    dest: Some(dm),
+                    ..h36
+                },
+            ));
+        }
         // A setting the kernel rejects or cannot launch is reported as
         // failed; the others are still measured.
         let mut checked = vec![];
@@ -1199,6 +1252,14 @@ pub fn table_footer(s: &Summary, hooks: &[HookRow]) -> String {
         (HOOKS_3_TO_6, "hooks 3-6"),
         (HOOKS_3_TO_6_REGISTER, "hooks 3-6, register epilogue"),
         (HOOKS_3_TO_6_PINGPONG, "hooks 3-6, ping-pong tile"),
+        (
+            HOOKS_3_TO_6_MAPS,
+            "hooks 3-6, destination through tensor maps",
+        ),
+        (
+            HOOKS_3_TO_6_PINGPONG_MAPS,
+            "hooks 3-6, ping-pong tile, destination through tensor maps",
+        ),
     ] {
         let h36: Vec<String> = hooks
             .iter()
@@ -1274,6 +1335,10 @@ pub const HOOKS_3_TO_6_REGISTER: &str = "hooks 3-6 register";
 pub const PINGPONG: &str = "pingpong";
 /// [`HOOKS_3_TO_6`] on the ping-pong tile.
 pub const HOOKS_3_TO_6_PINGPONG: &str = "hooks 3-6 pingpong";
+/// [`HOOKS_3_TO_6`] with the destination hook's tensor maps ([`DestHook::maps`]).
+pub const HOOKS_3_TO_6_MAPS: &str = "hooks 3-6 maps";
+/// [`HOOKS_3_TO_6_PINGPONG`] with the destination hook's tensor maps.
+pub const HOOKS_3_TO_6_PINGPONG_MAPS: &str = "hooks 3-6 pingpong maps";
 
 #[cfg(test)]
 mod tests {

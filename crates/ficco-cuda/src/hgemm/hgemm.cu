@@ -35,6 +35,7 @@ struct Params {
   u64 dest_ld;       // elements
   u64 ws;            // split-K partials: f32, 64 KiB per (tile, half, split)
   u64 ws_tickets;    // u32 per (tile, half), zero between launches
+  u64 dest_maps;     // TMap per dest block (TMA-store epilogue of the dest hook), 0 = none
   u32 m, n, k;
   u32 tiles_m, tiles_n;
   u32 stages;
@@ -47,7 +48,8 @@ struct Params {
   u32 dest_add;
   u32 splits;        // K splits per tile (1: none)
   u32 tma_store;     // epilogue through shared memory: 1 TMA stores (plain C),
-                     // 2 16-byte thread stores (destination hook, no add)
+                     // 2 16-byte thread stores (destination hook, no add),
+                     // 3 TMA stores through each dest block's map (dest_maps)
   u32 sig_delay;     // k-blocks of the next unit issued before a deferred signal
   u32 dp_tiles;      // tiles 0..dp_tiles run unsplit, the rest split `splits` ways
 };
@@ -251,9 +253,10 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
 // ticket and increments the user's counter with a system-scope release.
 // One fence publishes every half.
 static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
-  if (p.tma_store == 1) {
-    // This thread issued the half tile's TMA stores: wait until they are
-    // performed, then order them (async proxy) before the release below.
+  if (p.tma_store & 1) {
+    // This thread issued the half tile's TMA stores (modes 1 and 3): wait
+    // until they are performed, then order them (async proxy) before the
+    // release below.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     asm volatile("fence.proxy.async.global;" ::: "memory");
   }
@@ -355,7 +358,9 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
     // stores them with TMA (rows >= M and columns >= N are clipped by the
     // tensor map) and moves on; the stores drain while the next tile's main
     // loop runs.
-    if (lt == 0 && p.tma_store == 1) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (lt == 0 && (p.tma_store & 1)) {
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
     named_sync(1 + cw, 128);
 #pragma unroll
     for (int hf = 0; hf < HALVES; ++hf) {
@@ -373,17 +378,36 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
         }
       }
     }
-    if (p.tma_store == 1) {
+    if (p.tma_store != 2) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       named_sync(1 + cw, 128);
       if (lt == 0) {
+        // Mode 1: C's map at the tile's rows. Mode 3: the destination
+        // block's map at the rows within the block (a 64-row half lies in
+        // one block: the host requires dest_rows % 64 == 0); the maps were
+        // written by the host, so the tensormap proxy acquires them first.
+        const TMap* hm[HALVES];
+        int hy[HALVES];
+#pragma unroll
+        for (int hf = 0; hf < HALVES; ++hf) {
+          const u32 row = rbase + 64u * hf;
+          hm[hf] = cm;
+          hy[hf] = (int)row;
+          if (p.tma_store == 3 && row < p.m) {
+            const u32 b = row / p.dest_rows;
+            hm[hf] = (const TMap*)p.dest_maps + b;
+            hy[hf] = (int)(row - b * p.dest_rows);
+            tmap_acquire(hm[hf]);
+          }
+        }
 #pragma unroll
         for (int hf = 0; hf < HALVES; ++hf) {
           // (Grouped mode has no p.m: the tensor map clips rows past M.)
+          if (p.tma_store == 3 && rbase + 64u * hf >= p.m) continue;
 #pragma unroll
           for (int b = 0; b < WN / 64; ++b) {
-            tma_store_2d(cm, wst + (u32)hf * HALF_BYTES + (u32)b * 8192u, (int)(cbase0 + 64 * b),
-                         (int)(rbase + 64u * hf));
+            tma_store_2d(hm[hf], wst + (u32)hf * HALF_BYTES + (u32)b * 8192u,
+                         (int)(cbase0 + 64 * b), hy[hf]);
           }
         }
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");

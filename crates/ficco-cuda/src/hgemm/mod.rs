@@ -382,6 +382,11 @@ pub struct DestHook {
     pub rows_per_block: u32,
     /// Add into the destination (`dst += A·B`) instead of overwriting it.
     pub add: bool,
+    /// One tensor map per block ([`HopperGemm::dest_maps`], built from the
+    /// same table): without `add`, the epilogue then stores each half tile
+    /// with TMA through its block's map instead of 16-byte thread stores.
+    /// Needs `rows_per_block` a multiple of 64.
+    pub maps: Option<DevPtr<u8>>,
 }
 
 /// Every hook of one launch; `Hooks::default()` is the plain GEMM.
@@ -469,6 +474,20 @@ impl GemmArgs {
     }
 }
 
+/// Device tensor maps of a destination hook, from [`HopperGemm::dest_maps`];
+/// alive as long as launches use [`DestMaps::ptr`].
+#[derive(Debug)]
+pub struct DestMaps {
+    buf: crate::mem::DeviceBuffer,
+}
+
+impl DestMaps {
+    /// The address for [`DestHook::maps`] (device memory, 256-byte aligned).
+    pub fn ptr(&self) -> DevPtr<u8> {
+        DevPtr::new(self.buf.ptr().raw())
+    }
+}
+
 /// How the cubin was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum CacheOutcome {
@@ -504,6 +523,7 @@ struct KernelParams {
     dest_ld: u64,
     ws: u64,
     ws_tickets: u64,
+    dest_maps: u64,
     m: u32,
     n: u32,
     k: u32,
@@ -546,6 +566,9 @@ pub struct LaunchShape {
     /// The epilogue stages the tile in shared memory and stores it with
     /// 16-byte thread stores ([`Hooks::staged_epilogue`]); excludes `tma_store`.
     pub staged: bool,
+    /// The destination hook's rows go out as TMA stores through its
+    /// per-block maps ([`DestHook::maps`]); excludes the other two.
+    pub tma_dest: bool,
     /// Tiles run whole before the split ones ([`Hooks::split_tail_only`]; 0: all split).
     pub dp_tiles: u32,
 }
@@ -712,6 +735,51 @@ impl HopperGemm {
         }
     }
 
+    /// The tensor maps of a destination hook ([`DestHook::maps`]): for block
+    /// b, `table[b]` (rows `ld` elements apart) or, where that entry is 0,
+    /// C's rows of the block; `rows_per_block` rows each (fewer in the last),
+    /// N columns. Every destination must be 16-byte aligned with `ld` (and
+    /// `ldc`) a multiple of 8, and `rows_per_block` a multiple of 64.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dest_maps(
+        &self,
+        table: &[u64],
+        ld: usize,
+        rows_per_block: u32,
+        m: usize,
+        n: usize,
+        c: DevPtr<Bf16>,
+        ldc: usize,
+    ) -> Result<DestMaps> {
+        let rows = rows_per_block as usize;
+        if rows == 0 || rows % 64 != 0 || table.len() < m.div_ceil(rows) {
+            return Err(bad(format!(
+                "dest maps: rows_per_block must be a positive multiple of 64 (got {rows}) and the table must cover the {m} rows"
+            )));
+        }
+        let mut bytes = Vec::with_capacity(table.len() * 128);
+        for (b, &dst) in table.iter().enumerate().take(m.div_ceil(rows)) {
+            let (base, pitch) = if dst != 0 {
+                (DevPtr::new(dst), ld)
+            } else {
+                (c.add(b * rows * ldc), ldc)
+            };
+            if base.addr() % 16 != 0 || pitch % 8 != 0 {
+                return Err(bad(format!(
+                    "dest maps: block {b}'s destination must be 16-byte aligned with a leading dimension a multiple of 8"
+                )));
+            }
+            let map = tensor_map(base, n, rows.min(m - b * rows), pitch, 64, 64)?;
+            // SAFETY: TensorMap is 128 plain bytes (repr C, align 128).
+            let raw =
+                unsafe { std::slice::from_raw_parts(&map as *const TensorMap as *const u8, 128) };
+            bytes.extend_from_slice(raw);
+        }
+        let buf = crate::mem::DeviceBuffer::alloc(&self.ctx, bytes.len().max(128))?;
+        buf.upload(&bytes)?;
+        Ok(DestMaps { buf })
+    }
+
     /// Enqueues the GEMM on `stream` (which may belong to any context of the
     /// device, green contexts included).
     ///
@@ -764,6 +832,8 @@ impl HopperGemm {
                 1
             } else if shape.staged {
                 2
+            } else if shape.tma_dest {
+                3
             } else {
                 0
             },
@@ -783,6 +853,7 @@ impl HopperGemm {
             p.sig_delay = h.signal_delay;
         }
         if let Some(d) = h.dest {
+            p.dest_maps = d.maps.map_or(0, |m| m.addr());
             p.dest_table = d.table.addr();
             p.dest_ld = d.ld as u64;
             p.dest_rows = d.rows_per_block;
@@ -961,9 +1032,15 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     let tma_able = !a.accumulate && h.dest.is_none() && a.c.addr() % 16 == 0 && a.ldc % 8 == 0;
     // The staged variant writes whatever the TMA path cannot, except adds
     // (they would round twice: once into the staging buffer, once after the add).
-    let staged_able =
-        !tma_able && !h.register_epilogue && !a.accumulate && h.dest.is_none_or(|d| !d.add);
-    let stage_out = tma_able || staged_able;
+    // The destination hook with per-block maps and no add: TMA stores too.
+    let tma_dest_able =
+        !a.accumulate && !h.register_epilogue && h.dest.is_some_and(|d| d.maps.is_some() && !d.add);
+    let staged_able = !tma_able
+        && !tma_dest_able
+        && !h.register_epilogue
+        && !a.accumulate
+        && h.dest.is_none_or(|d| !d.add);
+    let stage_out = tma_able || staged_able || tma_dest_able;
     let staging = tile.staging_bytes() as u64;
     let fixed = |st: u32| smem_bytes(tile, st, 0) as u64;
     let st = if h.occupancy.stages != 0 {
@@ -986,8 +1063,14 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     let staging_fits = fixed(st) + staging + h.occupancy.extra_smem as u64 <= max_smem as u64;
     let tma_store = tma_able && staging_fits;
     let staged = staged_able && staging_fits;
-    let dyn_smem =
-        fixed(st) + if tma_store || staged { staging } else { 0 } + h.occupancy.extra_smem as u64;
+    let tma_dest = tma_dest_able && staging_fits;
+    let dyn_smem = fixed(st)
+        + if tma_store || staged || tma_dest {
+            staging
+        } else {
+            0
+        }
+        + h.occupancy.extra_smem as u64;
     if dyn_smem > max_smem as u64 {
         return Err(bad(format!(
             "{st} stages + {} extra bytes need {dyn_smem} bytes of shared memory; the device allows {max_smem}",
@@ -1022,6 +1105,14 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             return Err(bad(
                 "dest hook: rows_per_block > 0, table 8-byte aligned, ld even and >= N".into(),
             ));
+        }
+        if d.maps.is_some_and(|m| m.addr() % 128 != 0)
+            || (d.maps.is_some() && d.rows_per_block % 64 != 0)
+        {
+            return Err(bad(format!(
+                "dest hook maps: 128-byte aligned, rows_per_block a multiple of 64 (got {})",
+                d.rows_per_block
+            )));
         }
     }
     if tile == TileN::M64N256
@@ -1101,6 +1192,7 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
         stages: st,
         tma_store,
         staged,
+        tma_dest,
         dp_tiles: dp_tiles as u32,
     })
 }
@@ -1319,8 +1411,8 @@ mod tests {
 
     #[test]
     fn params_layout_matches_kernel() {
-        // 9 u64 then 18 u32 (see struct Params in hgemm.cu).
-        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 18 * 4);
+        // 10 u64 then 18 u32 (see struct Params in hgemm.cu).
+        assert_eq!(std::mem::size_of::<KernelParams>(), 10 * 8 + 18 * 4);
         assert_eq!(std::mem::align_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
         assert_eq!(STAGE_BYTES, 48 * 1024);
@@ -1362,6 +1454,7 @@ mod tests {
             ld: 4104,
             rows_per_block: 100,
             add: false,
+            maps: None,
         };
         let mut a = args(1000, 4104, 72);
         a.hooks.dest = Some(dest);
@@ -1399,6 +1492,44 @@ mod tests {
             extra_smem: 0,
         };
         assert!(!validate(&plain, max, 132).unwrap().staged);
+    }
+
+    #[test]
+    fn dest_maps_take_the_tma_epilogue_unless_adding() {
+        let max = 232448;
+        let mut a = args(1000, 520, 200);
+        let dest = DestHook {
+            table: DevPtr::new(0x8000),
+            ld: 528,
+            rows_per_block: 128,
+            add: false,
+            maps: Some(DevPtr::new(0x10000)),
+        };
+        a.hooks.dest = Some(dest);
+        let s = validate(&a, max, 132).unwrap();
+        assert!(s.tma_dest && !s.staged && !s.tma_store);
+        // Without maps: staged; adding: registers; register epilogue asked: registers.
+        a.hooks.dest = Some(DestHook { maps: None, ..dest });
+        let s = validate(&a, max, 132).unwrap();
+        assert!(!s.tma_dest && s.staged);
+        a.hooks.dest = Some(DestHook { add: true, ..dest });
+        let s = validate(&a, max, 132).unwrap();
+        assert!(!s.tma_dest && !s.staged && !s.tma_store);
+        a.hooks.dest = Some(dest);
+        a.hooks.register_epilogue = true;
+        assert!(!validate(&a, max, 132).unwrap().tma_dest);
+        a.hooks.register_epilogue = false;
+        // Blocks must be whole 64-row halves, the maps 128-byte aligned.
+        a.hooks.dest = Some(DestHook {
+            rows_per_block: 96,
+            ..dest
+        });
+        assert!(validate(&a, max, 132).is_err());
+        a.hooks.dest = Some(DestHook {
+            maps: Some(DevPtr::new(0x10040)),
+            ..dest
+        });
+        assert!(validate(&a, max, 132).is_err());
     }
 
     #[test]
@@ -1517,6 +1648,7 @@ mod tests {
                 ld: 4096,
                 rows_per_block: 64,
                 add: false,
+                maps: None,
             })
         })
         .is_err());

@@ -41,6 +41,8 @@ pub struct TuneKey {
     pub signal: bool,
     /// The destination hook, and whether it adds.
     pub dest: Option<bool>,
+    /// The destination hook has per-block tensor maps (TMA-store epilogue).
+    pub dest_maps: bool,
 }
 
 impl TuneKey {
@@ -64,6 +66,7 @@ impl TuneKey {
             wait: h.wait.is_some(),
             signal: h.signal.is_some(),
             dest: h.dest.map(|d| d.add),
+            dest_maps: h.dest.is_some_and(|d| d.maps.is_some()),
         }
     }
 }
@@ -193,6 +196,7 @@ pub fn with_schedule(args: &GemmArgs, (tile, splits, tail): Schedule) -> GemmArg
 /// Scratch operands and hook words for timing one key.
 struct Scratch {
     _bufs: Vec<DeviceBuffer>,
+    _maps: Option<super::DestMaps>,
     args: GemmArgs,
 }
 
@@ -248,15 +252,38 @@ fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch
         d.ld = key.ldc;
         bufs.push(f);
     }
+    let c_ptr = DevPtr::new(c.ptr().raw() + c_off);
+    // Per-block maps of the zero table (every block's rows in C); where C
+    // cannot take them (rows not 16-byte aligned), timed without maps.
+    let mut maps = None;
+    if let Some(d) = hooks.dest.as_mut().filter(|d| d.maps.is_some()) {
+        let table = vec![0u64; key.m.div_ceil(d.rows_per_block.max(1) as usize)];
+        maps = g
+            .dest_maps(
+                &table,
+                key.ldc,
+                d.rows_per_block,
+                key.m,
+                key.n,
+                c_ptr,
+                key.ldc,
+            )
+            .ok();
+        d.maps = maps.as_ref().map(|m| m.ptr());
+    }
     let args = GemmArgs {
         a: DevPtr::<Bf16>::new(a.ptr().raw()),
         b: DevPtr::new(b.ptr().raw()),
-        c: DevPtr::new(c.ptr().raw() + c_off),
+        c: c_ptr,
         hooks,
         ..*template
     };
     bufs.extend([a, b, c]);
-    Ok(Scratch { _bufs: bufs, args })
+    Ok(Scratch {
+        _bufs: bufs,
+        _maps: maps,
+        args,
+    })
 }
 
 impl HopperGemm {
