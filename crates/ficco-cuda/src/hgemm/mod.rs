@@ -83,6 +83,10 @@
 //! 6. Destination ([`DestHook`]): rows of block b go through `table[b]`
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
+//!    With [`DestHook::maps`] ([`HopperGemm::dest_maps`]: one tensor map per
+//!    block, to its destination or C's rows) and no add, the half tiles go
+//!    out as TMA stores through their block's map (mode 3 of the kernel's
+//!    `tma_store`), bit-identical to the staged epilogue.
 //!
 //! # Schedule and epilogue variants
 //! - Staged epilogue (the default; [`Hooks::register_epilogue`] turns it
@@ -153,10 +157,10 @@
 //! there).
 //!
 //! # Not done
-//! Clusters of 2 with TMA multicast, TMA stores through per-block tensor
-//! maps for the destination hook (it uses 16-byte thread stores from the
-//! staging buffer), and stream-K instead of split-K for shapes of one or two
-//! M-blocks are the known next steps.
+//! Clusters of 2 with TMA multicast and stream-K instead of split-K for
+//! shapes of one or two M-blocks are the known next steps; the executor's
+//! tile GEMMs do not pass [`DestHook::maps`] yet (they use the staged
+//! epilogue).
 
 pub mod bench;
 pub mod grouped;
