@@ -1292,14 +1292,16 @@ fn m64_tile_matches_narrow_tile_and_cublaslt() {
         let theirs = cublaslt_reference(ctx, &d, m, n, k);
         for splits in [1u32, 3.min(k.div_ceil(64) as u32)] {
             let narrow = launch(TileN::N128, splits);
-            let ours = launch(TileN::M64N256, splits);
-            let diff = narrow.iter().zip(&ours).filter(|(a, b)| a != b).count();
-            let err = rel_err(&f(&ours), &f(&theirs));
-            eprintln!(
-                "hgemm M64N256 {m}x{n}x{k} split {splits}: {diff} elements differ from N128, rel err vs cuBLASLt {err:.2e}"
-            );
-            assert_eq!(diff, 0, "{m}x{n}x{k} split {splits}");
-            assert!(err < 1e-2, "{m}x{n}x{k}: rel err {err}");
+            for tile in [TileN::M64N256, TileN::M64N128] {
+                let ours = launch(tile, splits);
+                let diff = narrow.iter().zip(&ours).filter(|(a, b)| a != b).count();
+                let err = rel_err(&f(&ours), &f(&theirs));
+                eprintln!(
+                    "hgemm {tile:?} {m}x{n}x{k} split {splits}: {diff} elements differ from N128, rel err vs cuBLASLt {err:.2e}"
+                );
+                assert_eq!(diff, 0, "{tile:?} {m}x{n}x{k} split {splits}");
+                assert!(err < 1e-2, "{m}x{n}x{k}: rel err {err}");
+            }
         }
     }
     // Padded C (staged epilogue) and accumulate (register epilogue).
@@ -1326,10 +1328,12 @@ fn m64_tile_matches_narrow_tile_and_cublaslt() {
             download(&d.c, m * p.ldc)
         };
         let narrow = launch(TileN::N128);
-        let ours = launch(TileN::M64N256);
-        let diff = narrow.iter().zip(&ours).filter(|(a, b)| a != b).count();
-        eprintln!("hgemm M64N256 {m}x{n}x{k} ldc {} accumulate {accumulate}: {diff} elements differ from N128", p.ldc);
-        assert_eq!(diff, 0, "accumulate {accumulate}");
+        for tile in [TileN::M64N256, TileN::M64N128] {
+            let ours = launch(tile);
+            let diff = narrow.iter().zip(&ours).filter(|(a, b)| a != b).count();
+            eprintln!("hgemm {tile:?} {m}x{n}x{k} ldc {} accumulate {accumulate}: {diff} elements differ from N128", p.ldc);
+            assert_eq!(diff, 0, "{tile:?} accumulate {accumulate}");
+        }
     }
     let reference = p.reference();
     let ours = {

@@ -174,7 +174,7 @@ pub fn schedule_label((tile, splits, tail): Schedule) -> String {
 /// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the
 /// machine); and where the tiles leave a partial last wave, that wave's
 /// tiles split 2 to 16 ways (at most 2 waves of split units). The 64-row
-/// tile ([`TileN::M64N256`]) is a candidate too where M ≤ 1024 leaves the
+/// tiles ([`TileN::M64N256`], [`TileN::M64N128`]) are candidates too where M ≤ 1024 leaves the
 /// last 128-row block at most half full (M = 64, 192, ...). The ping-pong
 /// tile ([`TileN::Pp128`], never split) is a candidate on every shape.
 pub fn schedule_variants(
@@ -192,11 +192,8 @@ pub fn schedule_variants(
     if chosen != (TileN::Pp128, 1, false) {
         out.push((TileN::Pp128, 1, false));
     }
-    let tiles_of = [TileN::N256, TileN::N128, TileN::M64N256];
-    for tile in tiles_of
-        .into_iter()
-        .filter(|&t| t != TileN::M64N256 || short_m)
-    {
+    let tiles_of = [TileN::N256, TileN::N128, TileN::M64N256, TileN::M64N128];
+    for tile in tiles_of.into_iter().filter(|&t| !t.is_m64() || short_m) {
         let tiles = (m.div_ceil(tile.rows()) * n.div_ceil(tile.cols())) as u64;
         let tail = if tiles >= grid { tiles % grid } else { 0 };
         for s in [1u32, 2, 3, 4, 6, 8, 12, 16] {

@@ -167,6 +167,18 @@ static __device__ __forceinline__ void wgmma_128(float* d, u64 da, u64 db) {
       : "l"(da), "l"(db));
 }
 
+// m64n64k16 (the 64 x 128 tile's warpgroups, 64 columns each).
+static __device__ __forceinline__ void wgmma_64(float* d, u64 da, u64 db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, 1, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db));
+}
+
 static __device__ __forceinline__ u32 ld_acquire_sys(u64 p) {
   u32 v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -720,8 +732,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           const u64 db = desc(sb + ks * 2048, 64 * BK * 2, 1024);
           if constexpr (WN == 256) {
             wgmma_256(d, da, db);
-          } else {
+          } else if constexpr (WN == 128) {
             wgmma_128(d, da, db);
+          } else {
+            wgmma_64(d, da, db);
           }
         }
         wgmma_commit();
@@ -841,6 +855,14 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ TMap cmap,
                          const __grid_constant__ Params p) {
   hgemm_body<256, true>(amap, bmap, cmap, p);
+}
+
+// 64 x 128 tiles: each consumer warpgroup computes 64 x 64 (wgmma m64n64k16).
+extern "C" __global__ void __launch_bounds__(384, 1)
+    ficco_hgemm_n128_m64(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                         const __grid_constant__ TMap cmap,
+                         const __grid_constant__ Params p) {
+  hgemm_body<128, true>(amap, bmap, cmap, p);
 }
 
 // Grouped mode (GroupTable): every group's tiles in one persistent launch.

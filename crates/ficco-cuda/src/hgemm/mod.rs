@@ -185,14 +185,16 @@ const ENTRY_M64N256: &str = "ficco_hgemm_n256_m64";
 const ENTRY_N256_GROUPED: &str = "ficco_hgemm_n256_grouped";
 const ENTRY_N128_GROUPED: &str = "ficco_hgemm_n128_grouped";
 const ENTRY_N128_PP: &str = "ficco_hgemm_n128_pp";
+const ENTRY_M64N128: &str = "ficco_hgemm_n128_m64";
 /// Every entry, in the order of [`HopperGemm`]'s kernel handles.
-const ENTRIES: [&str; 6] = [
+const ENTRIES: [&str; 7] = [
     ENTRY_N256,
     ENTRY_N128,
     ENTRY_M64N256,
     ENTRY_N256_GROUPED,
     ENTRY_N128_GROUPED,
     ENTRY_N128_PP,
+    ENTRY_M64N128,
 ];
 /// NVRTC options (the architecture is added: `sm_90a`).
 const OPTIONS: [&str; 1] = ["-std=c++17"];
@@ -283,6 +285,11 @@ pub enum TileN {
     /// cores idle. Every hook, no K split; not picked by [`auto_schedule`]
     /// (the tuner and `gemm-bench` time it).
     Pp128,
+    /// 64 × 128 tiles for small M (entry `ficco_hgemm_n128_m64`): as
+    /// [`TileN::M64N256`], the warpgroups 64 × 64 each (wgmma m64n64k16).
+    /// Twice the tiles of the 64 × 256 one, so a skinny GEMM needs fewer K
+    /// splits (and smaller partials) to fill the machine.
+    M64N128,
 }
 
 impl TileN {
@@ -290,14 +297,14 @@ impl TileN {
     pub const fn cols(self) -> usize {
         match self {
             TileN::N256 | TileN::M64N256 => 256,
-            TileN::N128 | TileN::Pp128 => 128,
+            TileN::N128 | TileN::Pp128 | TileN::M64N128 => 128,
         }
     }
     /// Output rows per tile (one M-block).
     pub const fn rows(self) -> usize {
         match self {
             TileN::N256 | TileN::N128 | TileN::Pp128 => BLOCK_M,
-            TileN::M64N256 => 64,
+            TileN::M64N256 | TileN::M64N128 => 64,
         }
     }
     /// The tile's name in tables and the tune cache: "256", "128",
@@ -308,13 +315,24 @@ impl TileN {
             TileN::N128 => "128",
             TileN::M64N256 => "64x256",
             TileN::Pp128 => "128pp",
+            TileN::M64N128 => "64x128",
         }
+    }
+    /// 64-row tiles (no hook that counts 128-row blocks).
+    pub const fn is_m64(self) -> bool {
+        matches!(self, TileN::M64N256 | TileN::M64N128)
     }
     /// The tile of a [`TileN::label`].
     pub fn from_label(s: &str) -> Option<TileN> {
-        [TileN::N256, TileN::N128, TileN::M64N256, TileN::Pp128]
-            .into_iter()
-            .find(|t| t.label() == s)
+        [
+            TileN::N256,
+            TileN::N128,
+            TileN::M64N256,
+            TileN::Pp128,
+            TileN::M64N128,
+        ]
+        .into_iter()
+        .find(|t| t.label() == s)
     }
     /// Whether tiles can be split along K (all but ping-pong).
     pub const fn splits_k(self) -> bool {
@@ -329,6 +347,7 @@ impl TileN {
         match self {
             TileN::N256 | TileN::M64N256 => MAX_STAGES,
             TileN::N128 | TileN::Pp128 => 6,
+            TileN::M64N128 => 8,
         }
     }
     /// Shared memory the TMA-store epilogue stages the tile in (bf16):
@@ -582,7 +601,7 @@ pub struct LaunchShape {
 pub struct HopperGemm {
     lib: sys::CUlibrary,
     /// One per entry of [`ENTRIES`], in its order.
-    kernels: [sys::CUkernel; 6],
+    kernels: [sys::CUkernel; 7],
     ctx: Arc<CudaContext>,
     sms: u32,
     max_smem: u32,
@@ -653,7 +672,7 @@ impl HopperGemm {
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
-            kernels: [std::ptr::null_mut(); 6],
+            kernels: [std::ptr::null_mut(); 7],
             ctx: ctx.clone(),
             sms,
             max_smem,
@@ -732,7 +751,7 @@ impl HopperGemm {
         let h = &args.hooks;
         let open = !h.untuned && h.tile_n.is_none() && h.split_k.is_none();
         // A tuned 64-row tile cannot take a start block (not in the tune key).
-        let fits = |s: &bench::Schedule| s.0 != TileN::M64N256 || h.m_start_block == 0;
+        let fits = |s: &bench::Schedule| !s.0.is_m64() || h.m_start_block == 0;
         match open.then(|| self.tuned(args)).flatten().filter(fits) {
             Some(s) => tune::with_schedule(args, s),
             None => *args,
@@ -816,6 +835,7 @@ impl HopperGemm {
             TileN::N128 => self.kernels[1],
             TileN::M64N256 => self.kernels[2],
             TileN::Pp128 => self.kernels[5],
+            TileN::M64N128 => self.kernels[6],
         };
         let h = &args.hooks;
         let mut p = KernelParams {
@@ -945,6 +965,7 @@ pub fn estimate_us(tile: TileN, tiles: u64, k_blocks: u64, splits: u64, grid: u6
         // Same B traffic as the wide tile, half the tensor-core work (a guess
         // until measured: the tuner times it).
         TileN::N128 | TileN::M64N256 | TileN::Pp128 => (0.45, 0.5),
+        TileN::M64N128 => (0.3, 0.25),
     };
     let waves = (tiles * splits).div_ceil(grid.max(1)) as f64;
     let mut t = waves * (k_blocks.div_ceil(splits) as f64 * kb_us + 3.0);
@@ -1119,12 +1140,12 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             )));
         }
     }
-    if tile == TileN::M64N256
+    if tile.is_m64()
         && (h.wait.is_some() || h.signal.is_some() || h.dest.is_some() || h.m_start_block != 0)
     {
-        return Err(bad(
-            "64-row tiles (M64N256) do not take the wait, signal or destination hooks or m_start_block (they count 128-row blocks)".into(),
-        ));
+        return Err(bad(format!(
+            "64-row tiles ({tile:?}) do not take the wait, signal or destination hooks or m_start_block (they count 128-row blocks)"
+        )));
     }
     let tiles_m = a.m.div_ceil(tile.rows()) as u32;
     let tiles_n = a.n.div_ceil(tile.cols()) as u32;
@@ -1656,10 +1677,18 @@ mod tests {
             })
         })
         .is_err());
-        // The default schedule never picks it.
+        // The 64 x 128 tile: twice the tiles, 24 KiB stages.
+        let mut c = a;
+        c.hooks.tile_n = Some(TileN::M64N128);
+        let s = validate(&c, max, 132).unwrap();
+        assert_eq!((s.tiles_m, s.tiles_n), (1, 32));
+        assert_eq!(TileN::M64N128.stage_bytes(), 24 * 1024);
+        c.hooks.m_start_block = 1;
+        assert!(validate(&c, max, 132).is_err());
+        // The default schedule never picks them.
         a.hooks.tile_n = None;
         a.hooks.split_k = None;
-        assert_ne!(validate(&a, max, 132).unwrap().tile_n, TileN::M64N256);
+        assert!(!validate(&a, max, 132).unwrap().tile_n.is_m64());
     }
 
     #[test]

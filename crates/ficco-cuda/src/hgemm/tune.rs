@@ -436,6 +436,7 @@ mod tests {
             (TileN::M64N256, 2, false),
             (TileN::N256, 8, true),
             (TileN::Pp128, 1, false),
+            (TileN::M64N128, 6, true),
         ] {
             assert_eq!(decode(&encode(s)), Some(s));
         }
