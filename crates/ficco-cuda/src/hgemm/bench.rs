@@ -175,7 +175,7 @@ pub fn schedule_label((tile, splits, tail): Schedule) -> String {
 /// machine); and where the tiles leave a partial last wave, that wave's
 /// tiles split 2 to 16 ways (at most 2 waves of split units). The 64-row
 /// tiles ([`TileN::M64N256`], [`TileN::M64N128`]) are candidates too where M ≤ 1024 leaves the
-/// last 128-row block at most half full (M = 64, 192, ...). The ping-pong
+/// last 128-row block at most half full (M = 64, 192, ...) or M ≤ 512. The ping-pong
 /// tile ([`TileN::Pp128`], never split) is a candidate on every shape.
 pub fn schedule_variants(
     m: usize,
@@ -188,7 +188,9 @@ pub fn schedule_variants(
     let grid = grid.max(1) as u64;
     let mut out = vec![];
     let rem = m % BLOCK_M;
-    let short_m = m <= 1024 && rem > 0 && rem <= 64;
+    // 64-row tiles where the last 128-row block is at most half full, or the
+    // GEMM is so skinny (≤ 4 M-blocks) that twice the tiles fill the grid better.
+    let short_m = m <= 1024 && ((rem > 0 && rem <= 64) || m <= 512);
     if chosen != (TileN::Pp128, 1, false) {
         out.push((TileN::Pp128, 1, false));
     }
@@ -1465,7 +1467,9 @@ mod tests {
                 .any(|&(t, _, _)| t == TileN::M64N256)
         };
         assert!(m64(64) && m64(192) && m64(960));
-        assert!(!m64(128) && !m64(256) && !m64(100) && !m64(2112));
+        // ... or the GEMM has at most 4 M-blocks.
+        assert!(m64(128) && m64(256) && m64(100) && m64(512));
+        assert!(!m64(640) && !m64(1000) && !m64(2112));
         // Ping-pong on every shape, unsplit, once.
         for (m, n, k) in [(8192, 8192, 8192), (64, 4096, 128), (16384, 4096, 1024)] {
             let v = schedule_variants(m, n, k, 132, (TileN::N256, 1, false));
