@@ -23,6 +23,9 @@
 //!   its barrier. One warpgroup's epilogue and signal then run under the
 //!   other's main loop. Every hook, no K split; the chooser takes it from
 //!   [`PINGPONG_MIN_WAVES`] waves of tiles on.
+//! - For skinny GEMMs, 64 × 128 tiles ([`TileN::M64N128`], entry
+//!   `ficco_hgemm_n128_m64`): the same 64-row mode with 64 columns per
+//!   warpgroup (wgmma m64n64k16), twice the tiles of the 64 × 256 one.
 //! - For small M, 64 × 256 tiles ([`TileN::M64N256`], entry
 //!   `ficco_hgemm_n256_m64`): 64-row A stages (40 KiB a stage, so 4 stages
 //!   fit beside the staging buffer) and the two consumer warpgroups split the
@@ -147,14 +150,13 @@
 //! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
 //!
 //! # Measured (one H200, 2026-11-24; `bench/data/2026-11-24-h200-s5/`)
-//! Over five `gemm-bench` runs, the autotuned pick against the autotuned
-//! cuBLASLt: geomean 0.973-1.017 over the 161 whole and chunk GEMMs of
-//! `suites/llama3.toml`, chunk shapes together 0.974-0.987, worst 1.13-1.23
-//! (64-row chunks); 8192³ at cuBLASLt's speed (630-656 against 629-641
-//! TFLOP/s on this power-limited GPU). Hooks 3-6 cost +2.0-2.8% at 8192³ on
-//! the ping-pong tile, +4.8-5.5% at 2048 × 14336 × 4096, +5.8-6.4% at
-//! 1024 × 4096 × 7168 (cooperative tile; the last tile's signal is exposed
-//! there).
+//! Run 9 of `gemm-bench`, the autotuned pick against the autotuned
+//! cuBLASLt over the 161 whole and chunk GEMMs of `suites/llama3.toml`:
+//! geomean 0.986, worst 1.109, chunk shapes together 0.982; 8192³ at
+//! cuBLASLt's speed (643 against 642 TFLOP/s on this power-limited GPU).
+//! Hooks 3-6 cost +2.2% at 8192³ (ping-pong), +4.1% at 2048 × 14336 × 4096
+//! (ping-pong), +5.0% at 1024 × 4096 × 7168 (cooperative with tensor maps;
+//! the last tile's signal is exposed there).
 //!
 //! # Not done
 //! Clusters of 2 with TMA multicast and stream-K instead of split-K for
