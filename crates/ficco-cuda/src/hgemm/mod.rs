@@ -284,8 +284,9 @@ pub enum TileN {
     /// k16 step), the two warpgroups taking the CTA's tiles in turn, so
     /// that one's epilogue runs under the other's main loop. For many tiles
     /// of short K, where the cooperative tiles' epilogue leaves the tensor
-    /// cores idle. Every hook, no K split; not picked by [`auto_schedule`]
-    /// (the tuner and `gemm-bench` time it).
+    /// cores idle. Every hook, no K split; [`auto_schedule`] picks it from
+    /// [`PINGPONG_MIN_WAVES`] waves of tiles on, the tuner and `gemm-bench`
+    /// time it on every shape.
     Pp128,
     /// 64 × 128 tiles for small M (entry `ficco_hgemm_n128_m64`): as
     /// [`TileN::M64N256`], the warpgroups 64 × 64 each (wgmma m64n64k16).
@@ -310,7 +311,7 @@ impl TileN {
         }
     }
     /// The tile's name in tables and the tune cache: "256", "128",
-    /// "64x256", "128pp".
+    /// "64x256", "128pp", "64x128".
     pub const fn label(self) -> &'static str {
         match self {
             TileN::N256 => "256",
