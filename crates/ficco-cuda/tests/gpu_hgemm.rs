@@ -172,6 +172,20 @@ fn run(ctx: &Arc<CudaContext>, g: &HopperGemm, args: &GemmArgs) {
     stream.synchronize().expect("sync (kernel fault?)");
 }
 
+/// A destination table of `blocks` blocks of `rows` rows: odd blocks go to
+/// `dst` (at the block's own rows, `ldd` elements apart), even ones stay in C (0).
+fn odd_blocks_to(dst: &DeviceBuffer, blocks: usize, rows: usize, ldd: usize) -> Vec<u64> {
+    (0..blocks)
+        .map(|b| {
+            if b % 2 == 1 {
+                dst.ptr().raw() + (b * rows * ldd * 2) as u64
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
 /// The m × n view of C (ldc) as f32.
 fn view(c: &[u16], m: usize, n: usize, ld: usize) -> Vec<f32> {
     (0..m)
@@ -493,16 +507,7 @@ fn hook6_destination_table() {
         let ldd = n + 24;
         let x = rand(m * ldd, 77);
         let dst = upload(ctx, &x);
-        // Odd blocks go to dst (at the block's own rows), even ones stay in C.
-        let table: Vec<u64> = (0..blocks)
-            .map(|b| {
-                if b % 2 == 1 {
-                    dst.ptr().raw() + (b * rows * ldd * 2) as u64
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let table = odd_blocks_to(&dst, blocks, rows, ldd);
         let tbl = upload_u64(ctx, &table);
         run(
             ctx,
@@ -564,15 +569,7 @@ fn staged_epilogue_matches_register_epilogue() {
     let ldd = n + 4;
     let x = rand(m * ldd, 78);
     let dst = upload(ctx, &x);
-    let table: Vec<u64> = (0..blocks)
-        .map(|b| {
-            if b % 2 == 1 {
-                dst.ptr().raw() + (b * rows * ldd * 2) as u64
-            } else {
-                0
-            }
-        })
-        .collect();
+    let table = odd_blocks_to(&dst, blocks, rows, ldd);
     let tbl = upload_u64(ctx, &table);
     let counters = upload_u32(ctx, &vec![0u32; blocks]);
     for tile in [TileN::N256, TileN::N128] {
@@ -646,15 +643,7 @@ fn dest_maps_match_staged_epilogue() {
     let ldd = n + 8;
     let x = rand(m * ldd, 80);
     let dst = upload(ctx, &x);
-    let table: Vec<u64> = (0..blocks)
-        .map(|b| {
-            if b % 2 == 1 {
-                dst.ptr().raw() + (b * rows * ldd * 2) as u64
-            } else {
-                0
-            }
-        })
-        .collect();
+    let table = odd_blocks_to(&dst, blocks, rows, ldd);
     let tbl = upload_u64(ctx, &table);
     let maps = g
         .dest_maps(&table, ldd, rows as u32, m, n, d.args.c, p.ldc)
@@ -810,15 +799,7 @@ fn pingpong_matches_cooperative_tile() {
         let ldd = n + 8;
         let x = rand(m * ldd, 79 + i as u64);
         let dst = upload(ctx, &x);
-        let table: Vec<u64> = (0..blocks)
-            .map(|b| {
-                if b % 2 == 1 {
-                    dst.ptr().raw() + (b * rows * ldd * 2) as u64
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let table = odd_blocks_to(&dst, blocks, rows, ldd);
         let tbl = upload_u64(ctx, &table);
         let counters = upload_u32(ctx, &vec![0u32; blocks]);
         let flags = upload_u32(ctx, &vec![9u32; blocks]);

@@ -105,17 +105,20 @@ const ROUNDS: usize = 4;
 const SHORT_ROUNDS: usize = 12;
 const SHORT_MS: f32 = 0.2;
 
+/// The median of unsorted times.
+fn median_of(t: &[f32]) -> f32 {
+    let mut t = t.to_vec();
+    t.sort_by(f32::total_cmp);
+    median(&t)
+}
+
 /// The smallest median over the candidates that ran (infinity if none).
 fn fastest_median(times: &[Vec<f32>], failed: &[bool]) -> f32 {
     times
         .iter()
         .zip(failed)
         .filter(|(t, &f)| !f && !t.is_empty())
-        .map(|(t, _)| {
-            let mut t = t.clone();
-            t.sort_by(f32::total_cmp);
-            median(&t)
-        })
+        .map(|(t, _)| median_of(t))
         .fold(f32::INFINITY, f32::min)
 }
 /// Elements of the random block that fills every scratch operand, repeated
@@ -391,13 +394,10 @@ impl HopperGemm {
             .map_err(crate::error::drv("cuStreamSynchronize"))?;
         let best = cands
             .iter()
-            .zip(times.iter_mut())
+            .zip(&times)
             .zip(&failed)
             .filter(|(_, &f)| !f)
-            .map(|((&s, t), _)| {
-                t.sort_by(f32::total_cmp);
-                (s, median(t))
-            })
+            .map(|((&s, t), _)| (s, median_of(t)))
             .filter(|(_, ms)| ms.is_finite() && *ms > 0.0)
             .min_by(|x, y| x.1.total_cmp(&y.1));
         let Some((s, _)) = best else {
