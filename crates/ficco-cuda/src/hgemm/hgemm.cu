@@ -263,7 +263,17 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
 // (their stores done by the whole warpgroup before a named barrier) towards
 // every signal block it overlaps; the last arrival of a block resets its
 // ticket and increments the user's counter with a system-scope release.
-// One fence publishes every half.
+//
+// Only that last release needs system scope. Each arrival's ticket atomic
+// is a GPU-scope release of this warpgroup's stores (the barrier orders
+// them before it), and the last arrival acquires the earlier ones' with a
+// GPU-scope fence; every arrival is on this GPU, so those pairs
+// synchronize, and causality is transitive:
+// the last arrival's system-scope release then publishes every arrival's
+// stores, those to a peer's memory (destination hook) too, to whoever
+// acquires the counter (a stream memory operation, a copy engine, a peer).
+// So the chain at the end of the kernel is one GPU-scope atomic and one
+// system-scope release, not two system-scope fences.
 static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
   if (p.tma_store & 1) {
     // This thread issued the half tile's TMA stores (modes 1 and 3): wait
@@ -271,14 +281,6 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 ha
     // release below.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     asm volatile("fence.proxy.async.global;" ::: "memory");
-  }
-  // The stores are published at GPU scope (the counter's readers, stream
-  // memory operations and copy engines, read this GPU's memory through its
-  // L2), at system scope when the destination hook may have written to a peer.
-  if (p.dest_table != 0) {
-    asm volatile("fence.acq_rel.sys;" ::: "memory");
-  } else {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
   for (u32 h = 0; h < halves; ++h, rlo += 64) {
     if (rlo >= p.m) break;
@@ -288,11 +290,11 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 ha
       const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
       const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
       const u64 tk = p.sig_tickets + 4ull * b;
-      // Relaxed: the fence above releases this warpgroup's stores; the last
-      // arrival acquires the others' with a fence of its own.
       u32 old;
-      asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+      asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
       if (old + 1 == target) {
+        // Acquire only here: an acquire invalidates the SM's L1, which the
+        // other warpgroup may be using (prep_dest).
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
         asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
@@ -354,6 +356,39 @@ static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u3
   }
 }
 
+// Hook 6, ahead of the epilogue (called halfway through a unit's main
+// loop, while the wgmma of earlier k-blocks run): in mode 3 the thread that
+// will store the `HALVES` half tiles from row `rbase` (lt 0) acquires their
+// blocks' tensor maps (written by the host: the tensormap proxy must
+// acquire them; earlier stores have long read their staging by then); in
+// mode 2 each thread pulls the table entries of its rows into L1, so that
+// the epilogue does not wait on them.
+template <int HALVES>
+static __device__ __forceinline__ void prep_dest(const Params& p, u32 rbase, u32 lt) {
+  if (p.tma_store == 3) {
+    if (lt != 0) return;
+#pragma unroll
+    for (int hf = 0; hf < HALVES; ++hf) {
+      const u32 row = rbase + 64u * hf;
+      if (row < p.m) tmap_acquire((const TMap*)p.dest_maps + row / p.dest_rows);
+    }
+  } else if (p.tma_store == 2) {
+#pragma unroll
+    for (int hf = 0; hf < HALVES; ++hf) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const u32 row = rbase + 64u * hf + lt / 8 + 16 * i;
+        if (row < p.m) {
+          u64 v;
+          asm volatile("ld.global.nc.u64 %0, [%1];"
+                       : "=l"(v)
+                       : "l"(p.dest_table + 8ull * (row / p.dest_rows)));
+        }
+      }
+    }
+  }
+}
+
 // The epilogue of `HALVES` 64-row halves of one warpgroup's accumulators:
 // half h is rows rbase + 64 h (accumulators d + h WN / 2, staging
 // wst + h 64 WN 2 bytes), columns cbase0 ... cbase0 + WN - 1. Mode
@@ -396,8 +431,7 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
       if (lt == 0) {
         // Mode 1: C's map at the tile's rows. Mode 3: the destination
         // block's map at the rows within the block (a 64-row half lies in
-        // one block: the host requires dest_rows % 64 == 0); the maps were
-        // written by the host, so the tensormap proxy acquires them first.
+        // one block: the host requires dest_rows % 64 == 0).
         const TMap* hm[HALVES];
         int hy[HALVES];
 #pragma unroll
@@ -406,10 +440,10 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
           hm[hf] = cm;
           hy[hf] = (int)row;
           if (p.tma_store == 3 && row < p.m) {
+            // (Acquired by prep_dest during the main loop.)
             const u32 b = row / p.dest_rows;
             hm[hf] = (const TMap*)p.dest_maps + b;
             hy[hf] = (int)(row - b * p.dest_rows);
-            tmap_acquire(hm[hf]);
           }
         }
 #pragma unroll
@@ -591,27 +625,58 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           tile_coords(p, t, mb, nb);
         }
         const u32 m0 = mb * TBM, n0 = nb * BN;
+        u32 kb = kb0;
         if (p.wait_flags != 0) {
           // Hook 4: wait until every flag covering this tile's A rows reached
           // the epoch. A flag seen ready stays ready for the launch: the
           // first 64 are remembered, so later tiles of those rows skip the
-          // load and the fence (the loads after the first fence stay ordered
-          // after it).
-          u32 last = m0 + TBM < p.m ? m0 + TBM : p.m;
-          bool waited = false;
-          for (u32 f = m0 / p.wait_rows; f <= (last - 1) / p.wait_rows; ++f) {
-            if (f < 64 && ((wait_ready >> f) & 1)) continue;
-            while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
-              __nanosleep(128);
+          // load and the fence.
+          const u32 f0 = m0 / p.wait_rows;
+          const u32 f1 = ((m0 + TBM < p.m ? m0 + TBM : p.m) - 1) / p.wait_rows;
+          bool ready = true;
+          for (u32 f = f0; f <= f1 && ready; ++f) ready = f < 64 && ((wait_ready >> f) & 1);
+          if (!ready) {
+            // B does not depend on the flags: the first stages' B loads go
+            // out before the spin (reserving those stages), their A loads
+            // after it, so the flag's round trip overlaps B's.
+            const u32 pre = kb1 - kb0 < p.stages ? kb1 - kb0 : p.stages;
+            u32 s = stage, ph = phase;
+            for (u32 i = 0; i < pre; ++i) {
+              mbar_wait(empty + 8 * s, ph ^ 1);
+              const u32 fb = full + 8 * s;
+              mbar_expect_tx(fb, STAGE_BYTES);
+              const u32 sa = base + s * STAGE_BYTES;
+#pragma unroll
+              for (u32 j = 0; j < BN / 64; ++j) {
+                tma_load_2d(sa + STAGE_AT + j * (64 * BK * 2), bm, fb, (int)(n0 + 64 * j),
+                            (int)((kb0 + i) * BK));
+              }
+              if (++s == p.stages) {
+                s = 0;
+                ph ^= 1;
+              }
             }
-            if (f < 64) wait_ready |= 1ull << f;
-            waited = true;
+            for (u32 f = f0; f <= f1; ++f) {
+              if (f < 64 && ((wait_ready >> f) & 1)) continue;
+              while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
+                __nanosleep(128);
+              }
+              if (f < 64) wait_ready |= 1ull << f;
+            }
+            // The flag's writer published A through the generic proxy; TMA
+            // reads through the async proxy.
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            for (u32 i = 0; i < pre; ++i, ++kb) {
+              tma_load_2d(base + stage * STAGE_BYTES, am, full + 8 * stage, (int)(kb * BK),
+                          (int)m0);
+              if (++stage == p.stages) {
+                stage = 0;
+                phase ^= 1;
+              }
+            }
           }
-          // The flag's writer published A through the generic proxy; TMA reads
-          // through the async proxy.
-          if (waited) asm volatile("fence.proxy.async.global;" ::: "memory");
         }
-        for (u32 kb = kb0; kb < kb1; ++kb) {
+        for (; kb < kb1; ++kb) {
           mbar_wait(empty + 8 * stage, phase ^ 1);
           const u32 fb = full + 8 * stage;
           mbar_expect_tx(fb, STAGE_BYTES);
@@ -660,6 +725,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           wgmma_128(d + BN / 2, desc(sa + 64 * BK * 2 + ks * 32, 16, 1024), db);
         }
         wgmma_commit();
+        if (p.dest_table != 0 && kb == nk / 2) prep_dest<2>(p, m0, lt);
         if (kb > 0) {
           wgmma_wait<1>();
           if (lt == 0) mbar_arrive(empty + 8 * prev);
@@ -746,6 +812,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           if (lt == 0) signal_half(p, pend);
           pend = NONE;
         }
+        if (p.dest_table != 0 && kb == kb0 + (kb1 - kb0) / 2) prep_dest<1>(p, rbase, lt);
         if (kb > kb0) {
           wgmma_wait<1>();
           if (lt == 0) mbar_arrive(empty + 8 * prev);

@@ -79,10 +79,10 @@
 //!    `red.release.sys.global.add.u32` on `counters[b]`. Arrivals are counted in
 //!    an internal ticket array that the last arrival resets, so launches that
 //!    use the signal hook on one [`HopperGemm`] must be stream-ordered. Each
-//!    half tile publishes its stores with a GPU-scope fence (the counter's
-//!    readers, stream memory operations and copy engines, read this GPU's
-//!    memory through its L2), a system-scope one when the destination hook
-//!    is on (stores may have gone to a peer).
+//!    half tile counts itself with a GPU-scope acq_rel atomic (all arrivals
+//!    are on this GPU); only the last arrival's counter increment is a
+//!    system-scope release, which publishes every arrival's stores, those to
+//!    a peer (destination hook) too, as causality order is transitive.
 //! 6. Destination ([`DestHook`]): rows of block b go through `table[b]`
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
