@@ -120,8 +120,17 @@ pub fn run(args: GemmBenchArgs) -> Result<()> {
             Event::Loaded {
                 device,
                 sms,
+                clusters,
                 compile,
-            } => bench::table_header(device, sms, compile, shapes.len(), &suite_name, cfg),
+            } => bench::table_header(
+                device,
+                sms,
+                clusters,
+                compile,
+                shapes.len(),
+                &suite_name,
+                cfg,
+            ),
             Event::Row(i, n, r) => {
                 if !table {
                     eprintln!("[{}/{n}] {}x{}x{}", i + 1, r.m, r.n, r.k);

@@ -720,30 +720,22 @@ fn dest_maps_match_staged_epilogue() {
     }
 }
 
-/// The ping-pong tile ([`TileN::Pp128`]) writes exactly what the cooperative
-/// narrow tile writes (same wgmma per 64 rows, same k order), to the same
-/// places, with every hook and epilogue: grids where a CTA runs one, an odd
-/// or many tiles (the two consumer warpgroups alternate), fewer k-blocks
-/// than stages, M/N/K residues, C rows off 16-byte boundaries, accumulate,
-/// the destination hook (overwrite and add), the signal hook (every block
-/// counted once per launch), the wait hook (flags set) and the start block.
-#[test]
-fn pingpong_matches_cooperative_tile() {
-    let Some(guard) = gpu() else { return };
-    let (ctx, g) = (&guard.0, &guard.1);
-    struct Case {
-        m: usize,
-        n: usize,
-        k: usize,
-        ldc_pad: usize,
-        sm_budget: Option<u32>,
-        stages: u32,
-        accumulate: bool,
-        hooked: bool,
-        add: bool,
-        register_epilogue: bool,
-    }
-    let case = |m, n, k, ldc_pad, sm_budget| Case {
+/// One case of [`same_as_tile`].
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    ldc_pad: usize,
+    sm_budget: Option<u32>,
+    stages: u32,
+    accumulate: bool,
+    hooked: bool,
+    add: bool,
+    register_epilogue: bool,
+}
+
+fn case(m: usize, n: usize, k: usize, ldc_pad: usize, sm_budget: Option<u32>) -> Case {
+    Case {
         m,
         n,
         k,
@@ -754,8 +746,17 @@ fn pingpong_matches_cooperative_tile() {
         hooked: false,
         add: false,
         register_epilogue: false,
-    };
-    let cases = [
+    }
+}
+
+/// The cases the ping-pong and cluster tiles are checked on: grids where a
+/// CTA (or cluster) runs one, an odd or many tiles (one SM: two for a cluster), fewer k-blocks than
+/// stages, M/N/K residues (odd M-block counts), C rows off 16-byte
+/// boundaries, accumulate, and the hooks: start block, signal, destination
+/// (overwrite, add, register epilogue) and wait (flags set) where `tile`
+/// takes it.
+fn tile_cases() -> Vec<Case> {
+    vec![
         case(128, 128, 64, 0, None),
         case(1000, 520, 200, 0, Some(3)),
         case(1000, 520, 1000, 8, Some(7)),
@@ -789,8 +790,14 @@ fn pingpong_matches_cooperative_tile() {
             register_epilogue: true,
             ..case(1000, 520, 320, 0, Some(5))
         },
-    ];
-    for (i, c) in cases.iter().enumerate() {
+    ]
+}
+
+/// `tile` writes exactly what `base` writes (same wgmma per 64 rows, same k
+/// order), to the same places, on every case of [`tile_cases`]; the signal
+/// hook counts every block once per launch.
+fn same_as_tile(ctx: &Arc<CudaContext>, g: &HopperGemm, base: TileN, tile: TileN) {
+    for (i, c) in tile_cases().iter().enumerate() {
         let (m, n, k) = (c.m, c.n, c.k);
         let p = Problem::new(m, n, k, (0, 0, c.ldc_pad), 300 + i as u64);
         let d = device(ctx, &p);
@@ -805,7 +812,7 @@ fn pingpong_matches_cooperative_tile() {
         let flags = upload_u32(ctx, &vec![9u32; blocks]);
         let c0 = rand(m * p.ldc, 500 + i as u64);
         let mut outs = vec![];
-        for tile in [TileN::N128, TileN::Pp128] {
+        for t in [base, tile] {
             let init = if c.accumulate {
                 c0.clone()
             } else {
@@ -815,9 +822,10 @@ fn pingpong_matches_cooperative_tile() {
             dst.upload(&to_bytes(&x)).expect("reset dst");
             counters.upload(&vec![0u8; blocks * 4]).expect("reset");
             let mut hooks = Hooks {
-                tile_n: Some(tile),
+                tile_n: Some(t),
                 split_k: Some(1),
-                sm_budget: c.sm_budget,
+                // (A cluster needs two SMs; the output does not depend on the grid.)
+                sm_budget: c.sm_budget.map(|b| b.max(t.cluster())),
                 register_epilogue: c.register_epilogue,
                 occupancy: Occupancy {
                     stages: c.stages,
@@ -827,11 +835,14 @@ fn pingpong_matches_cooperative_tile() {
             };
             if c.hooked {
                 hooks.m_start_block = 3;
-                hooks.wait = Some(WaitHook {
-                    flags: DevPtr::new(flags.ptr().raw()),
-                    rows_per_flag: rows as u32,
-                    epoch: 9,
-                });
+                // (Cluster tiles refuse the wait hook.)
+                if tile.cluster() == 1 {
+                    hooks.wait = Some(WaitHook {
+                        flags: DevPtr::new(flags.ptr().raw()),
+                        rows_per_flag: rows as u32,
+                        epoch: 9,
+                    });
+                }
                 hooks.signal = Some(SignalHook {
                     counters: DevPtr::new(counters.ptr().raw()),
                     rows_per_counter: rows as u32,
@@ -855,27 +866,81 @@ fn pingpong_matches_cooperative_tile() {
                 let counts = download_u32(&counters, blocks);
                 assert!(
                     counts.iter().all(|&x| x == 1),
-                    "{tile:?} case {i}: counters {counts:?}"
+                    "{t:?} case {i}: counters {counts:?}"
                 );
             }
             outs.push((shape, download(&d.c, m * p.ldc), download(&dst, m * ldd)));
         }
-        let (coop, pp) = (&outs[0], &outs[1]);
-        let dc = coop.1.iter().zip(&pp.1).filter(|(a, b)| a != b).count();
-        let dd = coop.2.iter().zip(&pp.2).filter(|(a, b)| a != b).count();
+        let (one, two) = (&outs[0], &outs[1]);
+        let dc = one.1.iter().zip(&two.1).filter(|(a, b)| a != b).count();
+        let dd = one.2.iter().zip(&two.2).filter(|(a, b)| a != b).count();
         eprintln!(
-            "hgemm ping-pong case {i} {m}x{n}x{k} ldc {} grid {} stages {} tma {} staged {} acc {} hooked {} add {}: {dc} C and {dd} dst elements differ from N128",
-            p.ldc, pp.0.grid, pp.0.stages, pp.0.tma_store, pp.0.staged, c.accumulate, c.hooked, c.add
+            "hgemm {tile:?} case {i} {m}x{n}x{k} ldc {} grid {} stages {} tma {} staged {} acc {} hooked {} add {}: {dc} C and {dd} dst elements differ from {base:?}",
+            p.ldc, two.0.grid, two.0.stages, two.0.tma_store, two.0.staged, c.accumulate, c.hooked, c.add
         );
-        assert_eq!((dc, dd), (0, 0), "case {i}");
-        assert!(padding_untouched(&pp.1, m, n, p.ldc) || c.accumulate);
-        // (The host reference of the largest case would take a while; N128
-        // is checked against it elsewhere.)
+        assert_eq!((dc, dd), (0, 0), "{tile:?} case {i}");
+        assert!(padding_untouched(&two.1, m, n, p.ldc) || c.accumulate);
+        // (The host reference of the largest case would take a while; the
+        // base tile is checked against it elsewhere.)
         if !c.hooked && !c.accumulate && m * n * k <= 1 << 32 {
-            let err = rel_err(&view(&pp.1, m, n, p.ldc), &p.reference());
-            assert!(err < 1e-2, "case {i}: rel err {err}");
+            let err = rel_err(&view(&two.1, m, n, p.ldc), &p.reference());
+            assert!(err < 1e-2, "{tile:?} case {i}: rel err {err}");
         }
     }
+}
+
+/// The ping-pong tile ([`TileN::Pp128`]) writes exactly what the cooperative
+/// narrow tile writes on every case of [`tile_cases`] (its two consumer
+/// warpgroups alternate tiles).
+#[test]
+fn pingpong_matches_cooperative_tile() {
+    let Some(guard) = gpu() else { return };
+    same_as_tile(&guard.0, &guard.1, TileN::N128, TileN::Pp128);
+}
+
+/// The cluster tiles ([`TileN::N256C2`], [`TileN::Pp128C2`]: pairs of CTAs
+/// sharing B by TMA multicast) write exactly what their single-CTA tiles
+/// write on every case of [`tile_cases`]: odd M-block counts leave the last
+/// pair's second CTA without rows, odd SM budgets round the grid down to
+/// whole clusters. Their grid is even, and they refuse the wait hook.
+#[test]
+fn cluster_tiles_match_single_cta_tiles() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    same_as_tile(ctx, g, TileN::N256, TileN::N256C2);
+    same_as_tile(ctx, g, TileN::Pp128, TileN::Pp128C2);
+    let p = Problem::new(1000, 520, 320, (0, 0, 0), 9);
+    let d = device(ctx, &p);
+    for budget in [None, Some(7), Some(2)] {
+        let args = GemmArgs {
+            hooks: Hooks {
+                tile_n: Some(TileN::N256C2),
+                sm_budget: budget,
+                ..Hooks::default()
+            },
+            ..d.args
+        };
+        let grid = g.shape(&args).expect("shape").grid;
+        assert!(
+            grid % 2 == 0 && grid <= budget.unwrap_or(g.sms()),
+            "grid {grid}"
+        );
+    }
+    let flags = upload_u32(ctx, &[1u32; 8]);
+    let waited = GemmArgs {
+        hooks: Hooks {
+            tile_n: Some(TileN::Pp128C2),
+            wait: Some(WaitHook {
+                flags: DevPtr::new(flags.ptr().raw()),
+                rows_per_flag: 128,
+                epoch: 1,
+            }),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    let err = g.shape(&waited).expect_err("wait hook refused").to_string();
+    assert!(err.contains("wait hook"), "{err}");
 }
 
 /// [`Hooks::split_tail_only`]: full waves run whole tiles, the last wave's

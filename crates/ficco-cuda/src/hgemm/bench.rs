@@ -176,7 +176,9 @@ pub fn schedule_label((tile, splits, tail): Schedule) -> String {
 /// tiles split 2 to 16 ways (at most 2 waves of split units). The 64-row
 /// tiles ([`TileN::M64N256`], [`TileN::M64N128`]) are candidates too where M ≤ 1024 leaves the
 /// last 128-row block at most half full (M = 64, 192, ...) or M ≤ 512. The ping-pong
-/// tile ([`TileN::Pp128`], never split) is a candidate on every shape.
+/// tile ([`TileN::Pp128`], never split) is a candidate on every shape, and
+/// the cluster tiles ([`TileN::N256C2`], [`TileN::Pp128C2`], never split)
+/// on every shape of at least two M-blocks.
 pub fn schedule_variants(
     m: usize,
     n: usize,
@@ -191,8 +193,14 @@ pub fn schedule_variants(
     // 64-row tiles where the last 128-row block is at most half full, or the
     // GEMM is so skinny (≤ 4 M-blocks) that twice the tiles fill the grid better.
     let short_m = m <= 1024 && ((rem > 0 && rem <= 64) || m <= 512);
-    if chosen != (TileN::Pp128, 1, false) {
-        out.push((TileN::Pp128, 1, false));
+    let mut whole = vec![TileN::Pp128];
+    if m > BLOCK_M {
+        whole.extend([TileN::N256C2, TileN::Pp128C2]);
+    }
+    for tile in whole {
+        if chosen != (tile, 1, false) {
+            out.push((tile, 1, false));
+        }
     }
     let tiles_of = [TileN::N256, TileN::N128, TileN::M64N256, TileN::M64N128];
     for tile in tiles_of.into_iter().filter(|&t| !t.is_m64() || short_m) {
@@ -273,6 +281,8 @@ pub struct Summary {
 pub struct Report {
     pub device: String,
     pub sms: u32,
+    /// Clusters of 2 CTAs resident at once (the cluster tiles' grid).
+    pub clusters: u32,
     /// Obtaining ficco's cubin: compile time (or disk-cache read) and hit or miss.
     pub compile: super::CompileInfo,
     pub config: BenchConfig,
@@ -976,6 +986,8 @@ pub enum Event<'a> {
     Loaded {
         device: &'a str,
         sms: u32,
+        /// Clusters of 2 resident at once (the cluster tiles' grid).
+        clusters: u32,
         compile: &'a super::CompileInfo,
     },
     /// One shape measured (index, count).
@@ -999,9 +1011,11 @@ pub fn run(
     let mut bench = Bench::new(&ctx, cfg)?;
     let compile = bench.gemm().compile_info().clone();
     let sms = bench.gemm().sms();
+    let clusters = bench.gemm().max_clusters();
     on(Event::Loaded {
         device: &name,
         sms,
+        clusters,
         compile: &compile,
     });
     let mut rows = Vec::with_capacity(shapes.len());
@@ -1021,6 +1035,7 @@ pub fn run(
     Ok(Report {
         device: name,
         sms,
+        clusters,
         compile,
         config: cfg,
         suite: suite.to_string(),
@@ -1109,6 +1124,7 @@ pub fn summarize(rows: &[ShapeRow]) -> Summary {
 pub fn table_header(
     device: &str,
     sms: u32,
+    clusters: u32,
     compile: &super::CompileInfo,
     shapes: usize,
     suite: &str,
@@ -1116,7 +1132,7 @@ pub fn table_header(
 ) -> String {
     let mut s = format!(
         "# ficco gemm-bench: ficco's Hopper GEMM vs cuBLASLt (autotuned, as the executor runs it) vs cuBLASLt (default heuristic)\n\
-         # device: {device}, {sms} SMs; ficco cubin: {:.1} ms ({}), NVRTC {}.{}\n\
+         # device: {device}, {sms} SMs, {clusters} clusters of 2 resident; ficco cubin: {:.1} ms ({}), NVRTC {}.{}\n\
          # {shapes} shapes: 8192^3 and every whole and chunk GEMM of {suite}; bf16 in, f32 accumulate, bf16 out\n\
          # time: median of {} after {} warm-up, engines interleaved; ratio = ficco time / cuBLASLt time (< 1: ficco faster)\n\
          # err: relative L2 error vs autotuned cuBLASLt on fresh random data, outputs poisoned with NaN first\n",
@@ -1305,6 +1321,7 @@ pub fn table(r: &Report) -> String {
     let mut t = table_header(
         &r.device,
         r.sms,
+        r.clusters,
         &r.compile,
         r.rows.len(),
         &r.suite,
@@ -1566,6 +1583,7 @@ mod tests {
         let report = Report {
             device: "NVIDIA H200".into(),
             sms: 132,
+            clusters: 66,
             compile: super::super::CompileInfo {
                 ms: 10.4,
                 cache: super::super::CacheOutcome::Hit,
@@ -1580,7 +1598,7 @@ mod tests {
         };
         let t = table(&report);
         for want in [
-            "# device: NVIDIA H200, 132 SMs; ficco cubin: 10.4 ms (disk cache hit), NVRTC 13.0",
+            "# device: NVIDIA H200, 132 SMs, 66 clusters of 2 resident; ficco cubin: 10.4 ms (disk cache hit), NVRTC 13.0",
             "  8192   8192   8192      square   256/1",
             "   1.5000   733.0    1.6000   687.2",
             "8192^3 (+2)",

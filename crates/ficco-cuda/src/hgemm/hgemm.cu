@@ -111,6 +111,40 @@ static __device__ __forceinline__ void tma_load_2d(u32 dst, const TMap* map, u32
       : "memory");
 }
 
+// The same load multicast to the CTAs of `mask` in the cluster: the box
+// lands at offset `dst` of each one's shared memory and completes bytes on
+// the mbarrier at offset `bar` of each.
+static __device__ __forceinline__ void tma_load_2d_mc(u32 dst, const TMap* map, u32 bar, int c0,
+                                                      int c1, u16 mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+// Arrives on the mbarrier at offset `bar` of cluster CTA `cta`'s shared memory.
+static __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
+  asm volatile(
+      "{ .reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "}" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+static __device__ __forceinline__ u32 cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of the cluster (all of both CTAs) meets here.
+static __device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
 // 2-D TMA tile store from shared memory (bulk group of the issuing thread).
 static __device__ __forceinline__ void tma_store_2d(const TMap* map, u32 src, int c0, int c1) {
   asm volatile(
@@ -221,6 +255,54 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
   nb = r / gs;
   mb = ml + p.tile_start;
   if (mb >= p.tiles_m) mb -= p.tiles_m;
+}
+
+// Clusters of 2 (CL): unit t is a pair of M-blocks (2 q, 2 q + 1) of one
+// N-block, walked as tile_coords walks M-blocks (groups of group_m / 2
+// pairs), and cluster CTA `crank` takes M-block 2 q + crank, rotated like
+// tile_coords. With an odd number of M-blocks the last pair's second has
+// no rows: mb = tiles_m, whose loads read zeros (TMA fills out-of-bounds
+// boxes) and whose epilogue and hooks skip every row (all >= M).
+static __device__ __forceinline__ void pair_coords(const Params& p, u32 t, u32 crank, u32& mb,
+                                                   u32& nb) {
+  const u32 pairs = (p.tiles_m + 1) / 2;
+  const u32 gm = p.group_m / 2 > 0 ? p.group_m / 2 : 1;
+  const u32 per_group = gm * p.tiles_n;
+  const u32 g = t / per_group;
+  const u32 first = g * gm;
+  u32 gs = pairs - first;
+  if (gs > gm) gs = gm;
+  const u32 r = t - g * per_group;
+  const u32 ml = 2 * (first + r % gs) + crank;
+  nb = r / gs;
+  if (ml >= p.tiles_m) {
+    mb = p.tiles_m;
+    return;
+  }
+  mb = ml + p.tile_start;
+  if (mb >= p.tiles_m) mb -= p.tiles_m;
+}
+
+// Loads k-block kb of B (BK x BN at column n0) into stage B at `sb`,
+// completing on `fb`. In a cluster of 2 (CL) each CTA loads half of the
+// 64-column boxes and multicasts them to both: the pair shares its N-block.
+template <int BN, bool CL>
+static __device__ __forceinline__ void load_b(u32 sb, const TMap* bm, u32 fb, u32 n0, u32 kb,
+                                              u32 crank) {
+  if constexpr (CL) {
+    constexpr u32 HALF = BN / 128;  // boxes per CTA
+#pragma unroll
+    for (u32 j = 0; j < HALF; ++j) {
+      const u32 jj = crank * HALF + j;
+      tma_load_2d_mc(sb + jj * (64 * BK * 2), bm, fb, (int)(n0 + 64 * jj), (int)(kb * BK),
+                     (u16)3);
+    }
+  } else {
+#pragma unroll
+    for (u32 j = 0; j < BN / 64; ++j) {
+      tma_load_2d(sb + j * (64 * BK * 2), bm, fb, (int)(n0 + 64 * j), (int)(kb * BK));
+    }
+  }
 }
 
 // Grouped mode: global tile t -> (group g, M-block, N-block of that group).
@@ -540,6 +622,14 @@ static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u
   kb1 = (sp + 1) * nk / ns;
 }
 
+// A consumer is done reading a stage: arrive on its empty barrier, and in a
+// cluster (CL) on the peer CTA's too (its multicasts fill this stage here).
+template <bool CL>
+static __device__ __forceinline__ void release_stage(u32 bar, u32 crank) {
+  mbar_arrive(bar);
+  if constexpr (CL) mbar_arrive_cluster(bar, crank ^ 1u);
+}
+
 // M64: 64-row tiles (for small M); the two consumer warpgroups split the
 // tile's BN columns instead of its rows (each 64 x BN/2). Hooks that assume
 // 128-row blocks are off in this mode (checked by the host).
@@ -555,7 +645,16 @@ static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u
 // may start once tile i's last k-block is issued), which also keeps every
 // parity wait at most one phase ahead of its barrier. The host allows every
 // hook but no K split.
-template <int BN, bool M64, bool GROUPED = false, bool PP = false>
+// CL: clusters of 2 CTAs along M (compile-time cluster dims, so the grid is
+// even). The two take the two M-blocks of a pair of tiles of one N-block
+// (pair_coords) and share its B: each loads half of every B stage and
+// multicasts it to both (load_b). A stage is refilled only once both CTAs'
+// consumers have released it, so each consumer arrives on its own CTA's
+// empty barrier and on the peer's (their counts double). Every CTA of a
+// cluster walks the same units, so their rings stay in step. No K split
+// and no wait hook (the host refuses both): a CTA whose rows are ready could
+// otherwise stall behind its peer's flag.
+template <int BN, bool M64, bool GROUPED = false, bool PP = false, bool CL = false>
 static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& bmap,
                                                   const TMap& cmap, const Params& p,
                                                   const GroupTable* gt = nullptr) {
@@ -575,8 +674,13 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
   const u32 empty = full + 8 * p.stages;           // stages x u64
   const u32 tid = thread_x();
   const u32 wg = tid / 128;
-  const u32 tiles = p.tiles_m * p.tiles_n;
+  const u32 tiles = (CL ? (p.tiles_m + 1) / 2 : p.tiles_m) * p.tiles_n;
   const u32 units = p.dp_tiles + (tiles - p.dp_tiles) * p.splits;
+  // A cluster walks units as one CTA would: the first is its index, the
+  // step the number of clusters.
+  const u32 crank = CL ? cluster_ctarank() : 0u;
+  const u32 ufirst = CL ? blockIdx.x / 2 : blockIdx.x;
+  const u32 ustep = CL ? gridDim.x / 2 : gridDim.x;
   const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
   const u32 turn = flag_slot + 8;                  // ping-pong: 2 x u64, one per consumer
   const u32 nk = (p.k + BK - 1) / BK;
@@ -584,7 +688,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
   if (tid == 0) {
     for (u32 s = 0; s < p.stages; ++s) {
       mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, PP ? 1 : 2);
+      mbar_init(empty + 8 * s, (PP ? 1 : 2) * (CL ? 2 : 1));
     }
     if (PP) {
       mbar_init(turn, 1);
@@ -592,7 +696,13 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  // The peer's barriers must be initialized before this CTA's loads and
+  // arrivals reach them.
+  if constexpr (CL) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   if (wg == 0) {
     // Producer warpgroup: one thread issues every TMA load.
@@ -606,7 +716,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       u32 stage = 0, phase = 0;
       u32 grp = 0, fenced = 0xffffffffu;  // grouped mode: current and acquired group
       u64 wait_ready = 0;  // hook 4: flags 0..63 already seen at the epoch
-      for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
+      for (u32 u = ufirst; u < units; u += ustep) {
         u32 t, sp, ns, kb0, kb1;
         unit_of(p, u, nk, t, sp, ns, kb0, kb1);
         u32 mb, nb;
@@ -621,6 +731,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
             tmap_acquire(bm);
             fenced = grp;
           }
+        } else if constexpr (CL) {
+          pair_coords(p, t, crank, mb, nb);
         } else {
           tile_coords(p, t, mb, nb);
         }
@@ -645,12 +757,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
               mbar_wait(empty + 8 * s, ph ^ 1);
               const u32 fb = full + 8 * s;
               mbar_expect_tx(fb, STAGE_BYTES);
-              const u32 sa = base + s * STAGE_BYTES;
-#pragma unroll
-              for (u32 j = 0; j < BN / 64; ++j) {
-                tma_load_2d(sa + STAGE_AT + j * (64 * BK * 2), bm, fb, (int)(n0 + 64 * j),
-                            (int)((kb0 + i) * BK));
-              }
+              load_b<BN, CL>(base + s * STAGE_BYTES + STAGE_AT, bm, fb, n0, kb0 + i, crank);
               if (++s == p.stages) {
                 s = 0;
                 ph ^= 1;
@@ -682,11 +789,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           mbar_expect_tx(fb, STAGE_BYTES);
           const u32 sa = base + stage * STAGE_BYTES;
           tma_load_2d(sa, am, fb, (int)(kb * BK), (int)m0);
-#pragma unroll
-          for (u32 j = 0; j < BN / 64; ++j) {
-            tma_load_2d(sa + STAGE_AT + j * (64 * BK * 2), bm, fb, (int)(n0 + 64 * j),
-                        (int)(kb * BK));
-          }
+          load_b<BN, CL>(sa + STAGE_AT, bm, fb, n0, kb, crank);
           if (++stage == p.stages) {
             stage = 0;
             phase ^= 1;
@@ -699,11 +802,15 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     const u32 cw = wg - 1;     // consumer index: takes the CTA's units cw, cw + 2, ...
     const u32 lt = tid & 127;  // thread in warpgroup
     float d[BN];               // two 64-row halves of BN / 2 accumulators
-    for (u32 i = cw, u = blockIdx.x + cw * gridDim.x; u < units; i += 2, u += 2 * gridDim.x) {
+    for (u32 i = cw, u = ufirst + cw * ustep; u < units; i += 2, u += 2 * ustep) {
       // Whole tiles (no K split): unit u is tile u, and the CTA's i-th unit
       // occupies k-blocks i nk .. (i + 1) nk - 1 of the stage ring.
       u32 mb, nb;
-      tile_coords(p, u, mb, nb);
+      if constexpr (CL) {
+        pair_coords(p, u, crank, mb, nb);
+      } else {
+        tile_coords(p, u, mb, nb);
+      }
       const u32 m0 = mb * BM, n0 = nb * BN;
       const u32 pos = i * nk;
       u32 stage = pos % p.stages, phase = (pos / p.stages) & 1;
@@ -728,7 +835,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         if (p.dest_table != 0 && kb == nk / 2) prep_dest<2>(p, m0, lt);
         if (kb > 0) {
           wgmma_wait<1>();
-          if (lt == 0) mbar_arrive(empty + 8 * prev);
+          if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
         }
         prev = stage;
         if (++stage == p.stages) {
@@ -740,7 +847,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       if (lt == 0) mbar_arrive(turn + 8 * (1 - cw));
       wgmma_wait<0>();
       fence_acc<BN>(d);
-      if (lt == 0) mbar_arrive(empty + 8 * prev);
+      if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
       epilogue<BN, 2>(p, &cmap, d, stg + cw * STG_WG, m0, n0, lt, cw);
       if (p.sig_counters != 0) {
         // Hook 5, right away: the other warpgroup's main loop runs meanwhile.
@@ -759,7 +866,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
     u32 grp = 0, fenced = NONE;  // grouped mode: current and acquired group
-    for (u32 u = blockIdx.x; u < units; u += gridDim.x) {
+    for (u32 u = ufirst; u < units; u += ustep) {
       u32 t, sp, ns, kb0, kb1;
       unit_of(p, u, nk, t, sp, ns, kb0, kb1);
       u32 mb, nb;
@@ -772,6 +879,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           tmap_acquire(cm);
           fenced = grp;
         }
+      } else if constexpr (CL) {
+        pair_coords(p, t, crank, mb, nb);
       } else {
         tile_coords(p, t, mb, nb);
       }
@@ -815,7 +924,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         if (p.dest_table != 0 && kb == kb0 + (kb1 - kb0) / 2) prep_dest<1>(p, rbase, lt);
         if (kb > kb0) {
           wgmma_wait<1>();
-          if (lt == 0) mbar_arrive(empty + 8 * prev);
+          if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
         }
         prev = stage;
         if (++stage == p.stages) {
@@ -825,7 +934,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       }
       wgmma_wait<0>();
       fence_acc<NACC>(d);
-      if (lt == 0) mbar_arrive(empty + 8 * prev);
+      if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
 
       if (ns > 1) {
         // Split-K: publish this split's partial, count it; the last split of
@@ -892,6 +1001,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     // Shared memory must outlive the TMA stores that read it.
     if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
+  // The peer may still arrive on this CTA's barriers: neither leaves first.
+  if constexpr (CL) cluster_sync();
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -914,6 +1025,22 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                         const __grid_constant__ TMap cmap,
                         const __grid_constant__ Params p) {
   hgemm_body<128, false, false, true>(amap, bmap, cmap, p);
+}
+
+// Clusters of 2 along M sharing B (multicast): 128 x 256 tiles.
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
+    ficco_hgemm_n256_c2(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                        const __grid_constant__ TMap cmap,
+                        const __grid_constant__ Params p) {
+  hgemm_body<256, false, false, false, true>(amap, bmap, cmap, p);
+}
+
+// Clusters of 2 along M sharing B (multicast): ping-pong 128 x 128 tiles.
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
+    ficco_hgemm_n128_pp_c2(const __grid_constant__ TMap amap, const __grid_constant__ TMap bmap,
+                           const __grid_constant__ TMap cmap,
+                           const __grid_constant__ Params p) {
+  hgemm_body<128, false, false, true, true>(amap, bmap, cmap, p);
 }
 
 // 64 x 256 tiles: each consumer warpgroup computes 64 x 128 (wgmma m64n128k16).

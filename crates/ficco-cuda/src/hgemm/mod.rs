@@ -23,6 +23,14 @@
 //!   its barrier. One warpgroup's epilogue and signal then run under the
 //!   other's main loop. Every hook, no K split; the chooser takes it from
 //!   [`PINGPONG_MIN_WAVES`] waves of tiles on.
+//! - Clusters of 2 ([`TileN::N256C2`], [`TileN::Pp128C2`]; entries
+//!   `ficco_hgemm_n256_c2`, `ficco_hgemm_n128_pp_c2`, compile-time cluster
+//!   dims): the pair of CTAs takes adjacent M-blocks of one N-block, each
+//!   loads half of every B stage and multicasts it to both
+//!   (`cp.async.bulk.tensor...multicast::cluster`), and each consumer
+//!   releases a stage on both CTAs' empty barriers. The grid is capped at
+//!   the clusters resident at once (`cuOccupancyMaxActiveClusters`). No K
+//!   split, no wait hook (a CTA would stall behind its peer's flag).
 //! - For skinny GEMMs, 64 × 128 tiles ([`TileN::M64N128`], entry
 //!   `ficco_hgemm_n128_m64`): the same 64-row mode with 64 columns per
 //!   warpgroup (wgmma m64n64k16), twice the tiles of the 64 × 256 one.
@@ -159,8 +167,8 @@
 //! the last tile's signal is exposed there).
 //!
 //! # Not done
-//! Clusters of 2 with TMA multicast and stream-K instead of split-K for
-//! shapes of one or two M-blocks are the known next steps; the executor's
+//! Stream-K instead of split-K for shapes of one or two M-blocks is the
+//! known next step; the executor's
 //! tile GEMMs do not pass [`DestHook::maps`] yet (they use the staged
 //! epilogue).
 
@@ -188,8 +196,10 @@ const ENTRY_N256_GROUPED: &str = "ficco_hgemm_n256_grouped";
 const ENTRY_N128_GROUPED: &str = "ficco_hgemm_n128_grouped";
 const ENTRY_N128_PP: &str = "ficco_hgemm_n128_pp";
 const ENTRY_M64N128: &str = "ficco_hgemm_n128_m64";
+const ENTRY_N256_C2: &str = "ficco_hgemm_n256_c2";
+const ENTRY_N128_PP_C2: &str = "ficco_hgemm_n128_pp_c2";
 /// Every entry, in the order of [`HopperGemm`]'s kernel handles.
-const ENTRIES: [&str; 7] = [
+const ENTRIES: [&str; 9] = [
     ENTRY_N256,
     ENTRY_N128,
     ENTRY_M64N256,
@@ -197,6 +207,8 @@ const ENTRIES: [&str; 7] = [
     ENTRY_N128_GROUPED,
     ENTRY_N128_PP,
     ENTRY_M64N128,
+    ENTRY_N256_C2,
+    ENTRY_N128_PP_C2,
 ];
 /// NVRTC options (the architecture is added: `sm_90a`).
 const OPTIONS: [&str; 1] = ["-std=c++17"];
@@ -293,25 +305,35 @@ pub enum TileN {
     /// Twice the tiles of the 64 × 256 one, so a skinny GEMM needs fewer K
     /// splits (and smaller partials) to fill the machine.
     M64N128,
+    /// [`TileN::N256`] in clusters of 2 CTAs along M (entry
+    /// `ficco_hgemm_n256_c2`): the two take adjacent M-blocks of one N-block
+    /// and share its B, each loading half of every B stage and multicasting
+    /// it to both (TMA multicast), so each SM reads a third less from L2.
+    /// No K split and no wait hook; the grid is at most the clusters that
+    /// are resident at once. Picked by the tuner only.
+    N256C2,
+    /// [`TileN::Pp128`] in clusters of 2 (entry `ficco_hgemm_n128_pp_c2`),
+    /// B shared as in [`TileN::N256C2`] (a quarter less from L2 per SM).
+    Pp128C2,
 }
 
 impl TileN {
     /// Output columns per tile.
     pub const fn cols(self) -> usize {
         match self {
-            TileN::N256 | TileN::M64N256 => 256,
-            TileN::N128 | TileN::Pp128 | TileN::M64N128 => 128,
+            TileN::N256 | TileN::M64N256 | TileN::N256C2 => 256,
+            TileN::N128 | TileN::Pp128 | TileN::M64N128 | TileN::Pp128C2 => 128,
         }
     }
     /// Output rows per tile (one M-block).
     pub const fn rows(self) -> usize {
         match self {
-            TileN::N256 | TileN::N128 | TileN::Pp128 => BLOCK_M,
+            TileN::N256 | TileN::N128 | TileN::Pp128 | TileN::N256C2 | TileN::Pp128C2 => BLOCK_M,
             TileN::M64N256 | TileN::M64N128 => 64,
         }
     }
     /// The tile's name in tables and the tune cache: "256", "128",
-    /// "64x256", "128pp", "64x128".
+    /// "64x256", "128pp", "64x128", "256c2", "128ppc2".
     pub const fn label(self) -> &'static str {
         match self {
             TileN::N256 => "256",
@@ -319,27 +341,42 @@ impl TileN {
             TileN::M64N256 => "64x256",
             TileN::Pp128 => "128pp",
             TileN::M64N128 => "64x128",
+            TileN::N256C2 => "256c2",
+            TileN::Pp128C2 => "128ppc2",
         }
     }
     /// 64-row tiles (no hook that counts 128-row blocks).
     pub const fn is_m64(self) -> bool {
         matches!(self, TileN::M64N256 | TileN::M64N128)
     }
+    /// Ping-pong tiles (each consumer warpgroup a whole tile).
+    pub const fn is_pingpong(self) -> bool {
+        matches!(self, TileN::Pp128 | TileN::Pp128C2)
+    }
+    /// CTAs per cluster: 2 for the tiles that share B by multicast, else 1.
+    pub const fn cluster(self) -> u32 {
+        match self {
+            TileN::N256C2 | TileN::Pp128C2 => 2,
+            _ => 1,
+        }
+    }
+    /// Every tile, in the order of their labels' list.
+    pub const ALL: [TileN; 7] = [
+        TileN::N256,
+        TileN::N128,
+        TileN::M64N256,
+        TileN::Pp128,
+        TileN::M64N128,
+        TileN::N256C2,
+        TileN::Pp128C2,
+    ];
     /// The tile of a [`TileN::label`].
     pub fn from_label(s: &str) -> Option<TileN> {
-        [
-            TileN::N256,
-            TileN::N128,
-            TileN::M64N256,
-            TileN::Pp128,
-            TileN::M64N128,
-        ]
-        .into_iter()
-        .find(|t| t.label() == s)
+        TileN::ALL.into_iter().find(|t| t.label() == s)
     }
-    /// Whether tiles can be split along K (all but ping-pong).
+    /// Whether tiles can be split along K (not ping-pong, not in clusters).
     pub const fn splits_k(self) -> bool {
-        !matches!(self, TileN::Pp128)
+        !self.is_pingpong() && self.cluster() == 1
     }
     /// Shared memory of one pipeline stage.
     pub const fn stage_bytes(self) -> u32 {
@@ -348,15 +385,15 @@ impl TileN {
     /// Most stages (the default).
     pub const fn max_stages(self) -> u32 {
         match self {
-            TileN::N256 | TileN::M64N256 => MAX_STAGES,
-            TileN::N128 | TileN::Pp128 => 6,
+            TileN::N256 | TileN::M64N256 | TileN::N256C2 => MAX_STAGES,
+            TileN::N128 | TileN::Pp128 | TileN::Pp128C2 => 6,
             TileN::M64N128 => 8,
         }
     }
     /// Shared memory the TMA-store epilogue stages the tile in (bf16):
     /// one tile, or in ping-pong one tile per consumer warpgroup.
     pub const fn staging_bytes(self) -> u32 {
-        let tiles = if matches!(self, TileN::Pp128) { 2 } else { 1 };
+        let tiles = if self.is_pingpong() { 2 } else { 1 };
         (tiles * BLOCK_M * self.cols() * 2) as u32
     }
     /// Split-K partial of one half tile (64 rows, f32).
@@ -604,7 +641,10 @@ pub struct LaunchShape {
 pub struct HopperGemm {
     lib: sys::CUlibrary,
     /// One per entry of [`ENTRIES`], in its order.
-    kernels: [sys::CUkernel; 7],
+    kernels: [sys::CUkernel; 9],
+    /// Clusters of 2 CTAs that can be resident at once (0: the device cannot
+    /// run the cluster entries): the most a cluster tile's grid uses.
+    max_clusters: u32,
     ctx: Arc<CudaContext>,
     sms: u32,
     max_smem: u32,
@@ -675,7 +715,8 @@ impl HopperGemm {
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
-            kernels: [std::ptr::null_mut(); 7],
+            kernels: [std::ptr::null_mut(); 9],
+            max_clusters: 0,
             ctx: ctx.clone(),
             sms,
             max_smem,
@@ -710,6 +751,7 @@ impl HopperGemm {
                 )?;
             }
         }
+        g.max_clusters = g.resident_clusters();
         // SAFETY: the ticket buffer holds this many u32.
         check("cuMemsetD32", unsafe {
             sys::cuMemsetD32_v2(
@@ -721,6 +763,39 @@ impl HopperGemm {
         Ok(g)
     }
 
+    /// How many clusters of 2 of the cluster entries fit on the device at
+    /// once with the most shared memory (one CTA per SM: the registers allow
+    /// no more; a cluster's two CTAs must share a GPC, so this can be fewer
+    /// than half the SMs). 0 where the driver cannot say: the cluster tiles
+    /// are then refused.
+    fn resident_clusters(&self) -> u32 {
+        let smem = smem_bytes(TileN::N256C2, TileN::N256C2.max_stages(), 0)
+            + TileN::N256C2.staging_bytes();
+        let mut least = u32::MAX;
+        for kernel in [self.kernels[7], self.kernels[8]] {
+            let mut f = std::ptr::null_mut();
+            let mut n = 0i32;
+            // SAFETY: a loaded kernel; the config names no stream and no
+            // attributes (the cluster size is the kernel's own).
+            let ok = unsafe {
+                sys::cuKernelGetFunction(&mut f, kernel) == sys::CUresult::CUDA_SUCCESS && {
+                    let mut cfg: sys::CUlaunchConfig = std::mem::zeroed();
+                    cfg.gridDimX = 2 * self.sms;
+                    cfg.gridDimY = 1;
+                    cfg.gridDimZ = 1;
+                    cfg.blockDimX = THREADS;
+                    cfg.blockDimY = 1;
+                    cfg.blockDimZ = 1;
+                    cfg.sharedMemBytes = smem.min(self.max_smem);
+                    sys::cuOccupancyMaxActiveClusters(&mut n, f, &cfg)
+                        == sys::CUresult::CUDA_SUCCESS
+                }
+            };
+            least = least.min(if ok { n.max(0) as u32 } else { 0 });
+        }
+        least.min(self.sms / 2)
+    }
+
     /// How the cubin was obtained and what it cost.
     pub fn compile_info(&self) -> &CompileInfo {
         &self.compile
@@ -729,6 +804,12 @@ impl HopperGemm {
     /// The device's SM count (the default grid).
     pub fn sms(&self) -> u32 {
         self.sms
+    }
+
+    /// Clusters of 2 CTAs resident at once: the most a cluster tile's grid
+    /// uses ([`TileN::N256C2`], [`TileN::Pp128C2`]; 0: refused).
+    pub fn max_clusters(&self) -> u32 {
+        self.max_clusters
     }
 
     /// The context the kernel was loaded from.
@@ -744,7 +825,16 @@ impl HopperGemm {
     /// Checks `args` and returns the launch geometry (no device work), with
     /// the tuned schedule where [`HopperGemm::launch`] would take it.
     pub fn shape(&self, args: &GemmArgs) -> Result<LaunchShape> {
-        validate(&self.resolve(args), self.max_smem, self.sms)
+        validate(&self.resolve(args), self.limits())
+    }
+
+    /// What [`validate`] checks a launch against on this device.
+    fn limits(&self) -> Limits {
+        Limits {
+            max_smem: self.max_smem,
+            sms: self.sms,
+            max_clusters: self.max_clusters,
+        }
     }
 
     /// `args` with the tuned schedule of its shape when it leaves the
@@ -823,7 +913,7 @@ impl HopperGemm {
         // A schedule left open takes the tuned one when this shape was tuned.
         let resolved = self.resolve(args);
         let args = &resolved;
-        let shape = validate(args, self.max_smem, self.sms)?;
+        let shape = validate(args, self.limits())?;
         let amap = tensor_map(
             args.a,
             args.k,
@@ -839,6 +929,8 @@ impl HopperGemm {
             TileN::M64N256 => self.kernels[2],
             TileN::Pp128 => self.kernels[5],
             TileN::M64N128 => self.kernels[6],
+            TileN::N256C2 => self.kernels[7],
+            TileN::Pp128C2 => self.kernels[8],
         };
         let h = &args.hooks;
         let mut p = KernelParams {
@@ -964,10 +1056,10 @@ pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
 /// fitted to measurements; half for the narrow tile).
 pub fn estimate_us(tile: TileN, tiles: u64, k_blocks: u64, splits: u64, grid: u64) -> f64 {
     let (kb_us, scale) = match tile {
-        TileN::N256 => (0.8, 1.0),
+        TileN::N256 | TileN::N256C2 => (0.8, 1.0),
         // Same B traffic as the wide tile, half the tensor-core work (a guess
         // until measured: the tuner times it).
-        TileN::N128 | TileN::M64N256 | TileN::Pp128 => (0.45, 0.5),
+        TileN::N128 | TileN::M64N256 | TileN::Pp128 | TileN::Pp128C2 => (0.45, 0.5),
         TileN::M64N128 => (0.3, 0.25),
     };
     let waves = (tiles * splits).div_ceil(grid.max(1)) as f64;
@@ -1018,8 +1110,23 @@ fn bad(msg: String) -> CudaError {
     CudaError::Plan(format!("ficco hgemm: {msg}"))
 }
 
+/// What a device allows a launch ([`validate`]).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Opt-in dynamic shared memory per CTA.
+    max_smem: u32,
+    sms: u32,
+    /// Clusters of 2 resident at once ([`HopperGemm::resident_clusters`]).
+    max_clusters: u32,
+}
+
 /// Checks every constraint the kernel relies on; returns the geometry.
-fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
+fn validate(a: &GemmArgs, lim: Limits) -> Result<LaunchShape> {
+    let Limits {
+        max_smem,
+        sms,
+        max_clusters,
+    } = lim;
     let lim = i32::MAX as usize;
     if a.m > lim || a.n > lim || a.k > lim {
         return Err(bad(format!(
@@ -1143,6 +1250,23 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
             )));
         }
     }
+    if tile.cluster() > 1 {
+        if h.wait.is_some() {
+            return Err(bad(format!(
+                "{tile:?} (clusters of 2) does not take the wait hook: a CTA would stall behind its peer's flag; use a tile without a cluster"
+            )));
+        }
+        if max_clusters == 0 || h.sm_budget.is_some_and(|s| s < 2) {
+            return Err(bad(format!(
+                "{tile:?} needs clusters of 2 CTAs: this device runs none{}",
+                if max_clusters == 0 {
+                    ""
+                } else {
+                    " within an SM budget under 2"
+                }
+            )));
+        }
+    }
     if tile.is_m64()
         && (h.wait.is_some() || h.signal.is_some() || h.dest.is_some() || h.m_start_block != 0)
     {
@@ -1152,7 +1276,8 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     }
     let tiles_m = a.m.div_ceil(tile.rows()) as u32;
     let tiles_n = a.n.div_ceil(tile.cols()) as u32;
-    let tiles = tiles_m as u64 * tiles_n as u64;
+    // A cluster tile's unit is a pair of M-blocks.
+    let tiles = (tiles_m as u64).div_ceil(tile.cluster() as u64) * tiles_n as u64;
     if tiles > u32::MAX as u64 {
         return Err(bad("too many tiles".into()));
     }
@@ -1209,7 +1334,12 @@ fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
     if units > u32::MAX as u64 {
         return Err(bad("too many work units".into()));
     }
-    let grid = (units as u32).min(budget).max(1);
+    let grid = if tile.cluster() > 1 {
+        // One cluster per unit at most, as many as are resident at once.
+        2 * (units as u32).min(budget / 2).min(max_clusters).max(1)
+    } else {
+        (units as u32).min(budget).max(1)
+    };
     Ok(LaunchShape {
         tiles_m,
         tiles_n,
@@ -1424,6 +1554,19 @@ pub fn compile_with(extra: &[&str]) -> Result<(Vec<u8>, String)> {
 mod tests {
     use super::*;
 
+    /// [`super::validate`] on an H200-like device (`max_smem`, `sms`) that
+    /// holds 60 clusters of 2 at once.
+    fn validate(a: &GemmArgs, max_smem: u32, sms: u32) -> Result<LaunchShape> {
+        super::validate(
+            a,
+            Limits {
+                max_smem,
+                sms,
+                max_clusters: 60.min(sms / 2),
+            },
+        )
+    }
+
     fn args(m: usize, n: usize, k: usize) -> GemmArgs {
         let mut a = GemmArgs::dense(
             m,
@@ -1618,6 +1761,61 @@ mod tests {
         let mut a = args(64, 64, 64);
         a.hooks.sm_budget = Some(0);
         assert!(validate(&a, max, 132).is_err());
+    }
+
+    #[test]
+    fn cluster_tiles_run_whole_pairs_on_resident_clusters() {
+        let max = 232448;
+        let lim = |max_clusters| Limits {
+            max_smem: max,
+            sms: 132,
+            max_clusters,
+        };
+        // 1000 rows: 8 M-blocks, 4 pairs; 520 columns: 3 wide N-blocks ->
+        // 12 pair units, so 12 clusters.
+        let mut a = args(1000, 520, 320);
+        a.hooks.tile_n = Some(TileN::N256C2);
+        let s = super::validate(&a, lim(60)).unwrap();
+        assert_eq!((s.tiles_m, s.tiles_n, s.grid, s.splits), (8, 3, 24, 1));
+        // 8192^2 ping-pong: 32 x 64 pair units; the grid is what is resident.
+        let mut big = args(8192, 8192, 8192);
+        big.hooks.tile_n = Some(TileN::Pp128C2);
+        assert_eq!(super::validate(&big, lim(60)).unwrap().grid, 120);
+        assert_eq!(super::validate(&big, lim(66)).unwrap().grid, 132);
+        // An odd SM budget rounds down to whole clusters.
+        big.hooks.sm_budget = Some(7);
+        assert_eq!(super::validate(&big, lim(60)).unwrap().grid, 6);
+        for (change, needle) in [
+            (
+                (|a: &mut GemmArgs| a.hooks.sm_budget = Some(1)) as fn(&mut GemmArgs),
+                "SM budget under 2",
+            ),
+            (
+                |a: &mut GemmArgs| {
+                    a.hooks.wait = Some(WaitHook {
+                        flags: DevPtr::new(0x4000),
+                        rows_per_flag: 128,
+                        epoch: 1,
+                    })
+                },
+                "wait hook",
+            ),
+            (
+                |a: &mut GemmArgs| a.hooks.split_k = Some(2),
+                "split along K",
+            ),
+        ] {
+            let mut b = a;
+            change(&mut b);
+            let e = super::validate(&b, lim(60)).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        // A device that cannot say how many clusters fit runs none.
+        let e = super::validate(&a, lim(0)).unwrap_err().to_string();
+        assert!(e.contains("runs none"), "{e}");
+        for t in TileN::ALL {
+            assert_eq!(TileN::from_label(t.label()), Some(t));
+        }
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub static CUDA: LibSpec = LibSpec {
         "cuFuncSetAttribute",
         "cuLaunchKernel",
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        "cuOccupancyMaxActiveClusters",
         "cuTensorMapEncodeTiled",
         "cuDeviceGetDevResource",
         "cuDevSmResourceSplitByCount",
