@@ -123,12 +123,16 @@ static __device__ __forceinline__ void tma_load_2d_mc(u32 dst, const TMap* map, 
       : "memory");
 }
 
-// Arrives on the mbarrier at offset `bar` of cluster CTA `cta`'s shared memory.
+// Arrives on the mbarrier at offset `bar` of cluster CTA `cta`'s shared
+// memory. Default (CTA-scope) semantics, as CUTLASS's cluster barriers: the
+// arrival only says that this CTA's wgmma finished reading a stage (their
+// wait returned), so there is nothing to publish; `.release.cluster` would
+// put a GPU-wide MEMBAR before every arrival, on the consumers' critical path.
 static __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
   asm volatile(
       "{ .reg .b32 ra;\n"
       "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
       "}" ::"r"(bar),
       "r"(cta)
       : "memory");
