@@ -10,8 +10,10 @@ mkdir -p "$out"
 status=0
 for t in .bin/test-*; do
   echo "== $t"
+  # (No `|| true` after the pipeline: with pipefail it would run and reset
+  # PIPESTATUS, reporting a failed binary as exit 0.)
   timeout "${TEST_TIMEOUT:-240}" "$t" --test-threads=1 2>&1 | tee "$out/$(basename "$t").log" |
-    grep -E "^test |SKIPPED|test result|panicked" || true
+    grep -E "^test |SKIPPED|test result|panicked"
   rc=${PIPESTATUS[0]}
   echo "== $t exit $rc"
   [ "$rc" -eq 0 ] || status=1
