@@ -360,7 +360,7 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
 // acquires the counter (a stream memory operation, a copy engine, a peer).
 // So the chain at the end of the kernel is one GPU-scope atomic and one
 // system-scope release, not two system-scope fences.
-static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
+static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32 halves) {
   if (p.tma_store & 1) {
     // This thread issued the half tile's TMA stores (modes 1 and 3): wait
     // until they are performed, then order them (async proxy) before the
@@ -388,6 +388,13 @@ static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 ha
       }
     }
   }
+}
+
+// signal_body out of line, for the consumer warpgroups (232 registers).
+// The signal threads (producer warpgroup, 40 registers) inline it: one
+// out-of-line body cannot serve both register budgets.
+static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
+  signal_body(p, rlo, halves);
 }
 
 // Epilogue mode 2: the warpgroup's 64 x BN bf16 half tile, staged in shared
@@ -475,14 +482,54 @@ static __device__ __forceinline__ void prep_dest(const Params& p, u32 rbase, u32
   }
 }
 
+// Issues the TMA stores of `HALVES` staged 64-row halves (staging `wst`,
+// rows from `rbase`, columns from `cbase0`) and commits them as one bulk
+// group of the calling thread. Mode 1: C's map at the tile's rows. Mode 3:
+// the destination block's map at the rows within the block (a 64-row half
+// lies in one block: the host requires dest_rows % 64 == 0), acquired by
+// this thread beforehand (prep_dest, or the signal thread itself).
+template <int WN, int HALVES>
+static __device__ __forceinline__ void tma_store_halves(const Params& p, const TMap* cm, u32 wst,
+                                                        u32 rbase, u32 cbase0) {
+  constexpr u32 HALF_BYTES = 64u * WN * 2u;
+  const TMap* hm[HALVES];
+  int hy[HALVES];
+#pragma unroll
+  for (int hf = 0; hf < HALVES; ++hf) {
+    const u32 row = rbase + 64u * hf;
+    hm[hf] = cm;
+    hy[hf] = (int)row;
+    if (p.tma_store == 3 && row < p.m) {
+      const u32 b = row / p.dest_rows;
+      hm[hf] = (const TMap*)p.dest_maps + b;
+      hy[hf] = (int)(row - b * p.dest_rows);
+    }
+  }
+#pragma unroll
+  for (int hf = 0; hf < HALVES; ++hf) {
+    // (Grouped mode has no p.m: the tensor map clips rows past M.)
+    if (p.tma_store == 3 && rbase + 64u * hf >= p.m) continue;
+#pragma unroll
+    for (int b = 0; b < WN / 64; ++b) {
+      tma_store_2d(hm[hf], wst + (u32)hf * HALF_BYTES + (u32)b * 8192u, (int)(cbase0 + 64 * b),
+                   hy[hf]);
+    }
+  }
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
 // The epilogue of `HALVES` 64-row halves of one warpgroup's accumulators:
 // half h is rows rbase + 64 h (accumulators d + h WN / 2, staging
 // wst + h 64 WN 2 bytes), columns cbase0 ... cbase0 + WN - 1. Mode
 // p.tma_store: 1 TMA stores, 2 staged 16-byte thread stores, 0 registers.
+// `free_bar` != 0 (the signal thread's handoff): the staging buffer is free
+// once that mbarrier completes phase `free_parity` (skipped when
+// free_parity > 1: the first tile), and in modes 1 and 3 the TMA stores are
+// left to the signal thread (the caller hands the tile over).
 template <int WN, int HALVES>
 static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm, float* d,
-                                                u32 wst, u32 rbase, u32 cbase0, u32 lt,
-                                                u32 cw) {
+                                                u32 wst, u32 rbase, u32 cbase0, u32 lt, u32 cw,
+                                                u32 free_bar = 0, u32 free_parity = 2) {
   constexpr u32 HALF_BYTES = 64u * WN * 2u;
   const u32 warp = lt / 32, lane = lt & 31;
   if (p.tma_store) {
@@ -491,7 +538,9 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
     // stores them with TMA (rows >= M and columns >= N are clipped by the
     // tensor map) and moves on; the stores drain while the next tile's main
     // loop runs.
-    if (lt == 0 && (p.tma_store & 1)) {
+    if (free_bar != 0) {
+      if (free_parity < 2) mbar_wait(free_bar, free_parity);
+    } else if (lt == 0 && (p.tma_store & 1)) {
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     }
     named_sync(1 + cw, 128);
@@ -514,36 +563,7 @@ static __device__ __forceinline__ void epilogue(const Params& p, const TMap* cm,
     if (p.tma_store != 2) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       named_sync(1 + cw, 128);
-      if (lt == 0) {
-        // Mode 1: C's map at the tile's rows. Mode 3: the destination
-        // block's map at the rows within the block (a 64-row half lies in
-        // one block: the host requires dest_rows % 64 == 0).
-        const TMap* hm[HALVES];
-        int hy[HALVES];
-#pragma unroll
-        for (int hf = 0; hf < HALVES; ++hf) {
-          const u32 row = rbase + 64u * hf;
-          hm[hf] = cm;
-          hy[hf] = (int)row;
-          if (p.tma_store == 3 && row < p.m) {
-            // (Acquired by prep_dest during the main loop.)
-            const u32 b = row / p.dest_rows;
-            hm[hf] = (const TMap*)p.dest_maps + b;
-            hy[hf] = (int)(row - b * p.dest_rows);
-          }
-        }
-#pragma unroll
-        for (int hf = 0; hf < HALVES; ++hf) {
-          // (Grouped mode has no p.m: the tensor map clips rows past M.)
-          if (p.tma_store == 3 && rbase + 64u * hf >= p.m) continue;
-#pragma unroll
-          for (int b = 0; b < WN / 64; ++b) {
-            tma_store_2d(hm[hf], wst + (u32)hf * HALF_BYTES + (u32)b * 8192u,
-                         (int)(cbase0 + 64 * b), hy[hf]);
-          }
-        }
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-      }
+      if (lt == 0 && free_bar == 0) tma_store_halves<WN, HALVES>(p, cm, wst, rbase, cbase0);
     } else {
       // The next tile's staging writes wait at the barrier above until
       // every thread of this warpgroup has read this tile back.
@@ -687,6 +707,18 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
   const u32 ustep = CL ? gridDim.x / 2 : gridDim.x;
   const u32 flag_slot = empty + 8 * p.stages;      // 2 x u32: split-K "last" flags
   const u32 turn = flag_slot + 8;                  // ping-pong: 2 x u64, one per consumer
+  // Signal threads (below): per consumer warpgroup a "staged" and a "free"
+  // mbarrier (4 x u64), then its handed-over tile's first row and column.
+  const u32 sigbar = turn + 16;
+  const u32 sigslot = sigbar + 32;
+  // The signal hook on whole cooperative tiles: each consumer warpgroup
+  // hands its stored (or, in the TMA modes, staged) half tile to a thread of
+  // the producer warpgroup (thread 32 + 32 cw), which issues the TMA stores,
+  // waits for them and sends the signal, so that neither the wait nor the
+  // fences and atomics of the signal stall the warpgroup's wgmma. (With a K
+  // split only the last split stores a tile, which the signal thread cannot
+  // know ahead: the warpgroup signals itself, deferred.)
+  const bool sig_thread = !PP && !GROUPED && p.sig_counters != 0 && p.splits == 1;
   const u32 nk = (p.k + BK - 1) / BK;
 
   if (tid == 0) {
@@ -697,6 +729,9 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     if (PP) {
       mbar_init(turn, 1);
       mbar_init(turn + 8, 1);
+    }
+    if (sig_thread) {
+      for (u32 i = 0; i < 4; ++i) mbar_init(sigbar + 8 * i, 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -800,6 +835,31 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           }
         }
       }
+    } else if (sig_thread && (tid == 32 || tid == 64)) {
+      // Signal thread of consumer warpgroup cw: one handover per unit (no
+      // K split), in the warpgroup's order.
+      const u32 cw = tid / 32 - 1;
+      const u32 staged = sigbar + 8 * cw, freed = sigbar + 16 + 8 * cw;
+      u32 j = 0;
+      for (u32 u = ufirst; u < units; u += ustep, ++j) {
+        mbar_wait(staged, j & 1);
+        u32 rbase, cbase0;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                     : "=r"(rbase), "=r"(cbase0)
+                     : "r"(sigslot + 8 * cw)
+                     : "memory");
+        if (p.tma_store & 1) {
+          if (p.tma_store == 3 && rbase < p.m) {
+            tmap_acquire((const TMap*)p.dest_maps + rbase / p.dest_rows);
+          }
+          tma_store_halves<M64 ? BN / 2 : BN, 1>(p, &cmap, stg + cw * (64u * (M64 ? BN / 2 : BN) * 2u),
+                                                 rbase, cbase0);
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+        mbar_arrive(freed);
+        // (signal_half waits for this thread's TMA stores to be performed.)
+        if (rbase < p.m) signal_body(p, rbase, 1);
+      }
     }
   } else if constexpr (PP) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -869,6 +929,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     float d[NACC];
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
+    u32 nsig = 0;     // half tiles handed to the signal thread
     u32 grp = 0, fenced = NONE;  // grouped mode: current and acquired group
     for (u32 u = ufirst; u < units; u += ustep) {
       u32 t, sp, ns, kb0, kb1;
@@ -925,7 +986,9 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           if (lt == 0) signal_half(p, pend);
           pend = NONE;
         }
-        if (p.dest_table != 0 && kb == kb0 + (kb1 - kb0) / 2) prep_dest<1>(p, rbase, lt);
+        if (p.dest_table != 0 && kb == kb0 + (kb1 - kb0) / 2 && !(sig_thread && p.tma_store == 3)) {
+          prep_dest<1>(p, rbase, lt);
+        }
         if (kb > kb0) {
           wgmma_wait<1>();
           if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
@@ -989,6 +1052,22 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
       }
 
+      if (sig_thread) {
+        // Hand the half tile to this warpgroup's signal thread (it stores
+        // it in the TMA modes); the staging buffer is free again once that
+        // thread has read it.
+        epilogue<WN, 1>(p, cm, d, stg + cw * (64u * WN * 2u), rbase, cbase0, lt, cw,
+                        sigbar + 16 + 8 * cw, nsig > 0 ? (nsig - 1) & 1 : 2);
+        named_sync(1 + cw, 128);
+        if (lt == 0) {
+          asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(sigslot + 8 * cw), "r"(rbase),
+                       "r"(cbase0)
+                       : "memory");
+          mbar_arrive(sigbar + 8 * cw);
+        }
+        ++nsig;
+        continue;
+      }
       epilogue<WN, 1>(p, cm, d, stg + cw * (64u * WN * 2u), rbase, cbase0, lt, cw);
 
       if (p.sig_counters != 0) {

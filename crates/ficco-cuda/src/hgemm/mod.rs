@@ -91,6 +91,13 @@
 //!    are on this GPU); only the last arrival's counter increment is a
 //!    system-scope release, which publishes every arrival's stores, those to
 //!    a peer (destination hook) too, as causality order is transitive.
+//!    On cooperative tiles without a K split, each consumer warpgroup hands
+//!    its stored (in the TMA-store modes: staged) half tile to a signal
+//!    thread of the producer warpgroup through two mbarriers; that thread
+//!    issues the TMA stores, waits for them and sends the signal, so the
+//!    wait and the atomics never stall the warpgroup's wgmma. Ping-pong
+//!    tiles signal from the warpgroup (its epilogue runs under the other's
+//!    main loop); split tiles defer it into the next unit.
 //! 6. Destination ([`DestHook`]): rows of block b go through `table[b]`
 //!    (a device pointer, `ld` elements per row) instead of C when the entry is
 //!    non-zero, optionally added to what is there (`C += A·B` into a peer's buffer).
@@ -107,8 +114,8 @@
 //!   full 128-byte row segments per warp, instead of 4-byte stores from the
 //!   registers (mode 2 of the kernel's `tma_store`). Bit-identical, and it
 //!   cut the destination hook's cost from +6.8% to +2.3% (2026-11-23).
-//! - [`Hooks::signal_delay`]: the deferred signal goes out a few k-blocks
-//!   into the next unit, when its stores have drained.
+//! - [`Hooks::signal_delay`]: with a K split, the deferred signal goes out
+//!   a few k-blocks into the next unit, when its stores have drained.
 //! - [`Hooks::split_tail_only`]: with a K split and at least a full wave of
 //!   tiles, the full waves run whole tiles and only the last, partial
 //!   wave's tiles are split (a data-parallel + split-K hybrid against wave
@@ -479,11 +486,13 @@ pub struct Hooks {
     /// ([`HopperGemm::autotune`]) when `tile_n` and `split_k` are open
     /// (the chooser's pick, for comparison).
     pub untuned: bool,
-    /// Signal-hook variant (not a hook): a tile's signal is sent after
+    /// Signal-hook variant (not a hook), for cooperative tiles split along
+    /// K (the others signal from a signal thread or, in ping-pong, under
+    /// the other warpgroup's main loop): a tile's signal is sent after
     /// k-block `signal_delay` of the warpgroup's next unit is issued (0, the
-    /// default: right after its first; at its last if it has fewer), so that waiting for its stores and
-    /// the release fence overlap more tensor-core work. Delays the signal
-    /// by about as many k-blocks (≈ 1 µs each).
+    /// default: right after its first; at its last if it has fewer), so
+    /// that waiting for its stores and the release fence overlap more
+    /// tensor-core work. Delays the signal by about as many k-blocks (≈ 1 µs each).
     pub signal_delay: u32,
     /// Schedule variant (not a hook): with a K split and more tiles than
     /// CTAs, run the full waves' tiles whole and split only the tiles of
@@ -1043,9 +1052,10 @@ impl HopperGemm {
 
 /// Dynamic shared memory of a configuration: 1 KiB alignment slack, the
 /// stages, their barriers, two split-K flags, two ping-pong turn barriers,
-/// and the extra reservation.
+/// the signal threads' four barriers and two handover slots, and the extra
+/// reservation.
 pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
-    1024 + stages * tile.stage_bytes() + 16 * stages + 32 + extra
+    1024 + stages * tile.stage_bytes() + 16 * stages + 8 + 16 + 32 + 16 + extra
 }
 
 /// Estimated time (µs, on an H200) of `tiles` output tiles of `tile` with
