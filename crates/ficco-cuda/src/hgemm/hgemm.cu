@@ -352,14 +352,19 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
 //
 // Only that last release needs system scope. Each arrival's ticket atomic
 // is a GPU-scope release of this warpgroup's stores (the barrier orders
-// them before it), and the last arrival acquires the earlier ones' with a
-// GPU-scope fence; every arrival is on this GPU, so those pairs
+// them before it), and the last arrival acquires the earlier ones' (with
+// the atomic itself, or a GPU-scope fence); every arrival is on this GPU, so those pairs
 // synchronize, and causality is transitive:
 // the last arrival's system-scope release then publishes every arrival's
 // stores, those to a peer's memory (destination hook) too, to whoever
 // acquires the counter (a stream memory operation, a copy engine, a peer).
 // So the chain at the end of the kernel is one GPU-scope atomic and one
 // system-scope release, not two system-scope fences.
+// ACQ_REL: every arrival's atomic also acquires (one fence fewer on the
+// last arrival's path), for the signal threads; the warpgroups acquire
+// only on the last arrival, as an acquire invalidates the SM's L1, which
+// the other warpgroup may be using (prep_dest).
+template <bool ACQ_REL>
 static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32 halves) {
   if (p.tma_store & 1) {
     // This thread issued the half tile's TMA stores (modes 1 and 3): wait
@@ -377,11 +382,19 @@ static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32
       const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
       const u64 tk = p.sig_tickets + 4ull * b;
       u32 old;
-      asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(tk) : "memory");
+      if (ACQ_REL) {
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(tk)
+                     : "memory");
+      } else {
+        asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(tk)
+                     : "memory");
+      }
       if (old + 1 == target) {
-        // Acquire only here: an acquire invalidates the SM's L1, which the
-        // other warpgroup may be using (prep_dest).
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        if (!ACQ_REL) asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
         asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
                      : "memory");
@@ -394,7 +407,7 @@ static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32
 // The signal threads (producer warpgroup, 40 registers) inline it: one
 // out-of-line body cannot serve both register budgets.
 static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
-  signal_body(p, rlo, halves);
+  signal_body<false>(p, rlo, halves);
 }
 
 // Epilogue mode 2: the warpgroup's 64 x BN bf16 half tile, staged in shared
@@ -858,7 +871,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
         mbar_arrive(freed);
         // (signal_half waits for this thread's TMA stores to be performed.)
-        if (rbase < p.m) signal_body(p, rbase, 1);
+        if (rbase < p.m) signal_body<true>(p, rbase, 1);
       }
     }
   } else if constexpr (PP) {
