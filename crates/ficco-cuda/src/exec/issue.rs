@@ -397,6 +397,12 @@ fn tile_gemm(
             wait: g.wait.map(|f| plan_flag(sh, r, f)).transpose()?,
             signal: g.signal.map(|f| plan_flag(sh, r, f)).transpose()?,
             dest: table.zip(dest_ld),
+            dest_maps: table.and(
+                rank.tile_maps
+                    .get(index)
+                    .and_then(|m| m.as_ref())
+                    .map(|m| DevicePtr(m.ptr().addr())),
+            ),
         },
         cap,
     )?;
@@ -431,6 +437,9 @@ pub(crate) struct TileFlags {
     pub wait: Option<DevicePtr>,
     pub signal: Option<DevicePtr>,
     pub dest: Option<(DevicePtr, usize)>,
+    /// The destination table's blocks as tensor maps
+    /// ([`crate::hgemm::DestHook::maps`]), where [`super::rank::dest_maps_fit`].
+    pub dest_maps: Option<DevicePtr>,
 }
 
 /// M-blocks per scheduling group of a tile GEMM with blocks of `block_rows`
@@ -490,7 +499,7 @@ pub(crate) fn tile_gemm_args(
             ld: pitch / ELEM_BYTES,
             rows_per_block: rows,
             add: g.dest_add,
-            maps: None,
+            maps: flags.dest_maps.map(|m| DevPtr::new(m.raw())),
         }),
         ..Hooks::default()
     };
@@ -753,6 +762,7 @@ mod tests {
             wait: Some(p(0x40)),
             signal: Some(p(0x80)),
             dest: Some((p(0x9000), 2048)),
+            dest_maps: Some(p(0xa000)),
         };
         let args = tile_gemm_args(&g, views, flags(), 66).unwrap();
         assert_eq!((args.m, args.n, args.k), (2048, 512, 256));
@@ -773,6 +783,7 @@ mod tests {
             (d.table.addr(), d.ld, d.rows_per_block, d.add),
             (0x9000, 1024, 256, true)
         );
+        assert_eq!(d.maps.map(|m| m.addr()), Some(0xa000));
         // Under the cap, the task's own budget; without one, the cap.
         let args = tile_gemm_args(&g, views, flags(), 132).unwrap();
         assert_eq!(args.hooks.sm_budget, Some(100));
@@ -786,6 +797,7 @@ mod tests {
             wait: None,
             signal: None,
             dest: None,
+            dest_maps: None,
         };
         let args = tile_gemm_args(&free, views, none, 132).unwrap();
         assert_eq!(args.hooks.sm_budget, Some(132));

@@ -12,11 +12,11 @@ use crate::error::{drv, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::green::{GreenPartition, PartitionRequest};
 use crate::hgemm::grouped::{GroupedArgs, GroupedLaunch};
-use crate::hgemm::HopperGemm;
+use crate::hgemm::{Bf16, DestMaps, DevPtr, HopperGemm};
 use crate::kernels::Kernels;
 use crate::mem::{DeviceBuffer, DevicePtr};
 use cudarc::driver::{CudaContext, CudaStream};
-use ficco_core::plan::{GemmGroup, RankPlan, Resources, StreamRole, TaskKind};
+use ficco_core::plan::{GemmGroup, RankPlan, Resources, StreamRole, TaskKind, TileGemm};
 use ficco_core::problem::workload::ELEM_BYTES;
 use ficco_core::space::GemmEngine;
 use ficco_core::space::Priority;
@@ -66,6 +66,9 @@ pub struct Rank {
     flags: Option<DeviceBuffer>,
     /// Destination tables of the current plan's tile GEMMs (u64 addresses).
     tables: Option<DeviceBuffer>,
+    /// The same tables as tensor maps, by task index, where
+    /// [`dest_maps_fit`] (the kernel then stores those blocks with TMA).
+    pub(super) tile_maps: Vec<Option<DestMaps>>,
 }
 
 impl Rank {
@@ -97,6 +100,7 @@ impl Rank {
             green: HashMap::new(),
             flags: None,
             tables: None,
+            tile_maps: vec![],
             ctx,
         })
     }
@@ -293,6 +297,7 @@ impl Rank {
                         wait: tg.wait.map(|_| dummy),
                         signal: tg.signal.map(|_| dummy),
                         dest: tg.dest.iter().any(Option::is_some).then_some((dummy, 0)),
+                        dest_maps: dest_maps_fit(rp, ptrs, tg)?.then_some(dummy),
                     };
                     if cap == 0 {
                         // The run reports it (not every GEMM can be resident).
@@ -384,6 +389,7 @@ impl Rank {
     ) -> Result<Vec<Option<DevicePtr>>> {
         let mut words: Vec<u64> = vec![];
         let mut at = vec![None; rp.tasks.len()];
+        self.tile_maps = (0..rp.tasks.len()).map(|_| None).collect();
         for (i, t) in rp.tasks.iter().enumerate() {
             let TaskKind::TileGemm(g) = &t.kind else {
                 continue;
@@ -391,14 +397,32 @@ impl Rank {
             if g.dest.iter().all(Option::is_none) {
                 continue;
             }
-            at[i] = Some(words.len());
+            let first = words.len();
+            at[i] = Some(first);
+            let mut ld = 0;
             for b in 0..g.blocks() {
                 words.push(match g.dest.get(b).copied().flatten() {
-                    Some(v) => view_addr(&rp.buffers, ptrs, &v, "tile gemm destination")?
-                        .0
-                        .raw(),
+                    Some(v) => {
+                        let (p, pitch) = view_addr(&rp.buffers, ptrs, &v, "tile gemm destination")?;
+                        ld = pitch / ELEM_BYTES;
+                        p.raw()
+                    }
                     None => 0,
                 });
+            }
+            if let (true, Some(kernel)) =
+                (dest_maps_fit(rp, ptrs, g)?, self.own_gemms.get(t.stream))
+            {
+                let (c, ldc) = view_addr(&rp.buffers, ptrs, &g.c, "tile gemm c")?;
+                self.tile_maps[i] = Some(kernel.dest_maps(
+                    &words[first..],
+                    ld,
+                    g.block_rows as u32,
+                    g.a.rows,
+                    g.b.cols,
+                    DevPtr::<Bf16>::new(c.raw()),
+                    ldc / ELEM_BYTES,
+                )?);
             }
         }
         if words.is_empty() {
@@ -554,4 +578,31 @@ fn grouped_tasks(
         }
     }
     Ok(out)
+}
+
+/// Whether tile GEMM `g`'s destination blocks go out through tensor maps
+/// ([`HopperGemm::dest_maps`], the kernel's TMA-store epilogue) rather than
+/// 16-byte thread stores: a destination table without add, blocks of whole
+/// 64-row halves, and C and every destination 16-byte aligned with rows a
+/// multiple of 16 bytes apart. Tuning and running both ask, so the tuned
+/// schedule is the one for the launch that runs.
+pub(super) fn dest_maps_fit(rp: &RankPlan, ptrs: &[DevicePtr], g: &TileGemm) -> Result<bool> {
+    if g.dest_add
+        || g.block_rows == 0
+        || g.block_rows % 64 != 0
+        || u32::try_from(g.block_rows).is_err()
+        || g.dest.iter().all(Option::is_none)
+    {
+        return Ok(false);
+    }
+    let fits = |(p, pitch): (DevicePtr, usize)| p.is_aligned(16) && pitch % 16 == 0;
+    if !fits(view_addr(&rp.buffers, ptrs, &g.c, "tile gemm c")?) {
+        return Ok(false);
+    }
+    for v in g.dest.iter().flatten() {
+        if !fits(view_addr(&rp.buffers, ptrs, v, "tile gemm destination")?) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

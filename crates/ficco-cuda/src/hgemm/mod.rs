@@ -104,7 +104,8 @@
 //!    With [`DestHook::maps`] ([`HopperGemm::dest_maps`]: one tensor map per
 //!    block, to its destination or C's rows) and no add, the half tiles go
 //!    out as TMA stores through their block's map (mode 3 of the kernel's
-//!    `tma_store`), bit-identical to the staged epilogue.
+//!    `tma_store`), bit-identical to the staged epilogue. The executor's tile
+//!    GEMMs pass them wherever they fit (`exec::rank::dest_maps_fit`).
 //!
 //! # Schedule and epilogue variants
 //! - Staged epilogue (the default; [`Hooks::register_epilogue`] turns it
@@ -175,9 +176,7 @@
 //!
 //! # Not done
 //! Stream-K instead of split-K for shapes of one or two M-blocks is the
-//! known next step; the executor's
-//! tile GEMMs do not pass [`DestHook::maps`] yet (they use the staged
-//! epilogue).
+//! known next step.
 
 pub mod bench;
 pub mod grouped;
