@@ -462,21 +462,32 @@ static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u3
   }
 }
 
+// Mode 3: the thread that stores rows from `row` acquires their block's
+// tensor map (written by the host: the tensormap proxy must acquire it)
+// before its first use; `acquired` remembers blocks 0-63, so that a thread
+// fences each map once per launch, not once per tile.
+static __device__ __forceinline__ void acquire_map(const Params& p, u32 row, u64& acquired) {
+  const u32 b = row / p.dest_rows;
+  if (b < 64 && ((acquired >> b) & 1)) return;
+  tmap_acquire((const TMap*)p.dest_maps + b);
+  if (b < 64) acquired |= 1ull << b;
+}
+
 // Hook 6, ahead of the epilogue (called halfway through a unit's main
 // loop, while the wgmma of earlier k-blocks run): in mode 3 the thread that
 // will store the `HALVES` half tiles from row `rbase` (lt 0) acquires their
-// blocks' tensor maps (written by the host: the tensormap proxy must
-// acquire them; earlier stores have long read their staging by then); in
-// mode 2 each thread pulls the table entries of its rows into L1, so that
-// the epilogue does not wait on them.
+// blocks' tensor maps (earlier stores have long read their staging by
+// then); in mode 2 each thread pulls the table entries of its rows into
+// L1, so that the epilogue does not wait on them.
 template <int HALVES>
-static __device__ __forceinline__ void prep_dest(const Params& p, u32 rbase, u32 lt) {
+static __device__ __forceinline__ void prep_dest(const Params& p, u32 rbase, u32 lt,
+                                                 u64& acquired) {
   if (p.tma_store == 3) {
     if (lt != 0) return;
 #pragma unroll
     for (int hf = 0; hf < HALVES; ++hf) {
       const u32 row = rbase + 64u * hf;
-      if (row < p.m) tmap_acquire((const TMap*)p.dest_maps + row / p.dest_rows);
+      if (row < p.m) acquire_map(p, row, acquired);
     }
   } else if (p.tma_store == 2) {
 #pragma unroll
@@ -854,6 +865,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       const u32 cw = tid / 32 - 1;
       const u32 staged = sigbar + 8 * cw, freed = sigbar + 16 + 8 * cw;
       u32 j = 0;
+      u64 acquired = 0;  // dest maps this thread fenced
       for (u32 u = ufirst; u < units; u += ustep, ++j) {
         mbar_wait(staged, j & 1);
         u32 rbase, cbase0;
@@ -862,9 +874,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
                      : "r"(sigslot + 8 * cw)
                      : "memory");
         if (p.tma_store & 1) {
-          if (p.tma_store == 3 && rbase < p.m) {
-            tmap_acquire((const TMap*)p.dest_maps + rbase / p.dest_rows);
-          }
+          if (p.tma_store == 3 && rbase < p.m) acquire_map(p, rbase, acquired);
           tma_store_halves<M64 ? BN / 2 : BN, 1>(p, &cmap, stg + cw * (64u * (M64 ? BN / 2 : BN) * 2u),
                                                  rbase, cbase0);
           asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -879,6 +889,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     const u32 cw = wg - 1;     // consumer index: takes the CTA's units cw, cw + 2, ...
     const u32 lt = tid & 127;  // thread in warpgroup
     float d[BN];               // two 64-row halves of BN / 2 accumulators
+    u64 acquired = 0;          // dest maps this thread fenced (lt 0)
     for (u32 i = cw, u = ufirst + cw * ustep; u < units; i += 2, u += 2 * ustep) {
       // Whole tiles (no K split): unit u is tile u, and the CTA's i-th unit
       // occupies k-blocks i nk .. (i + 1) nk - 1 of the stage ring.
@@ -909,7 +920,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           wgmma_128(d + BN / 2, desc(sa + 64 * BK * 2 + ks * 32, 16, 1024), db);
         }
         wgmma_commit();
-        if (p.dest_table != 0 && kb == nk / 2) prep_dest<2>(p, m0, lt);
+        if (p.dest_table != 0 && kb == nk / 2) prep_dest<2>(p, m0, lt, acquired);
         if (kb > 0) {
           wgmma_wait<1>();
           if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
@@ -943,6 +954,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
     u32 nsig = 0;     // half tiles handed to the signal thread
+    u64 acquired = 0;  // dest maps this thread fenced (lt 0)
     u32 grp = 0, fenced = NONE;  // grouped mode: current and acquired group
     for (u32 u = ufirst; u < units; u += ustep) {
       u32 t, sp, ns, kb0, kb1;
@@ -1000,7 +1012,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           pend = NONE;
         }
         if (p.dest_table != 0 && kb == kb0 + (kb1 - kb0) / 2 && !(sig_thread && p.tma_store == 3)) {
-          prep_dest<1>(p, rbase, lt);
+          prep_dest<1>(p, rbase, lt, acquired);
         }
         if (kb > kb0) {
           wgmma_wait<1>();
