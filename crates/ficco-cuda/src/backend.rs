@@ -500,6 +500,12 @@ impl GpuBackend {
         self.job_result(res)
     }
 
+    /// Waits until every operator call issued here finished on this rank's
+    /// device, leaving a hang for the next call to report.
+    pub(crate) fn wait_ops(&self) -> Result<()> {
+        self.job.as_ref().map_or(Ok(()), |j| j.op.wait_idle())
+    }
+
     fn run_on_inner(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
         if self.ranks.len() != 1 || self.job.is_none() {
             return Err(CudaError::Plan(

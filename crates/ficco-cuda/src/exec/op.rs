@@ -30,6 +30,9 @@
 //!   stream waits for an event of the control stream. Everything it uses
 //!   (the plan, its signal layout, events, streams, the tuned GEMMs) was
 //!   made at the shape's first, full, call and is kept in an [`OpCache`].
+//!   (What stays per call on the host: binding the operands, and, once the
+//!   session holds shared allocations, one store exchange that decides
+//!   which operands are in place: another rank's operand may lie elsewhere.)
 //!
 //! **Why skipping the reset and the barriers is safe.** The flag protocol
 //! of [`crate::signal`] already makes consecutive iterations of one run
@@ -648,10 +651,18 @@ impl OpRunner {
     /// Waits until every call issued here finished on this rank's device;
     /// the hang of one of them, if the watch thread found one.
     pub fn synchronize(&mut self) -> Result<()> {
-        if let Some(ev) = &self.done {
-            ev.synchronize().map_err(drv("cuEventSynchronize"))?;
-        }
+        self.wait_idle()?;
         self.failure()
+    }
+
+    /// Waits until every call issued here finished on this rank's device
+    /// (a hung one is released by the watch thread), leaving a hang found
+    /// for the next call to report.
+    pub fn wait_idle(&self) -> Result<()> {
+        match &self.done {
+            Some(ev) => ev.synchronize().map_err(drv("cuEventSynchronize")),
+            None => Ok(()),
+        }
     }
 
     /// The hang the watch thread found since the last call, if any (the
