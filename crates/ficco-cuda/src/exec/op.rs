@@ -558,17 +558,20 @@ impl Drop for Watch {
 }
 
 fn watch_loop(s: &WatchState) {
-    let mut last = (u32::MAX, u32::MAX);
+    // The clock runs from the last call the device finished, or from when
+    // it went busy; calls issued meanwhile do not reset it (a caller that
+    // keeps queueing behind a hung call must not hide the hang).
+    let mut last_done = u32::MAX;
     let mut since = Instant::now();
     while !s.stop.load(Ordering::Acquire) {
         std::thread::sleep(WATCH_POLL);
         let now = (s.done.get(0), s.issued.load(Ordering::Acquire));
-        if now != last {
-            last = now;
+        if now.0 != last_done || now.0 == now.1 {
+            last_done = now.0;
             since = Instant::now();
             continue;
         }
-        if now.0 == now.1 || since.elapsed() < s.bound {
+        if since.elapsed() < s.bound {
             continue;
         }
         let waited_ms = since.elapsed().as_millis() as u64;
@@ -581,7 +584,7 @@ fn watch_loop(s: &WatchState) {
             waited_ms,
         });
         drain(s);
-        last = (s.done.get(0), s.issued.load(Ordering::Acquire));
+        last_done = s.done.get(0);
         since = Instant::now();
     }
 }
