@@ -152,7 +152,9 @@ def check_time(world, tmp_path):
     return rows
 
 
-def check_dead_rank(world, victim, tmp_path, mode="fail"):
+def check_dead_rank(world, victim, mode, tmp_path):
+    """`mode`: "fail" (the victim dies in a call's full path) or "failfast"
+    (in its fast path). `tmp_path` last, as every check takes it."""
     codes, ended, results = launch(
         world,
         f"{mode}:{victim}",
@@ -194,7 +196,7 @@ if pytest is not None:
 
     @pytest.mark.parametrize("world,victim,mode", DEAD_CASES)
     def test_a_dead_rank_ends_the_others_with_an_error(world, victim, mode, tmp_path):
-        check_dead_rank(world, victim, tmp_path, mode)
+        check_dead_rank(world, victim, mode, tmp_path)
 
 
 if __name__ == "__main__":

@@ -265,6 +265,48 @@ impl RankIssue {
         unsafe { cu::stream_memops(c, &writes) }
     }
 
+    /// On the control stream: set word `slot(r)` (a fixed bank's word for
+    /// this rank) in the flag memory of every rank of `to`.
+    pub fn signal_peers(
+        &self,
+        sh: &Shared<'_>,
+        to: &[usize],
+        slot: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        let writes: Vec<MemOp> = to
+            .iter()
+            .map(|&q| MemOp::Write(word(sh.flags[q], slot(self.r)), SET))
+            .collect();
+        // SAFETY: each word is inside rank q's live flag buffer (the fixed
+        // banks come first in every layout).
+        unsafe { cu::stream_memops(self.control.cu_stream(), &writes) }
+    }
+
+    /// On the control stream: wait for word `slot(q)` of this rank's flag
+    /// memory for every rank `q` of `from`, then clear those words (their
+    /// writers set them again only after this rank's next end signal).
+    pub fn wait_peers_and_clear(
+        &self,
+        sh: &Shared<'_>,
+        from: &[usize],
+        slot: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        let r = self.r;
+        let c = self.control.cu_stream();
+        let waits: Vec<MemOp> = from
+            .iter()
+            .map(|&q| MemOp::WaitGeq(word(sh.flags[r], slot(q)), SET))
+            .collect();
+        // SAFETY: the words are inside rank r's live flag buffer.
+        unsafe { cu::stream_memops(c, &waits)? };
+        let clears: Vec<MemOp> = from
+            .iter()
+            .map(|&q| MemOp::Write(word(sh.flags[r], slot(q)), 0))
+            .collect();
+        // SAFETY: as above; a separate batch, so it follows every wait.
+        unsafe { cu::stream_memops(c, &clears) }
+    }
+
     /// On the control stream, after [`RankIssue::signal_end`] of `parity`:
     /// wait until every other rank ended this iteration too (its word of
     /// bank `parity`), without clearing it (the next iteration's

@@ -26,6 +26,8 @@ pub(crate) mod check;
 pub(crate) mod issue;
 pub(crate) mod iter;
 pub(crate) mod op;
+#[cfg(test)]
+mod op_model;
 pub(crate) mod rank;
 pub(crate) mod reference;
 pub(crate) mod run;

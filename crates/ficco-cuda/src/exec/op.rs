@@ -21,15 +21,20 @@
 //!   (*quiet*): then no write of an earlier call is in flight on any rank
 //!   when the flags are reset.
 //! * *fast* ([`Path::Fast`]): on the control stream, after an event of the
-//!   caller's stream: wait for every peer's end of the previous call (barrier
-//!   bank `1 - parity`) and clear it; copy the inputs into the shared arena;
-//!   fork the plan's streams; the tasks with their flag waits and signals;
-//!   join; copy the output out; clear this rank's task words; set this
-//!   rank's word in every peer's bank `parity`; with operands bound in shared
-//!   memory, also wait for every peer's end of this call; then the caller's
-//!   stream waits for an event of the control stream. Everything it uses
-//!   (the plan, its signal layout, events, streams, the tuned GEMMs) was
-//!   made at the shape's first, full, call and is kept in an [`OpCache`].
+//!   caller's stream, the [`fast_steps`]: wait for every peer's end of the
+//!   previous call (barrier bank `1 - parity`) and clear it; copy the inputs
+//!   into the shared arena; tell the peers that touch this rank's operands
+//!   that they are in place, and wait until the peers whose operands this
+//!   rank touches said so (*ready*, [`Handoff`]); fork the plan's streams;
+//!   the tasks with their flag waits and signals; join; tell the peers whose
+//!   output this rank wrote, and wait for the peers that write its output
+//!   (*landed*); copy the output out; clear this rank's task words; set this
+//!   rank's word in every peer's bank `parity`; with operands bound in
+//!   shared memory, also wait for every peer's end of this call; then the
+//!   caller's stream waits for an event of the control stream. Everything
+//!   it uses (the plan, its signal layout and hand-offs, events, streams,
+//!   the tuned GEMMs) was made at the shape's first, full, call and is kept
+//!   in an [`OpCache`].
 //!   (What stays per call on the host: binding the operands, and, once the
 //!   session holds shared allocations, one store exchange that decides
 //!   which operands are in place: another rank's operand may lie elsewhere.)
@@ -41,7 +46,9 @@
 //! ([`Epoch`]), also when that call ran another plan:
 //! 1. *Every plan agrees on the barrier banks*: they are the first `2P`
 //!    words of every rank's flag memory, word `q` of bank `b` set by rank
-//!    `q` at the end of an iteration of parity `b` ([`SignalLayout::bank`]).
+//!    `q` at the end of an iteration of parity `b` ([`SignalLayout::bank`]);
+//!    the ready and landed banks of point 5 follow at fixed words too
+//!    ([`crate::signal::FIXED_BANKS`]).
 //! 2. *Between two iterations every task word is 0*: a full call zeroes the
 //!    whole flag memory (bank 1 then preset, as if an iteration -1 had
 //!    ended); each consumer clears its own task words at the end of each
@@ -49,8 +56,9 @@
 //!    iteration passed, i.e. after every producer's write of it landed;
 //!    words that another plan uses but this one does not stay 0. The only
 //!    words set between calls are the peers' end signals in bank `parity`
-//!    of the call just done, and bank `1 - parity` is 0 (cleared at that
-//!    call's start).
+//!    of the call just done; bank `1 - parity` is 0 (cleared at that call's
+//!    start), and so are the ready and landed words (each cleared by its
+//!    waiter before its end signal).
 //! 3. *No stale flag passes as a signal of this call*: a task word written
 //!    by this call's producer could only be stale if a producer wrote it in
 //!    an earlier call after the consumer cleared it; but a producer starts
@@ -72,7 +80,28 @@
 //!    caller, who may overwrite them as soon as the call is done on its
 //!    stream: those calls also wait for every peer's end before the
 //!    caller's stream resumes.
-//! 5. *Nothing is freed under a call in flight*: the arena and the flag
+//! 5. *Every rank reads this call's operands, and copies out this call's
+//!    output*. Here a call is *not* the next iteration of a run: a run's
+//!    inputs are in place before its first barrier and stay, and its output
+//!    is read after its last barrier, so its plan has no dependency for
+//!    either, while a call brings new operands and copies its output out
+//!    right after its tasks. Hence the hand-offs ([`Handoff`], from the
+//!    plan's copies, alike on every rank): a rank whose tasks touch a
+//!    peer's operand buffer (its shard, pulled by ag-gemm; its output,
+//!    pushed into by gemm-ar) forks its tasks only after that peer's
+//!    *ready*, set once the peer's inputs are copied in (or, in shared
+//!    memory, once its caller's stream reached the call); a rank copies its
+//!    output out only after the *landed* of every peer that writes it, set
+//!    after that peer's tasks joined. Their words ([`SignalLayout::ready_slot`],
+//!    [`SignalLayout::landed_slot`]) are cleared by their waiter right after
+//!    the wait, before its end signal; the writer sets them again only in
+//!    its next call, after that end signal, so no stale word passes.
+//!    Without them, a peer pulls the previous call's shard, or the output
+//!    is copied out before a peer's push landed: exactly what the GPU
+//!    showed. `exec::op_model` checks points 4 and 5 on a CPU model of
+//!    call sequences built from the same steps (no race, no stale read, no
+//!    deadlock), and that without the hand-offs it finds those two races.
+//! 6. *Nothing is freed under a call in flight*: the arena and the flag
 //!    memory only grow in a full call, which first waits for this rank's
 //!    device and the quiet barrier; a shared allocation is freed only after
 //!    this rank's calls finished ([`OpRunner::synchronize`]).
@@ -203,6 +232,132 @@ pub fn fast_capable(plan: &Plan) -> bool {
             .iter()
             .any(|t| matches!(t.kind, TaskKind::TileGemm(_) | TaskKind::GroupedGemm { .. }))
     })
+}
+
+/// Who tells whom around a fast call's tasks: what a multi-iteration run
+/// gets for free (its inputs are in place before its first barrier and
+/// stay; its outputs are read after its last barrier) but consecutive
+/// calls on new operands do not. Derived from the plan's copies, the only
+/// tasks that reach another rank's memory, so every rank derives the same
+/// pairs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handoff {
+    /// Per rank `r`: the peers whose tasks touch one of `r`'s operand
+    /// buffers (an input or the output): `r` sets its word of their *ready*
+    /// bank once its operands of the call are in place.
+    pub ready_to: Vec<Vec<usize>>,
+    /// Per rank `q`: the peers whose operand buffers `q`'s tasks touch;
+    /// `q` waits for their ready words before it forks its tasks.
+    pub ready_from: Vec<Vec<usize>>,
+    /// Per rank `q`: the peers whose output `q`'s tasks write: `q` sets its
+    /// word of their *landed* bank after its tasks.
+    pub landed_to: Vec<Vec<usize>>,
+    /// Per rank `r`: the peers that write `r`'s output; `r` waits for
+    /// their landed words before it copies its output out (no task of `r`
+    /// waits for those writes: in a run, the final barrier does).
+    pub landed_from: Vec<Vec<usize>>,
+}
+
+impl Handoff {
+    pub fn of(plan: &Plan) -> Self {
+        let p = plan.ranks.len();
+        let mut ready = vec![vec![false; p]; p];
+        let mut landed = vec![vec![false; p]; p];
+        for (t, rp) in plan.ranks.iter().enumerate() {
+            for task in &rp.tasks {
+                let TaskKind::Copy { src, dst } = &task.kind else {
+                    continue;
+                };
+                for (end, write) in [(src, false), (dst, true)] {
+                    let o = end.rank;
+                    if o == t || o >= p {
+                        continue;
+                    }
+                    let role = plan.ranks[o].buffers.get(end.view.buf).map(|b| b.role);
+                    if role.is_some_and(|r| r != BufferRole::Scratch) {
+                        ready[o][t] = true;
+                    }
+                    if write && role == Some(BufferRole::Output) {
+                        landed[t][o] = true;
+                    }
+                }
+            }
+        }
+        let list = |m: &Vec<Vec<bool>>, from: bool| -> Vec<Vec<usize>> {
+            (0..p)
+                .map(|a| {
+                    (0..p)
+                        .filter(|&b| if from { m[b][a] } else { m[a][b] })
+                        .collect()
+                })
+                .collect()
+        };
+        Handoff {
+            ready_to: list(&ready, false),
+            ready_from: list(&ready, true),
+            landed_to: list(&landed, false),
+            landed_from: list(&landed, true),
+        }
+    }
+}
+
+/// One step of a fast call on the control stream, in issue order
+/// ([`fast_steps`]; the module doc says why each is there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Wait for every peer's end of the previous call (bank `1 - parity`)
+    /// and clear it.
+    WaitPeers,
+    /// Copy the copied operands into the arena.
+    CopyIn,
+    /// Tell the peers that touch this rank's operands that they are in
+    /// place ([`Handoff::ready_to`]).
+    SignalReady,
+    /// Wait until the peers whose operands this rank's tasks touch have
+    /// theirs in place ([`Handoff::ready_from`]), and clear their words.
+    WaitReady,
+    /// Fork the plan's streams, the tasks with their flag waits and
+    /// signals, join.
+    Tasks,
+    /// Tell the peers whose output this rank wrote that the writes are done
+    /// ([`Handoff::landed_to`]).
+    SignalLanded,
+    /// Wait until every peer that writes this rank's output is done
+    /// ([`Handoff::landed_from`]), and clear their words.
+    WaitLanded,
+    /// Copy the output out of the arena.
+    CopyOut,
+    /// Clear this rank's task words; set this rank's word in every peer's
+    /// bank `parity`.
+    SignalEnd,
+    /// Wait for every peer's end of this call (operands in shared memory).
+    WaitAllEnded,
+}
+
+/// The steps of a fast call of rank `r`; `shared`: some operand is bound in
+/// place in shared memory. Hand-offs with nobody to tell or wait for are
+/// left out.
+pub fn fast_steps(h: &Handoff, r: usize, shared: bool) -> Vec<Step> {
+    let has = |v: &Vec<Vec<usize>>| v.get(r).is_some_and(|x| !x.is_empty());
+    let mut out = vec![Step::WaitPeers, Step::CopyIn];
+    if has(&h.ready_to) {
+        out.push(Step::SignalReady);
+    }
+    if has(&h.ready_from) {
+        out.push(Step::WaitReady);
+    }
+    out.push(Step::Tasks);
+    if has(&h.landed_to) {
+        out.push(Step::SignalLanded);
+    }
+    if has(&h.landed_from) {
+        out.push(Step::WaitLanded);
+    }
+    out.extend([Step::CopyOut, Step::SignalEnd]);
+    if shared {
+        out.push(Step::WaitAllEnded);
+    }
+    out
 }
 
 /// A call shape: what decides the plan of an operator call.
@@ -368,6 +523,7 @@ pub(crate) struct OpPlan {
     pub plan: Plan,
     pub uses: Vec<Vec<BufferUse>>,
     layout: SignalLayout,
+    handoff: Handoff,
     events: Vec<Vec<bool>>,
     flag_preds: FlagPreds,
     tile_share: Vec<usize>,
@@ -442,6 +598,7 @@ impl OpPlan {
         // where the operands are).
         let iss = RankIssue::new(rank, &sh, streams, false)?;
         Ok(OpPlan {
+            handoff: Handoff::of(&plan),
             plan,
             uses,
             layout,
@@ -725,23 +882,55 @@ impl OpRunner {
             cu::event_record(caller.cu_event(), caller_stream)?;
             cu::stream_wait_event(control.cu_stream(), caller.cu_event())?;
         }
-        st.iss.wait_peers(&sh, parity)?;
-        for &(dst, src, bytes) in &bound.copy_in {
-            // SAFETY: the arena buffer and the caller's operand hold `bytes`.
-            unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
-        }
-        st.iss.fork()?;
-        for i in 0..st.plan.ranks[rank.rank].tasks.len() {
-            st.iss.task(rank, &sh, i, false, None)?;
-        }
-        st.iss.join()?;
-        for &(dst, src, bytes) in &bound.copy_out {
-            // SAFETY: as above.
-            unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
-        }
-        st.iss.signal_end(&sh, parity)?;
-        if bound.shared {
-            st.iss.wait_all_ended(&sh, parity)?;
+        for step in fast_steps(&st.handoff, rank.rank, bound.shared) {
+            match step {
+                Step::WaitPeers => st.iss.wait_peers(&sh, parity)?,
+                Step::CopyIn => {
+                    for &(dst, src, bytes) in &bound.copy_in {
+                        // SAFETY: the arena buffer and the caller's operand hold `bytes`.
+                        unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
+                    }
+                }
+                Step::SignalReady => {
+                    let l = &st.layout;
+                    st.iss
+                        .signal_peers(&sh, &st.handoff.ready_to[rank.rank], |q| l.ready_slot(q))?
+                }
+                Step::WaitReady => {
+                    let l = &st.layout;
+                    st.iss
+                        .wait_peers_and_clear(&sh, &st.handoff.ready_from[rank.rank], |q| {
+                            l.ready_slot(q)
+                        })?
+                }
+                Step::Tasks => {
+                    st.iss.fork()?;
+                    for i in 0..st.plan.ranks[rank.rank].tasks.len() {
+                        st.iss.task(rank, &sh, i, false, None)?;
+                    }
+                    st.iss.join()?;
+                }
+                Step::SignalLanded => {
+                    let l = &st.layout;
+                    st.iss
+                        .signal_peers(&sh, &st.handoff.landed_to[rank.rank], |q| l.landed_slot(q))?
+                }
+                Step::WaitLanded => {
+                    let l = &st.layout;
+                    st.iss
+                        .wait_peers_and_clear(&sh, &st.handoff.landed_from[rank.rank], |q| {
+                            l.landed_slot(q)
+                        })?
+                }
+                Step::CopyOut => {
+                    for &(dst, src, bytes) in &bound.copy_out {
+                        // SAFETY: as above.
+                        unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
+                    }
+                }
+                Step::SignalEnd => st.iss.signal_end(&sh, parity)?,
+                Step::WaitAllEnded => st.iss.wait_all_ended(&sh, parity)?,
+            }
         }
         self.seq = self.seq.wrapping_add(1);
         watch.state.issued.store(self.seq, Ordering::Release);
