@@ -15,7 +15,9 @@ call                        ``a``               ``b``     result
 P is the group's size. Tensors are bfloat16, 2-D, contiguous, on this
 process's current CUDA device; the operator runs on the current CUDA stream
 (ordered after the work queued on it, and the caller's later work after
-it). ``schedule="auto"`` takes the tuning cache's winner for the shape
+it), like any PyTorch op: a call returns once it is queued, without
+synchronizing the host (the first call of each shape runs synchronously;
+``FICCO_OP_SYNC=1`` makes every call do so). ``schedule="auto"`` takes the tuning cache's winner for the shape
 (``ficco tune``), else the rule selector's pick (``ficco select``); any name
 ``ficco schedules --op OP --gpus P`` lists forces that schedule. Every rank
 of the group calls the same operator with the same shapes and schedule, in
@@ -25,7 +27,9 @@ Arguments are checked here before anything reaches the native library; a bad
 one raises ``TypeError`` or ``ValueError`` naming it and saying what to do.
 A failure during the run (a rank that died, a hang) raises ``RuntimeError``
 on every surviving rank within ficco's bounds (``FICCO_DIST_TIMEOUT_MS``,
-``FICCO_WATCHDOG_MS``) instead of hanging.
+``FICCO_WATCHDOG_MS``) instead of hanging. A call that returned before it
+ran reports such a failure at the next ficco call or at ``synchronize()``;
+meanwhile its stream is released, so nothing waits forever.
 
 The ops have no backward: call them under ``torch.no_grad()`` (or on tensors
 that do not require grad).
@@ -60,6 +64,7 @@ __all__ = [
     "empty",
     "last_schedule",
     "session",
+    "synchronize",
 ]
 
 # One session per process group (keyed by the group object), the number of
@@ -174,6 +179,26 @@ def session(group: Optional[dist.ProcessGroup] = None) -> "_native.Session":
     fn = "ficco.torch.session"
     _check_initialised(fn)
     return _session(fn, _resolve(group))
+
+
+def synchronize(group: Optional[dist.ProcessGroup] = None) -> None:
+    """Waits until every ficco call of this rank on ``group`` finished on the
+    device; raises ``RuntimeError`` if one of them hung (a rank died): its
+    result, and those of the calls after it, are not valid. Does nothing
+    before the group's first call."""
+    if not _initialised():
+        return
+    group = _resolve(group)
+    sess = _sessions.get(group)
+    if sess is None:
+        return
+    try:
+        sess.synchronize()
+    except RuntimeError:
+        with _lock:
+            if _sessions.get(group) is sess:
+                del _sessions[group]
+        raise
 
 
 def close() -> None:

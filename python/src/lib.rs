@@ -361,12 +361,37 @@ impl PySession {
         }
     }
 
-    /// Releases this rank's shared allocation at `addr` (local). A closed
-    /// session already released everything: then it does nothing.
-    fn free(&self, addr: u64) -> PyResult<()> {
-        match self.lock().as_mut() {
-            None => Ok(()),
-            Some(s) => s.free(addr).map_err(cuda_err),
+    /// Releases this rank's shared allocation at `addr` (local), once this
+    /// rank's calls that may use it finished. A closed session already
+    /// released everything: then it does nothing.
+    fn free(&self, py: Python<'_>, addr: u64) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(
+            || match inner.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                None => Ok(()),
+                Some(s) => s.free(addr),
+            },
+        )
+        .map_err(cuda_err)
+    }
+
+    /// Waits until every operator call of this rank finished on its device
+    /// (calls return once queued on the caller's stream). Raises
+    /// `RuntimeError` if one of them hung (a rank died): its result, and
+    /// those of the calls after it, are not valid.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = &self.inner;
+        let done = py.detach(|| {
+            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_mut() {
+                None => Err(Call::Closed),
+                Some(s) => s.synchronize().map_err(Call::Failed),
+            }
+        });
+        match done {
+            Ok(()) => Ok(()),
+            Err(Call::Closed) => Err(closed()),
+            Err(Call::Failed(e)) => Err(cuda_err(e)),
         }
     }
 

@@ -5,7 +5,11 @@ ranks on one GPU). The launcher environment (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) comes from the test.
 
     python loopback_worker.py ops OUT.json      every op, forced and "auto"
+    python loopback_worker.py repeat OUT.json   many calls, fresh data, ops and shapes alternating
+    python loopback_worker.py time OUT.json     per-call wall time of a small ag-gemm
     python loopback_worker.py fail:V OUT.json   rank V dies before its call
+    python loopback_worker.py failfast:V OUT.json  rank V dies after calls of the shape
+                                                the others call next (their fast path)
 
 Each rank writes its results to OUT.json as soon as it has them, so the test
 can tell what happened even if the process does not end afterwards.
@@ -34,33 +38,152 @@ OPS = {
 ROWS, K, N = 2048, 2048, 1024
 
 
-def operands(op, case, q, world):
+def operands(op, case, q, world, shape=(ROWS, K, N)):
     """Rank q's inputs of case `case`, regenerated identically on any rank
     from a per-rank seed (no collective needed for the reference)."""
+    rows_per, k, n = shape
     g = torch.Generator(device="cuda:0")
     g.manual_seed(1000 * case + q)
-    rows = ROWS if op == "ag-gemm" else ROWS * world
-    a = torch.randn(rows, K, device="cuda:0", generator=g).to(torch.bfloat16)
-    b = torch.randn(K, N, device="cuda:0", generator=g).to(torch.bfloat16)
+    rows = rows_per if op == "ag-gemm" else rows_per * world
+    a = torch.randn(rows, k, device="cuda:0", generator=g).to(torch.bfloat16)
+    b = torch.randn(k, n, device="cuda:0", generator=g).to(torch.bfloat16)
     return a, b
 
 
-def reference(op, case, rank, world):
+def reference(op, case, rank, world, shape=(ROWS, K, N)):
     """This rank's expected output, in fp32 from every rank's bf16 inputs."""
-    ins = [operands(op, case, q, world) for q in range(world)]
+    ins = [operands(op, case, q, world, shape) for q in range(world)]
     if op == "ag-gemm":
         full = torch.cat([a.float() for a, _ in ins])
         return full @ ins[rank][1].float()
     total = sum(a.float() @ b.float() for a, b in ins)
     if op == "gemm-ar":
         return total
-    m = ROWS * world
+    m = shape[0] * world
     return total[rank * m // world:(rank + 1) * m // world]
 
 
-def out_shape(op, world):
-    m = ROWS * world
-    return (m // world if op == "gemm-rs" else m, N)
+def out_shape(op, world, shape=(ROWS, K, N)):
+    m = shape[0] * world
+    return (m // world if op == "gemm-rs" else m, shape[2])
+
+
+def check(got, op, case, rank, world, shape, row):
+    ref = reference(op, case, rank, world, shape)
+    row["nan"] = bool(torch.isnan(got).any())
+    row["err"] = float((got.float() - ref).norm() / ref.norm())
+
+
+# Shapes (rows per rank, k, n) and schedules the repeat mode alternates.
+REPEAT_SHAPES = [(256, 512, 384), (512, 256, 256)]
+REPEAT_SCHEDULES = ["shard-copy-ring", "fine2-copy-all"]
+# Calls issued back to back before their results are read (several calls
+# in flight on the stream at once).
+REPEAT_BATCH = 4
+REPEAT_CALLS = 36
+
+
+def run_repeat(rank, world, out_path):
+    """Many calls, each with fresh random data, cycling through ops, shapes
+    and schedules so that consecutive calls use different cached plans,
+    issued in batches before their results are read; then repeated calls
+    on ft.empty operands (in place), rewritten with fresh data between
+    calls while the peers may still be at their previous call."""
+    results = []
+    ops = list(OPS)
+    pending = []
+    for i in range(REPEAT_CALLS):
+        op = ops[i % 3]
+        shape = REPEAT_SHAPES[(i // 3) % 2]
+        schedule = REPEAT_SCHEDULES[(i // 6) % 2]
+        case = 5000 + i
+        a, b = operands(op, case, rank, world, shape)
+        out = torch.full(out_shape(op, world, shape), float("nan"), dtype=torch.bfloat16, device="cuda:0")
+        row = {"op": op, "schedule": schedule, "shape": list(shape), "call": i}
+        try:
+            with torch.no_grad():
+                OPS[op](a, b, schedule=schedule, out=out)
+            row["ran"] = ft.last_schedule()
+            # The caller overwrites its inputs right away: its later work
+            # on the stream follows the call.
+            a.fill_(float("nan"))
+            b.fill_(float("nan"))
+            pending.append((row, out, op, case, shape))
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"
+        results.append(row)
+        if len(pending) == REPEAT_BATCH or i + 1 == REPEAT_CALLS:
+            torch.cuda.synchronize()
+            for prow, pout, pop, pcase, pshape in pending:
+                check(pout, pop, pcase, rank, world, pshape, prow)
+            pending = []
+    # In place: the same shared operands, fresh data each call.
+    shape = REPEAT_SHAPES[0]
+    for op in ops:
+        a0, b0 = operands(op, 7000, rank, world, shape)
+        a = ft.empty(*a0.shape)
+        b = ft.empty(*b0.shape)
+        out = ft.empty(*out_shape(op, world, shape))
+        for j in range(6):
+            case = 7000 + 10 * ops.index(op) + j
+            a0, b0 = operands(op, case, rank, world, shape)
+            row = {"op": op, "schedule": "shard-copy-ring", "shape": list(shape), "in_place": True, "call": j}
+            try:
+                a.copy_(a0)
+                b.copy_(b0)
+                out.fill_(float("nan"))
+                with torch.no_grad():
+                    got = OPS[op](a, b, schedule="shard-copy-ring", out=out)
+                row["ran"] = ft.last_schedule()
+                snapshot = got.clone()
+                torch.cuda.synchronize()
+                check(snapshot, op, case, rank, world, shape, row)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"
+            results.append(row)
+        del a, b, out
+    ft.synchronize()
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+    ft.close()
+
+
+# The timed shape: ag-gemm, m = 1024 over the ranks, k = n = 1024.
+TIME_CALLS = 200
+
+
+def run_time(rank, world, out_path):
+    """Per-call wall time of a small ag-gemm, after warm-up: the host time
+    of a loop of calls ended by one synchronize (what a model's forward
+    pass sees), and of calls each synchronized."""
+    m, k, n = 1024, 1024, 1024
+    a = torch.randn(m // world, k, device="cuda:0").to(torch.bfloat16)
+    b = torch.randn(k, n, device="cuda:0").to(torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda:0")
+    with torch.no_grad():
+        for _ in range(10):
+            ft.all_gather_matmul(a, b, schedule="shard-copy-ring", out=out)
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(TIME_CALLS):
+            ft.all_gather_matmul(a, b, schedule="shard-copy-ring", out=out)
+        torch.cuda.synchronize()
+        loop_us = (time.perf_counter() - t0) / TIME_CALLS * 1e6
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(TIME_CALLS // 4):
+            ft.all_gather_matmul(a, b, schedule="shard-copy-ring", out=out)
+            torch.cuda.synchronize()
+        synced_us = (time.perf_counter() - t0) / (TIME_CALLS // 4) * 1e6
+    row = {
+        "sync_env": os.environ.get("FICCO_OP_SYNC", ""),
+        "loop_us": loop_us,
+        "synced_us": synced_us,
+    }
+    with open(out_path, "w") as fh:
+        json.dump(row, fh)
+    ft.close()
 
 
 def run_ops(rank, world, out_path):
@@ -138,6 +261,33 @@ def run_fail(rank, world, victim, out_path):
         json.dump(row, fh)
 
 
+def run_failfast(rank, world, victim, out_path):
+    """Every rank runs the same shape a few times (its later calls take the
+    fast path); then the victim dies and the others call that shape again:
+    the call returns before it runs, its stream is released by ficco's
+    watch thread, and the hang is raised by ft.synchronize()."""
+    a, b = operands("ag-gemm", 1, rank, world)
+    with torch.no_grad():
+        for _ in range(3):
+            ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == victim:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        with torch.no_grad():
+            ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
+        torch.cuda.synchronize()
+        ft.synchronize()
+        row = {"raised": None}
+    except Exception as e:
+        row = {"raised": type(e).__name__, "message": str(e)}
+    row["after_s"] = time.monotonic() - t0
+    with open(out_path, "w") as fh:
+        json.dump(row, fh)
+
+
 def main():
     mode, out_path = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -146,6 +296,14 @@ def main():
     if mode == "ops":
         run_ops(rank, world, out_path)
         dist.destroy_process_group()
+    elif mode == "repeat":
+        run_repeat(rank, world, out_path)
+        dist.destroy_process_group()
+    elif mode == "time":
+        run_time(rank, world, out_path)
+        dist.destroy_process_group()
+    elif mode.startswith("failfast:"):
+        run_failfast(rank, world, int(mode[9:]), out_path)
     elif mode.startswith("fail:"):
         # Exits normally after raising: that the process then ends (ficco's
         # atexit hook, the dropped session) is part of what is tested.

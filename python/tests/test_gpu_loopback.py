@@ -6,7 +6,10 @@ Skipped without CUDA, unless FICCO_REQUIRE_GPU=1, where that fails. Run on
 a GPU machine with:
 
     pytest -q python/tests/test_gpu_loopback.py
-    python python/tests/test_gpu_loopback.py [ops|dead]   # the same without pytest
+    python python/tests/test_gpu_loopback.py [ops|repeat|time|dead]   # the same without pytest
+
+`time` prints the per-call wall time of a small ag-gemm on 2 ranks, with
+the fast path and with FICCO_OP_SYNC=1 (the full path on every call).
 """
 
 import json
@@ -106,10 +109,55 @@ def check_ops(world, tmp_path):
         assert len({rows[i]["ran"] for rows in results}) == 1, [rows[i] for rows in results]
 
 
-def check_dead_rank(world, victim, tmp_path):
+def check_repeat(world, tmp_path):
+    codes, _, results = launch(
+        world, "repeat", tmp_path, limit_s=500, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
+    )
+    assert codes == [0] * world, f"exit codes {codes}; results {results}"
+    failures = []
+    for rank, rows in enumerate(results):
+        assert rows is not None and len(rows) == 36 + 18, f"rank {rank}: {rows}"
+        for row in rows:
+            what = f"rank {rank} call {row['call']} {row['op']} {row['shape']} {row['schedule']}"
+            what += " in place" if row.get("in_place") else ""
+            if "error" in row:
+                failures.append(f"{what}: {row['error']}")
+                continue
+            if row["nan"]:
+                failures.append(f"{what}: NaN left in the output")
+            if not row["err"] < TOLERANCE:
+                failures.append(f"{what}: relative error {row['err']:.3g}")
+            if row["ran"] != row["schedule"]:
+                failures.append(f"{what}: ran {row['ran']}")
+    assert not failures, "\n".join(failures)
+
+
+def check_time(world, tmp_path):
+    """Prints the per-call wall time, fast path against FICCO_OP_SYNC=1."""
+    rows = {}
+    for label, env in (("fast", {}), ("FICCO_OP_SYNC=1", {"FICCO_OP_SYNC": "1"})):
+        d = tmp_path / label.replace("=", "_")
+        d.mkdir()
+        codes, _, results = launch(world, "time", d, limit_s=300, extra_env=env)
+        assert codes == [0] * world, f"{label}: exit codes {codes}; results {results}"
+        rows[label] = results
+        loop = max(r["loop_us"] for r in results)
+        synced = max(r["synced_us"] for r in results)
+        print(
+            f"ag-gemm m=1024 k=1024 n=1024, {world} loopback ranks, {label}: "
+            f"{loop:.0f} us per call in a loop, {synced:.0f} us per call synchronized "
+            f"(max over ranks)",
+            flush=True,
+        )
+    return rows
+
+
+def check_dead_rank(world, victim, mode, tmp_path):
+    """`mode`: "fail" (the victim dies in a call's full path) or "failfast"
+    (in its fast path). `tmp_path` last, as every check takes it."""
     codes, ended, results = launch(
         world,
-        f"fail:{victim}",
+        f"{mode}:{victim}",
         tmp_path,
         limit_s=90,
         extra_env={"FICCO_DIST_TIMEOUT_MS": "10000", "FICCO_WATCHDOG_MS": "5000"},
@@ -129,8 +177,9 @@ def check_dead_rank(world, victim, tmp_path):
 
 
 OPS_CASES = [2, 4]
-# Rank 0 (which hosts the session's store) dying, and another rank.
-DEAD_CASES = [(2, 0), (4, 2)]
+# Rank 0 (which hosts the session's store) dying, and another rank; in a
+# call's full path ("fail") and in its fast path ("failfast").
+DEAD_CASES = [(2, 0, "fail"), (4, 2, "fail"), (2, 1, "failfast"), (4, 0, "failfast")]
 
 if pytest is not None:
 
@@ -138,9 +187,16 @@ if pytest is not None:
     def test_every_op_equals_the_reference(world, tmp_path):
         check_ops(world, tmp_path)
 
-    @pytest.mark.parametrize("world,victim", DEAD_CASES)
-    def test_a_dead_rank_ends_the_others_with_an_error(world, victim, tmp_path):
-        check_dead_rank(world, victim, tmp_path)
+    @pytest.mark.parametrize("world", OPS_CASES)
+    def test_repeated_calls_alternating_shapes_equal_the_reference(world, tmp_path):
+        check_repeat(world, tmp_path)
+
+    def test_per_call_time_is_printed(tmp_path):
+        check_time(2, tmp_path)
+
+    @pytest.mark.parametrize("world,victim,mode", DEAD_CASES)
+    def test_a_dead_rank_ends_the_others_with_an_error(world, victim, mode, tmp_path):
+        check_dead_rank(world, victim, mode, tmp_path)
 
 
 if __name__ == "__main__":
@@ -153,8 +209,10 @@ if __name__ == "__main__":
     # `python test_gpu_loopback.py [ops|dead]`: one half (each well within a 10-minute call).
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     cases = [(f"ops world={w}", check_ops, (w,)) for w in OPS_CASES if only in ("", "ops")]
-    cases += [(f"dead rank world={w} victim={v}", check_dead_rank, (w, v))
-              for w, v in DEAD_CASES if only in ("", "dead")]
+    cases += [(f"repeat world={w}", check_repeat, (w,)) for w in OPS_CASES if only in ("", "repeat")]
+    cases += [("time world=2", check_time, (2,))] if only in ("", "time") else []
+    cases += [(f"dead rank world={w} victim={v} ({mode})", check_dead_rank, (w, v, mode))
+              for w, v, mode in DEAD_CASES if only in ("", "dead")]
     failed = 0
     for name, fn, args in cases:
         with tempfile.TemporaryDirectory() as d:

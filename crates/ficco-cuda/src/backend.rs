@@ -36,18 +36,7 @@ impl Default for MeasureConfig {
 }
 
 /// One operand of an operator call on caller memory ([`GpuBackend::run_on`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Operand {
-    /// The plan buffer it fills (an input) or receives (the output).
-    pub role: BufferRole,
-    /// Its device address in this process, and its size.
-    pub addr: u64,
-    pub bytes: usize,
-    /// Every rank's address of its operand of this role, as mapped here,
-    /// when every rank's operand lives in shared memory at the same offset:
-    /// the plan then reads and writes it in place.
-    pub shared: Option<Vec<DevicePtr>>,
-}
+pub(crate) use crate::exec::op::Operand;
 
 /// Inputs and reference outputs of one prepared problem, per rank driven
 /// here (in the order of `GpuBackend::ranks`).
@@ -276,6 +265,10 @@ impl GpuBackend {
         self.job.as_ref()
     }
 
+    pub(crate) fn job_mut(&mut self) -> Option<&mut Job> {
+        self.job.as_mut()
+    }
+
     /// The job, after this rank's device work and GPU resources are
     /// released (its shared memory is released with the job).
     pub fn into_job(mut self) -> Option<Job> {
@@ -313,15 +306,28 @@ impl GpuBackend {
         match self.job.as_mut() {
             None => exec::run_plan_with(&mut self.ranks, plan, ptrs, spec, self.run_opts),
             Some(job) => {
+                if let Some(rank) = self.ranks.first() {
+                    job.quiesce(rank)?;
+                }
                 let view = job.run_view(plan)?;
-                exec::run::run_plan_in(
+                let res = exec::run::run_plan_in(
                     &mut self.ranks,
                     plan,
                     ptrs,
                     spec,
                     self.run_opts,
                     Some(&view),
-                )
+                );
+                // The flags are between iterations again (every rank's
+                // device idle at the final barrier), or unknown.
+                match &res {
+                    Ok(_) => job
+                        .op
+                        .epoch
+                        .after_full(spec.warmup + spec.timed + usize::from(spec.timeline)),
+                    Err(_) => job.op.epoch.failed(),
+                }
+                res
             }
         }
     }
@@ -391,7 +397,11 @@ impl GpuBackend {
             )));
         }
         if let Some(job) = self.job.as_mut() {
-            // Nothing of this rank is in flight here (runs end synchronized).
+            // Nothing of this rank may be in flight when the arena grows:
+            // operator calls issued without a final barrier end first.
+            if let Some(rank) = self.ranks.first() {
+                job.quiesce(rank)?;
+            }
             return job.bind(plan);
         }
         self.ranks
@@ -459,92 +469,132 @@ impl GpuBackend {
     }
 
     /// Runs `plan` once on caller memory (a rank of a job: this process's
-    /// rank): waits for the caller's `stream`, copies every input operand
-    /// into the plan's buffer of its role, runs, and copies the plan's
-    /// output into the output operand. An operand that lives in shared
-    /// memory ([`Operand::shared`]), or whose buffer no other rank's task
-    /// touches (and, an input, no task writes), is bound in place instead
-    /// of copied.
-    /// Returns once the output is written. Sizes must match the plan's
-    /// buffers exactly.
+    /// rank), ordered after the work queued on the caller's `stream` and
+    /// before the caller's later work on it. Every input operand is copied
+    /// into the plan's buffer of its role, and the plan's output into the
+    /// output operand, unless it lives in shared memory
+    /// ([`Operand::shared`]) or its buffer no other rank's task touches
+    /// (and, an input, no task writes): then it is bound in place. Sizes
+    /// must match the plan's buffers exactly.
+    ///
+    /// The first call of a call shape, and a few others, take the full path
+    /// (flags reset, store barriers, host synchronize); the others return
+    /// once issued ([`exec::op`]).
     pub(crate) fn run_on(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
         let res = self.run_on_inner(plan, operands, stream);
+        if res.is_err() {
+            if let Some(j) = self.job.as_mut() {
+                j.op.epoch.failed();
+            }
+        }
         self.job_result(res)
     }
 
+    /// Waits until every operator call issued here finished on this rank's
+    /// device; the hang of one of them, if one was found.
+    pub(crate) fn sync_ops(&mut self) -> Result<()> {
+        let res = match self.job.as_mut() {
+            Some(j) => j.op.synchronize(),
+            None => Ok(()),
+        };
+        self.job_result(res)
+    }
+
+    /// Waits until every operator call issued here finished on this rank's
+    /// device, leaving a hang for the next call to report.
+    pub(crate) fn wait_ops(&self) -> Result<()> {
+        self.job.as_ref().map_or(Ok(()), |j| j.op.wait_idle())
+    }
+
     fn run_on_inner(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
-        if self.ranks.len() != 1 {
+        if self.ranks.len() != 1 || self.job.is_none() {
             return Err(CudaError::Plan(
-                "an operator call runs one rank per process".into(),
+                "an operator call runs one rank per process, in a job".into(),
             ));
         }
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
-        let mut ptrs = self.bind(plan)?;
+        let r = self.ranks[0].rank;
+        let Some(job) = self.job.as_mut() else {
+            return Err(CudaError::Plan("the session has no job".into()));
+        };
+        // A hang of an earlier call, found since: its results were not valid.
+        job.op.failure()?;
+        let key = exec::op::OpKey::of(plan);
+        let (flags, flag_words) = job.flag_view();
+        let cached = job
+            .op
+            .cache
+            .get_mut(&key)
+            .map(|st| (st.flags == flags, st.layout_words()));
+        let facts = exec::op::CallFacts {
+            sync: job.op.sync,
+            grows: job.grows(plan, cached.map_or(usize::MAX / 8, |c| c.1)),
+            cached: cached.is_some_and(|c| c.0),
+            capable: exec::op::fast_capable(plan),
+        };
+        if let exec::op::Path::Fast { parity } = job.op.epoch.path(facts) {
+            let ptrs = job.arena_ptrs(plan)?;
+            let bound = job.op.bind(&key, r, ptrs, operands)?;
+            let watchdog_ms = self.run_opts.watchdog_ms;
+            return job.op.issue_fast(
+                &mut self.ranks[0],
+                &key,
+                &bound,
+                parity,
+                stream,
+                (flags[r], flag_words),
+                watchdog_ms,
+            );
+        }
+        self.run_full(plan, operands, stream, facts.capable)?;
+        Ok(())
+    }
+
+    /// The full path of an operator call (see [`Self::run_on`]); then, when
+    /// the plan can run fast, the call shape's state for its next calls.
+    fn run_full(
+        &mut self,
+        plan: &Plan,
+        operands: &[Operand],
+        stream: u64,
+        capable: bool,
+    ) -> Result<()> {
+        let ptrs = self.bind(plan)?;
         let r = self.ranks[0].rank;
         let uses = ficco_core::plan::validate::buffer_use(plan);
-        let mut at = vec![];
-        // Per operand: whether the plan reads or writes it where it is.
-        let mut in_place = vec![];
-        for op in operands {
-            let rp = &plan.ranks[r];
-            let b = rp.buffer_with(op.role).ok_or_else(|| {
-                CudaError::Plan(format!("the plan of rank {r} has no {:?} buffer", op.role))
-            })?;
-            let want = rp.buffers[b].bytes();
-            if want != op.bytes {
-                return Err(CudaError::Plan(format!(
-                    "{:?} of rank {r} has {} bytes, the plan's buffer '{}' {want}",
-                    op.role, op.bytes, rp.buffers[b].name
-                )));
-            }
-            // A buffer no other rank's task touches, and (an input) no task
-            // writes, is the caller's memory itself (weights, rank-local
-            // activations): aligned as TMA loads want, it is not copied.
-            let u = uses
-                .get(r)
-                .and_then(|v| v.get(b))
-                .copied()
-                .unwrap_or_default();
-            let local =
-                !u.remote && (op.role == BufferRole::Output || !u.written) && op.addr % 16 == 0;
-            if let Some(all) = &op.shared {
-                // Every rank binds this role to the caller's shared memory.
-                for (q, (rp, &p)) in plan.ranks.iter().zip(all).enumerate() {
-                    if let Some(bq) = rp.buffer_with(op.role) {
-                        ptrs[q][bq] = p;
-                    }
-                }
-            } else if local {
-                ptrs[r][b] = DevicePtr(op.addr);
-            }
-            at.push(b);
-            in_place.push(op.shared.is_some() || local);
-        }
+        let bound = exec::op::bind_operands(plan, r, &uses, ptrs, operands)?;
         let rank = &self.ranks[0];
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: the caller's stream handle on this rank's (primary) context.
         unsafe {
             crate::driver::cuda::stream_synchronize(stream as cudarc::driver::sys::CUstream)?
         };
-        for ((op, &b), &here) in operands.iter().zip(&at).zip(&in_place) {
-            if op.role != BufferRole::Output && !here {
-                exec::copy_d2d(rank, ptrs[r][b], DevicePtr(op.addr), op.bytes)?;
-            }
+        for &(dst, src, bytes) in &bound.copy_in {
+            exec::copy_d2d(rank, dst, src, bytes)?;
         }
         rank.synchronize()?;
         // One call: capturing graphs would cost more than it saves.
         let graphs = std::mem::replace(&mut self.run_opts.graphs, false);
-        let ran = self.run(plan, &ptrs, RunSpec::ONCE);
+        let ran = self.run(plan, &bound.ptrs, RunSpec::ONCE);
         self.run_opts.graphs = graphs;
         ran?;
         let rank = &self.ranks[0];
-        for ((op, &b), &here) in operands.iter().zip(&at).zip(&in_place) {
-            if op.role == BufferRole::Output && !here {
-                exec::copy_d2d(rank, DevicePtr(op.addr), ptrs[r][b], op.bytes)?;
-            }
+        for &(dst, src, bytes) in &bound.copy_out {
+            exec::copy_d2d(rank, dst, src, bytes)?;
         }
-        rank.synchronize()
+        rank.synchronize()?;
+        let Some(job) = self.job.as_mut() else {
+            return Ok(());
+        };
+        if capable && !job.op.sync {
+            let (flags, _) = job.flag_view();
+            let comm = job.plan_comm(plan)?;
+            let watchdog_ms = self.run_opts.watchdog_ms;
+            job.op
+                .prepare(&mut self.ranks[0], plan.clone(), flags, comm, watchdog_ms)?;
+        }
+        Ok(())
     }
 
     /// Copies the prepared inputs into the plan's input buffers, or fills them

@@ -9,14 +9,21 @@
 //! local memory; only the write crosses NVLink. No host thread ever waits for
 //! another rank: host threads only issue work.
 //!
-//! **Layout.** Each (producer task, consumer rank) pair has its own word
-//! ([`SignalLayout`]) at the start of the consumer's buffer. Then come the
-//! plan's own flags ([`ficco_core::plan::TaskKind::Signal`] / `Wait` tasks
-//! and tile GEMM block flags, numbered per rank from 0:
-//! [`SignalLayout::plan_word`]); all of these are the rank's *task words*,
-//! `0..task_words`. After them come the barrier words: every rank's end of
-//! iteration signals every other rank (so pushes into a peer's buffers
-//! cannot overrun), in two banks by iteration parity.
+//! **Layout.** Every rank's buffer starts with its two barrier banks, at
+//! fixed words whatever the plan ([`SignalLayout::bank`]): every rank's end
+//! of iteration signals every other rank (so pushes into a peer's buffers
+//! cannot overrun), bank `b` for iterations of parity `b`, word `q` of a
+//! bank for rank `q`. Because every plan's layout agrees on them, the
+//! iteration parity can be carried from one run to the next, also of
+//! another plan ([`crate::exec::op`]). Two more banks of one word per rank
+//! follow, only for operator calls' hand-offs ([`SignalLayout::ready_slot`],
+//! [`SignalLayout::landed_slot`]). After these [`FIXED_BANKS`] banks, each
+//! (producer task, consumer rank) pair has its own word, then come the
+//! plan's own
+//! flags ([`ficco_core::plan::TaskKind::Signal`] / `Wait` tasks and tile
+//! GEMM block flags, numbered per rank from 0:
+//! [`SignalLayout::plan_word`]); these two groups are the rank's *task
+//! words*, [`SignalLayout::task_range`].
 //!
 //! A tile GEMM's block counters are plan flags too: the kernel's signal
 //! hook adds 1 to a block's word once per launch, which, from the cleared
@@ -63,6 +70,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// The value a producer writes and a consumer waits for.
 pub const SET: u32 = 1;
 
+/// Banks of one word per rank at the start of every rank's flag memory,
+/// whatever the plan: the two end-of-iteration banks (by parity), then the
+/// operator calls' *ready* bank (a rank's operands are in place for this
+/// call) and *landed* bank (a rank's writes into a peer's output are done).
+pub const FIXED_BANKS: usize = 4;
+
 /// A task of a rank's iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Point {
@@ -76,13 +89,14 @@ pub struct SignalLayout {
     /// (producer task, consumer rank) -> word index in the consumer's buffer.
     slots: HashMap<(Point, usize), usize>,
     /// Task words per rank: dependency words, then the plan's own flags
-    /// (the barrier banks follow them).
+    /// (they follow the barrier banks, see [`SignalLayout::task_range`]).
     pub task_words: Vec<usize>,
     /// Per rank: the word of the plan's flag 0 (flag f is `plan_base + f`).
     plan_base: Vec<usize>,
     /// Per rank: the plan's own flags ([`Plan::signal_words`]).
     plan_words: Vec<usize>,
-    /// Words used per rank: task words, then two banks of `ranks` words.
+    /// Words used per rank: [`FIXED_BANKS`] banks of `ranks` words, then the
+    /// task words.
     pub words: Vec<usize>,
     /// Per rank per task: the consumers to signal, as (consumer rank, word).
     pub signals: Vec<Vec<Vec<(usize, usize)>>>,
@@ -90,9 +104,9 @@ pub struct SignalLayout {
 }
 
 impl SignalLayout {
-    /// The flags of `plan`: one per cross-rank dependency's (producer,
-    /// consumer rank), then the plan's own flags, then the two barrier banks
-    /// of every rank.
+    /// The flags of `plan`: the fixed banks of every rank, then one
+    /// per cross-rank dependency's (producer, consumer rank), then the
+    /// plan's own flags.
     pub fn new(plan: &Plan) -> Self {
         let p = plan.ranks.len();
         let mut l = SignalLayout {
@@ -126,7 +140,7 @@ impl SignalLayout {
             l.plan_base[r] = l.task_words[r];
             l.plan_words[r] = own.get(r).copied().unwrap_or(0);
             l.task_words[r] += l.plan_words[r];
-            l.words[r] = l.task_words[r] + 2 * p;
+            l.words[r] = FIXED_BANKS * p + l.task_words[r];
         }
         l
     }
@@ -135,7 +149,7 @@ impl SignalLayout {
         if self.slots.contains_key(&(producer, consumer)) {
             return;
         }
-        let w = self.task_words[consumer];
+        let w = FIXED_BANKS * self.ranks + self.task_words[consumer];
         self.task_words[consumer] += 1;
         self.slots.insert((producer, consumer), w);
         if let Some(v) = self
@@ -155,18 +169,43 @@ impl SignalLayout {
     /// The word of the plan's flag `flag` of `rank` (a Signal, Wait or tile
     /// GEMM block flag), if the plan has that flag.
     pub fn plan_word(&self, rank: usize, flag: usize) -> Option<usize> {
-        (flag < *self.plan_words.get(rank)?).then(|| self.plan_base[rank] + flag)
+        (flag < *self.plan_words.get(rank)?)
+            .then(|| FIXED_BANKS * self.ranks + self.plan_base[rank] + flag)
     }
 
     /// The word of `consumer`'s barrier bank `bank` that `producer`'s end
     /// of iteration sets.
-    pub fn end_slot(&self, producer: usize, consumer: usize, bank: usize) -> usize {
-        self.task_words[consumer] + (bank % 2) * self.ranks + producer
+    /// (The same word for every plan of `ranks` ranks.)
+    pub fn end_slot(&self, producer: usize, _consumer: usize, bank: usize) -> usize {
+        (bank % 2) * self.ranks + producer
     }
 
-    /// First word and length of `rank`'s barrier bank `bank`.
-    pub fn bank(&self, rank: usize, bank: usize) -> (usize, usize) {
-        (self.task_words[rank] + (bank % 2) * self.ranks, self.ranks)
+    /// First word and length of every rank's barrier bank `bank` (the same
+    /// words for every plan of `ranks` ranks).
+    pub fn bank(&self, _rank: usize, bank: usize) -> (usize, usize) {
+        ((bank % 2) * self.ranks, self.ranks)
+    }
+
+    /// The word of a consumer's *ready* bank that `producer` sets once its
+    /// operands of an operator call are in place (the same word for every
+    /// plan of `ranks` ranks; [`crate::exec::op`]).
+    pub fn ready_slot(&self, producer: usize) -> usize {
+        2 * self.ranks + producer
+    }
+
+    /// The word of a consumer's *landed* bank that `producer` sets once
+    /// its writes into the consumer's output of an operator call are done.
+    pub fn landed_slot(&self, producer: usize) -> usize {
+        3 * self.ranks + producer
+    }
+
+    /// First word and length of `rank`'s task words (dependency words and
+    /// the plan's own flags), which follow the fixed banks.
+    pub fn task_range(&self, rank: usize) -> (usize, usize) {
+        (
+            FIXED_BANKS * self.ranks,
+            self.task_words.get(rank).copied().unwrap_or(0),
+        )
     }
 }
 
@@ -251,15 +290,21 @@ mod tests {
                                     index: d.index,
                                 };
                                 let w = l.slot(p, r).expect("slot");
-                                assert!(w < l.words[r]);
+                                let (first, n) = l.task_range(r);
+                                assert!(w >= first && w < first + n && w < l.words[r]);
                                 assert!(l.signals[d.rank][d.index].contains(&(r, w)));
                                 seen.insert((r, w));
                             }
                         }
                         for q in (0..gpus).filter(|&q| q != r) {
-                            for bank in 0..2 {
-                                let w = l.end_slot(q, r, bank);
-                                assert!(w >= l.task_words[r] && w < l.words[r]);
+                            let fixed = (0..2)
+                                .map(|bank| l.end_slot(q, r, bank))
+                                .chain([l.ready_slot(q), l.landed_slot(q)]);
+                            for (bank, w) in fixed.enumerate() {
+                                // Before the task words, at a word fixed by
+                                // (producer, bank) alone: every plan agrees.
+                                assert!(w < l.task_range(r).0);
+                                assert_eq!(w, bank * gpus + q);
                                 assert!(seen.insert((r, w)), "barrier word reused");
                             }
                         }
@@ -268,13 +313,14 @@ mod tests {
                     for (r, &n) in plan.signal_words().iter().enumerate() {
                         for f in 0..n {
                             let w = l.plan_word(r, f).expect("plan word");
-                            assert!(w < l.task_words[r]);
+                            let (first, n) = l.task_range(r);
+                            assert!(w >= first && w < first + n);
                             assert!(seen.insert((r, w)), "plan word reused");
                         }
                         assert_eq!(l.plan_word(r, n), None);
                     }
                     let total: usize = l.words.iter().sum();
-                    assert_eq!(total, seen.len() + 2 * gpus, "{}", plan.name);
+                    assert_eq!(total, seen.len() + FIXED_BANKS * gpus, "{}", plan.name);
                 }
             }
         }

@@ -601,8 +601,9 @@ struct Access {
     write: bool,
 }
 
-/// Memory a task reads and writes, keyed by the rank that owns it.
-pub(crate) fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)> {
+/// Memory a task reads and writes, keyed by the rank that owns it: (owner
+/// rank, view, written).
+pub fn accesses(rank: usize, kind: &TaskKind) -> Vec<(usize, View, bool)> {
     match kind {
         TaskKind::Gemm {
             a,

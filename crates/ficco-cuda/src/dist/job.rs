@@ -13,7 +13,9 @@ use super::shared::{abort_on, SymmetricMem};
 use super::{DistError, Rendezvous};
 use crate::comm::{NcclComm, NcclLimits};
 use crate::error::{CudaError, Result};
+use crate::exec::op::OpRunner;
 use crate::exec::run::{CommHandle, JobRun, RankTimes};
+use crate::exec::Rank;
 use crate::mem::DevicePtr;
 use cudarc::driver::CudaContext;
 use ficco_core::plan::{Plan, TaskKind};
@@ -42,6 +44,11 @@ pub struct Job {
     runs: u64,
     /// Shared-memory exchanges so far (names each exchange).
     exchanges: u64,
+    /// Operator calls: the flag epoch carried between runs, the cached call
+    /// shapes ([`crate::exec::op`]).
+    pub(crate) op: OpRunner,
+    /// Quiet barriers so far (names each).
+    quiets: u64,
 }
 
 /// `bytes` rounded up to a multiple of `to`.
@@ -150,6 +157,71 @@ impl Job {
             comms: HashMap::new(),
             runs: 0,
             exchanges: 0,
+            op: OpRunner::new(crate::exec::op::sync_from_env()),
+            quiets: 0,
+        }
+    }
+
+    /// Before anything that resets flags or replaces shared memory: when
+    /// operator calls were issued without a final barrier, wait for this
+    /// rank's device, then for every rank's (a store barrier), so that no
+    /// write of those calls is in flight anywhere. Every rank calls it at
+    /// the same point (the same calls in the same order).
+    pub(crate) fn quiesce(&mut self, rank: &Rank) -> Result<()> {
+        if !self.op.epoch.needs_quiet() {
+            return Ok(());
+        }
+        rank.synchronize()?;
+        self.op.failure()?;
+        self.quiets += 1;
+        self.rv.barrier(&format!("quiet/{}", self.quiets))?;
+        self.op.epoch.quiet();
+        Ok(())
+    }
+
+    /// Whether `plan` needs a larger shared arena or more flag words than
+    /// the job holds (then its run replaces them, collectively).
+    pub(crate) fn grows(&self, plan: &Plan, flag_words: usize) -> bool {
+        let (_, need) = arena_layout(plan);
+        self.arena.as_ref().is_none_or(|a| a.bytes() < need)
+            || self
+                .flags
+                .as_ref()
+                .is_none_or(|f| f.bytes() < flag_words * 4)
+    }
+
+    /// Every rank's buffers of `plan` in the current arena, which holds
+    /// them ([`Job::grows`] said no).
+    pub(crate) fn arena_ptrs(&self, plan: &Plan) -> Result<Vec<Vec<DevicePtr>>> {
+        let (offsets, need) = arena_layout(plan);
+        let arena = self
+            .arena
+            .as_ref()
+            .filter(|a| a.bytes() >= need)
+            .ok_or_else(|| CudaError::Plan("the shared arena is smaller than the plan".into()))?;
+        Ok(offsets
+            .iter()
+            .enumerate()
+            .map(|(q, offs)| {
+                let base = arena.ptr(q);
+                offs.iter()
+                    .map(|&o| base.map_or(DevicePtr::NULL, |b| b.offset(o)))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Every rank's current flag memory as mapped here, and its capacity in
+    /// words (empty before the first run).
+    pub(crate) fn flag_view(&self) -> (Vec<DevicePtr>, usize) {
+        match self.flags.as_ref() {
+            Some(f) => (
+                (0..self.world())
+                    .map(|q| f.ptr(q).unwrap_or(DevicePtr::NULL))
+                    .collect(),
+                f.bytes() / 4,
+            ),
+            None => (vec![DevicePtr::NULL; self.world()], 0),
         }
     }
 
@@ -183,33 +255,21 @@ impl Job {
     /// rank of another node). Grows the shared arena when the plan needs
     /// more (collectively; the caller has no work in flight).
     pub(crate) fn bind(&mut self, plan: &Plan) -> Result<Vec<Vec<DevicePtr>>> {
-        let (offsets, need) = arena_layout(plan);
+        let (_, need) = arena_layout(plan);
         if self.arena.as_ref().is_none_or(|a| a.bytes() < need) {
             self.arena = None;
             let bytes = round_up(need.max(1), ARENA_STEP);
             self.arena = Some(self.exchange("arena", bytes)?);
         }
-        let Some(arena) = self.arena.as_ref() else {
-            return Err(CudaError::Plan(
-                "the job's shared buffers are missing".into(),
-            ));
-        };
-        Ok(offsets
-            .iter()
-            .enumerate()
-            .map(|(q, offs)| {
-                let base = arena.ptr(q);
-                offs.iter()
-                    .map(|&o| base.map_or(DevicePtr::NULL, |b| b.offset(o)))
-                    .collect()
-            })
-            .collect())
+        self.arena_ptrs(plan)
     }
 
     /// Every rank's signal flags (at least `words` words each) as mapped
     /// here, and their capacity in words.
     fn flags(&mut self, words: usize) -> Result<(Vec<DevicePtr>, usize)> {
         if self.flags.as_ref().is_none_or(|f| f.bytes() < words * 4) {
+            // The cached call shapes' flag operations name the old memory.
+            self.op.cache.clear();
             self.flags = None;
             let bytes = round_up((words * 4).max(1), 1 << 21);
             self.flags = Some(self.exchange("flags", bytes)?);
@@ -238,6 +298,24 @@ impl Job {
             .ok_or_else(|| CudaError::Plan("NCCL communicator missing".into()))
     }
 
+    /// This rank's communicator for `plan` (its NCCL limits), if it has
+    /// NCCL tasks and the job is not in loopback.
+    pub(crate) fn plan_comm(&mut self, plan: &Plan) -> Result<Option<CommHandle>> {
+        let has_nccl = plan.ranks.iter().any(|rp| {
+            rp.tasks
+                .iter()
+                .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
+        });
+        if !has_nccl || self.loopback {
+            return Ok(None);
+        }
+        let limits = NcclLimits {
+            max_ctas: plan.resources.nccl_ctas.map(|c| c as u32),
+            ..NcclLimits::default()
+        };
+        Ok(Some(self.comm(limits)?))
+    }
+
     /// Everything a run of `plan` needs from the job (flag memory, the
     /// communicator, a fresh tag for its barriers).
     pub(crate) fn run_view(&mut self, plan: &Plan) -> Result<JobRun<'_>> {
@@ -259,20 +337,7 @@ impl Job {
             .max()
             .unwrap_or(1);
         let (flags, flag_words) = self.flags(words)?;
-        let has_nccl = plan.ranks.iter().any(|rp| {
-            rp.tasks
-                .iter()
-                .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
-        });
-        let comm = if has_nccl && !self.loopback {
-            let limits = NcclLimits {
-                max_ctas: plan.resources.nccl_ctas.map(|c| c as u32),
-                ..NcclLimits::default()
-            };
-            Some(self.comm(limits)?)
-        } else {
-            None
-        };
+        let comm = self.plan_comm(plan)?;
         self.runs += 1;
         Ok(JobRun {
             rv: &self.rv,

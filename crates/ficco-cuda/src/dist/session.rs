@@ -21,6 +21,7 @@ use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::{Schedule, SpaceOptions};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::LaunchEnv;
@@ -101,7 +102,13 @@ pub struct Session {
     /// while it is 0 no operand can be in shared memory and the exchange
     /// that finds out is skipped).
     allocs: u64,
+    /// Lowered plans by call (problem and schedule), so a repeated call
+    /// neither parses nor lowers again.
+    plans: HashMap<(Problem, Option<String>), (Schedule, Arc<Plan>)>,
 }
+
+/// Call shapes whose lowered plan a session keeps (then it forgets them all).
+const PLANS_KEPT: usize = 256;
 
 /// Whether `plan` can run where every rank shares one GPU: no NCCL (it
 /// refuses two ranks on one GPU), no tile GEMM (its blocks spin on flags
@@ -171,7 +178,15 @@ impl Session {
     /// rendezvous, this rank's GPU (`LOCAL_RANK`, or 0 in loopback), the
     /// shared signal memory. Every rank of the job calls it.
     pub fn join(env: LaunchEnv, opts: SessionOpts) -> Result<Self> {
-        let backend = GpuBackend::open_job(env, opts.loopback, opts.device, opts.timeout)?;
+        let mut backend = GpuBackend::open_job(env, opts.loopback, opts.device, opts.timeout)?;
+        // `FICCO_OP_SYNC=1` on any rank puts every rank on the full path:
+        // ranks on different paths would wait at different barriers.
+        if let Some(job) = backend.job_mut() {
+            let mine = u8::from(crate::exec::op::sync_from_env());
+            let votes = job.rv.all_gather("opsync", &[mine])?;
+            job.op.sync = votes.iter().any(|v| v.first() == Some(&1));
+            job.op.peer_wait = opts.timeout;
+        }
         Ok(Session {
             backend,
             picks: HashMap::new(),
@@ -179,6 +194,7 @@ impl Session {
             heap: vec![],
             calls: 0,
             allocs: 0,
+            plans: HashMap::new(),
         })
     }
 
@@ -305,9 +321,11 @@ impl Session {
     }
 
     /// Releases this rank's shared allocation at `addr` (local: peers keep
-    /// the memory mapped until they release theirs). Unknown addresses are
-    /// an error.
+    /// the memory mapped until they release theirs), once this rank's
+    /// operator calls finished (one may still use it). Unknown addresses
+    /// are an error.
     pub fn free(&mut self, addr: u64) -> Result<()> {
+        let synced = self.backend.wait_ops();
         let me = self.rank();
         let i = self
             .heap
@@ -318,8 +336,17 @@ impl Session {
                     "0x{addr:x} is not a shared allocation of this session"
                 ))
             })?;
+        // A failed call leaves nothing running (its hang was released):
+        // the memory goes either way, and the failure is reported.
         self.heap.swap_remove(i);
-        Ok(())
+        synced
+    }
+
+    /// Waits until every operator call this rank issued finished on its
+    /// device (the caller's stream need not be synchronized). A call that
+    /// hung (a peer died) is reported here, or by the next call.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.backend.sync_ops()
     }
 
     /// Where `[addr, addr + bytes)` lies in a shared allocation: its index
@@ -394,8 +421,38 @@ impl Session {
             .collect())
     }
 
+    /// The schedule and plan of `call` on `p` (checked, lowered).
+    fn plan_of(&mut self, p: &Problem, call: &OpCall<'_>) -> Result<(Schedule, Plan)> {
+        let schedule = match call.schedule {
+            Some(name) => {
+                let s: Schedule = name.parse().map_err(bad)?;
+                check_named(call.op, SpaceOptions::default(), std::slice::from_ref(&s))
+                    .map_err(bad)?;
+                if let Some(why) = s.misfit(p) {
+                    return Err(bad(format!(
+                        "schedule {name} does not fit {}: {why}",
+                        p.label()
+                    )));
+                }
+                s
+            }
+            None => self.pick(p)?,
+        };
+        let plan = lower(p, &schedule).map_err(bad)?;
+        if self.loopback() && !schedule.is_seq() && !runs_in_loopback(&plan) {
+            return Err(CudaError::Skipped(format!(
+                "schedule {} needs NCCL or tile GEMMs, which cannot run with every rank on one GPU (loopback); use a copy schedule",
+                schedule.name()
+            )));
+        }
+        Ok((schedule, plan))
+    }
+
     /// Runs one operator on the caller's memory (see [`OpCall`]); every
     /// rank of the job calls it with the same op, shapes and schedule.
+    /// Returns once it is queued on the caller's stream (the first call of
+    /// a call shape, and a few others, return once it ran: see
+    /// [`crate::exec::op`]).
     pub fn run_op(&mut self, call: &OpCall<'_>) -> Result<OpDone> {
         if !matches!(call.op, Op::AgGemm | Op::GemmRs | Op::GemmAr) {
             return Err(bad(format!(
@@ -404,28 +461,19 @@ impl Session {
             )));
         }
         let p = Problem::new(call.op, call.m, call.k, call.n, self.world()).map_err(bad)?;
-        let schedule = match call.schedule {
-            Some(name) => {
-                let s: Schedule = name.parse().map_err(bad)?;
-                check_named(call.op, SpaceOptions::default(), std::slice::from_ref(&s))
-                    .map_err(bad)?;
-                if let Some(why) = s.misfit(&p) {
-                    return Err(bad(format!(
-                        "schedule {name} does not fit {}: {why}",
-                        p.label()
-                    )));
+        let key = (p, call.schedule.map(str::to_owned));
+        let (schedule, plan) = match self.plans.get(&key) {
+            Some((s, plan)) => (*s, plan.clone()),
+            None => {
+                let (s, plan) = self.plan_of(&p, call)?;
+                let plan = Arc::new(plan);
+                if self.plans.len() >= PLANS_KEPT {
+                    self.plans.clear();
                 }
-                s
+                self.plans.insert(key, (s, plan.clone()));
+                (s, plan)
             }
-            None => self.pick(&p)?,
         };
-        let plan = lower(&p, &schedule).map_err(bad)?;
-        if self.loopback() && !schedule.is_seq() && !runs_in_loopback(&plan) {
-            return Err(CudaError::Skipped(format!(
-                "schedule {} needs NCCL or tile GEMMs, which cannot run with every rank on one GPU (loopback); use a copy schedule",
-                schedule.name()
-            )));
-        }
         let e = ELEM_BYTES;
         let shard = p.m / p.gpus;
         let (a_rows, out_rows) = match call.op {
@@ -444,9 +492,12 @@ impl Session {
         })
     }
 
-    /// Leaves the job (a last barrier, then the store closes).
+    /// Leaves the job (this rank's calls finish, a last barrier, then the
+    /// store closes).
     pub fn close(mut self) -> Result<()> {
+        let synced = self.backend.sync_ops();
         self.heap.clear();
+        synced?;
         match self.backend.into_job() {
             Some(job) => Ok(job.rv.close()?),
             None => Ok(()),
@@ -701,6 +752,66 @@ mod tests {
                 s.free(p).expect("free");
             }
         }
+        // Repeated calls (their fast path after each shape's first call),
+        // fresh data each, ops alternating so that consecutive calls use
+        // different cached plans, all issued before any result is read.
+        let reference_of = |op: Op, seed: u64| -> Vec<f32> {
+            let a_rows = if op == Op::AgGemm { shard } else { M };
+            let a_of = |r: usize| rand(a_rows * K, seed + r as u64);
+            let b_of = |r: usize| rand(K * N, seed + 50 + r as u64);
+            match op {
+                Op::AgGemm => {
+                    let gathered: Vec<u16> = (0..world).flat_map(a_of).collect();
+                    matmul(&gathered, &b_of(me), M, K, N)
+                }
+                _ => {
+                    let mut sum = vec![0f32; M * N];
+                    for r in 0..world {
+                        for (s, x) in sum.iter_mut().zip(matmul(&a_of(r), &b_of(r), M, K, N)) {
+                            *s += x;
+                        }
+                    }
+                    if op == Op::GemmRs {
+                        sum[me * shard * N..(me + 1) * shard * N].to_vec()
+                    } else {
+                        sum
+                    }
+                }
+            }
+        };
+        let mut issued = vec![];
+        for round in 0..3u64 {
+            for (j, op) in [Op::AgGemm, Op::GemmRs, Op::GemmAr].into_iter().enumerate() {
+                let seed = 10_000 + 1000 * round + 100 * j as u64;
+                let a_rows = if op == Op::AgGemm { shard } else { M };
+                let out_rows = if op == Op::GemmRs { shard } else { M };
+                let a = upload(&rand(a_rows * K, seed + me as u64));
+                let b = upload(&rand(K * N, seed + 50 + me as u64));
+                let out = upload(&vec![0x7fc0u16; out_rows * N]);
+                s.run_op(&OpCall {
+                    op,
+                    m: M,
+                    k: K,
+                    n: N,
+                    schedule: Some("fine2-copy-all"),
+                    a: a.ptr().raw(),
+                    b: b.ptr().raw(),
+                    out: out.ptr().raw(),
+                    stream: 0,
+                })
+                .unwrap_or_else(|e| panic!("rank {me} repeat {round} {op}: {e}"));
+                issued.push((op, seed, a, b, out));
+            }
+        }
+        s.synchronize().expect("every call finished");
+        for (op, seed, _a, _b, out) in &issued {
+            let err = rel_err(&download(out), &reference_of(*op, *seed));
+            assert!(
+                err < 2e-2,
+                "rank {me} repeated {op} seed {seed}: rel err {err}"
+            );
+        }
+        eprintln!("rank {me}/{world}: {} repeated calls match", issued.len());
         // A bad call is an error on every rank, not a crash.
         let e = s
             .run_op(&OpCall {

@@ -362,6 +362,14 @@ pub(crate) unsafe fn event_record(e: sys::CUevent, stream: sys::CUstream) -> Res
     check("cuEventRecord", sys::cuEventRecord(e, stream))
 }
 
+/// Makes `stream`'s later work wait for `e` (`cuStreamWaitEvent`).
+///
+/// # Safety
+/// Both handles are live on the current context's device.
+pub(crate) unsafe fn stream_wait_event(stream: sys::CUstream, e: sys::CUevent) -> Result<()> {
+    check("cuStreamWaitEvent", sys::cuStreamWaitEvent(stream, e, 0))
+}
+
 /// Blocks until `e` has completed.
 ///
 /// # Safety

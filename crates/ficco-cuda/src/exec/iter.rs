@@ -114,10 +114,18 @@ impl RankIssue {
         })
     }
 
-    /// Start of an iteration of `parity`: wait for every other rank's end of
-    /// the previous iteration (barrier bank `1 - parity`), clear that bank,
-    /// then fork every plan stream from the control stream.
+    /// Start of an iteration of `parity`: [`RankIssue::wait_peers`], then
+    /// [`RankIssue::fork`].
     pub fn begin(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+        self.wait_peers(sh, parity)?;
+        self.fork()
+    }
+
+    /// On the control stream: wait for every other rank's end of the
+    /// previous iteration (barrier bank `1 - parity`), then clear that bank.
+    /// Past it, no peer reads or writes this iteration's buffers any more
+    /// for the previous iteration.
+    pub fn wait_peers(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
         let r = self.r;
         let bank = 1 - parity % 2;
         let c = self.control.cu_stream();
@@ -129,7 +137,11 @@ impl RankIssue {
         unsafe { cu::stream_memops(c, &waits)? };
         let (first, n) = sh.layout.bank(r, bank);
         // SAFETY: as above; every writer of this bank is done (see crate::signal).
-        unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c)? };
+        unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c) }
+    }
+
+    /// Every plan stream starts after what the control stream has so far.
+    pub fn fork(&self) -> Result<()> {
         self.go
             .record(&self.control)
             .map_err(drv("cuEventRecord"))?;
@@ -218,20 +230,32 @@ impl RankIssue {
         unsafe { cu::stream_memops(stream.cu_stream(), &self.flag_writes[i]) }
     }
 
-    /// End of an iteration of `parity`: join every stream into the control
-    /// stream, clear this rank's task flags (every wait passed), and set this
-    /// rank's word in every other rank's barrier bank `parity`.
+    /// End of an iteration of `parity`: [`RankIssue::join`], then
+    /// [`RankIssue::signal_end`].
     pub fn end(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
-        let r = self.r;
-        let c = self.control.cu_stream();
+        self.join()?;
+        self.signal_end(sh, parity)
+    }
+
+    /// The control stream waits for every plan stream.
+    pub fn join(&self) -> Result<()> {
         for (s, ev) in self.streams.iter().zip(&self.stream_done) {
             ev.record(s).map_err(drv("cuEventRecord"))?;
             self.control.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
         }
-        let tw = sh.layout.task_words[r];
+        Ok(())
+    }
+
+    /// On the control stream, after [`RankIssue::join`]: clear this rank's
+    /// task flags (every wait passed), and set this rank's word in every
+    /// other rank's barrier bank `parity`.
+    pub fn signal_end(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+        let r = self.r;
+        let c = self.control.cu_stream();
+        let (first, tw) = sh.layout.task_range(r);
         if tw > 0 {
-            // SAFETY: the task words are the first `tw` of rank r's live flag buffer.
-            unsafe { cu::memset_d32_async(sh.flags[r], 0, tw, c)? };
+            // SAFETY: the task words are inside rank r's live flag buffer.
+            unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, tw, c)? };
         }
         let writes: Vec<MemOp> = sh
             .peers(r)
@@ -239,6 +263,63 @@ impl RankIssue {
             .collect();
         // SAFETY: each word is inside rank q's live flag buffer.
         unsafe { cu::stream_memops(c, &writes) }
+    }
+
+    /// On the control stream: set word `slot(r)` (a fixed bank's word for
+    /// this rank) in the flag memory of every rank of `to`.
+    pub fn signal_peers(
+        &self,
+        sh: &Shared<'_>,
+        to: &[usize],
+        slot: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        let writes: Vec<MemOp> = to
+            .iter()
+            .map(|&q| MemOp::Write(word(sh.flags[q], slot(self.r)), SET))
+            .collect();
+        // SAFETY: each word is inside rank q's live flag buffer (the fixed
+        // banks come first in every layout).
+        unsafe { cu::stream_memops(self.control.cu_stream(), &writes) }
+    }
+
+    /// On the control stream: wait for word `slot(q)` of this rank's flag
+    /// memory for every rank `q` of `from`, then clear those words (their
+    /// writers set them again only after this rank's next end signal).
+    pub fn wait_peers_and_clear(
+        &self,
+        sh: &Shared<'_>,
+        from: &[usize],
+        slot: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        let r = self.r;
+        let c = self.control.cu_stream();
+        let waits: Vec<MemOp> = from
+            .iter()
+            .map(|&q| MemOp::WaitGeq(word(sh.flags[r], slot(q)), SET))
+            .collect();
+        // SAFETY: the words are inside rank r's live flag buffer.
+        unsafe { cu::stream_memops(c, &waits)? };
+        let clears: Vec<MemOp> = from
+            .iter()
+            .map(|&q| MemOp::Write(word(sh.flags[r], slot(q)), 0))
+            .collect();
+        // SAFETY: as above; a separate batch, so it follows every wait.
+        unsafe { cu::stream_memops(c, &clears) }
+    }
+
+    /// On the control stream, after [`RankIssue::signal_end`] of `parity`:
+    /// wait until every other rank ended this iteration too (its word of
+    /// bank `parity`), without clearing it (the next iteration's
+    /// [`RankIssue::wait_peers`] waits on it again and clears it). Past it,
+    /// no rank touches any buffer of this iteration.
+    pub fn wait_all_ended(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+        let r = self.r;
+        let waits: Vec<MemOp> = sh
+            .peers(r)
+            .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, parity)), SET))
+            .collect();
+        // SAFETY: the words are inside rank r's live flag buffer.
+        unsafe { cu::stream_memops(self.control.cu_stream(), &waits) }
     }
 }
 

@@ -17,6 +17,7 @@
 //! | [`check`] | host-side checks before anything is issued, view addresses, output comparison |
 //! | [`issue`] | enqueues one task, one function per task kind |
 //! | [`iter`] | one rank's iteration call by call (barrier, tasks with waits and signals, end), and its capture into a CUDA graph |
+//! | [`op`] | the operator-call path: stream-ordered calls without reset or barriers, the parity carried between calls, the cache of call shapes |
 //! | [`run`] | [`run_plan_with`]: communicators, a thread per rank (or one for a loopback), timing |
 //! | [`watchdog`] | ends a hung run: names the stuck wait, releases every flag, aborts |
 //! | [`reference`] | the loopback form of a sequential plan: collectives as copies and reduces |
@@ -24,6 +25,9 @@
 pub(crate) mod check;
 pub(crate) mod issue;
 pub(crate) mod iter;
+pub(crate) mod op;
+#[cfg(test)]
+mod op_model;
 pub(crate) mod rank;
 pub(crate) mod reference;
 pub(crate) mod run;

@@ -126,7 +126,7 @@ pub struct RankTimes {
 
 /// Per rank per task: a task of another stream *of the same rank* waits for
 /// it, so it records an event (other ranks wait on signal flags).
-fn same_rank_events(plan: &Plan) -> Vec<Vec<bool>> {
+pub(crate) fn same_rank_events(plan: &Plan) -> Vec<Vec<bool>> {
     plan.ranks
         .iter()
         .enumerate()
@@ -440,7 +440,7 @@ pub(crate) type FlagPreds = Vec<Vec<Vec<(usize, usize)>>>;
 
 /// Per rank per task: for a Wait task, the Signal tasks of its flag (a tile
 /// GEMM's counters are left out, see [`CrossEvents`]).
-fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
+pub(crate) fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
     let mut out: FlagPreds = plan
         .ranks
         .iter()
@@ -462,7 +462,7 @@ fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
 }
 
 /// Per rank: the tile GEMM tasks on its device (every rank's in loopback).
-fn tile_share(plan: &Plan, loopback: bool) -> Vec<usize> {
+pub(crate) fn tile_share(plan: &Plan, loopback: bool) -> Vec<usize> {
     let per: Vec<usize> = plan
         .ranks
         .iter()
@@ -753,7 +753,10 @@ fn run_bound(
                         layout.words[r], j.flag_words
                     )));
                 }
-                rank.reset_flags_at(j.flags[r], layout.words[r].max(1), layout.bank(r, 1))?;
+                // Every word the job holds, not only this plan's: words of
+                // plans run before (or released by a watchdog) must be 0
+                // before any later plan's fast calls ([`super::op`]).
+                rank.reset_flags_at(j.flags[r], j.flag_words.max(1), layout.bank(r, 1))?;
                 j.flags[r]
             }
         };

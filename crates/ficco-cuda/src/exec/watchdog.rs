@@ -126,7 +126,7 @@ const SIDE_WORK_MS: u64 = 1000;
 /// [`SIDE_WORK_MS`]. Returns whether the work finished; the stream is
 /// destroyed either way (the driver frees it once its work is done). Never
 /// blocks on a stuck device.
-fn on_side_stream(
+pub(crate) fn on_side_stream(
     ctx: &Arc<CudaContext>,
     f: impl FnOnce(cudarc::driver::sys::CUstream) -> Result<()>,
 ) -> Result<bool> {
