@@ -165,14 +165,17 @@
 //! every GEMM task on it (`exec::issue`, one instance per plan stream);
 //! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
 //!
-//! # Measured (one H200, 2026-11-24; `bench/data/2026-11-24-h200-s5/`)
-//! Run 9 of `gemm-bench`, the autotuned pick against the autotuned
+//! # Measured (one H200, 2026-11-24; `bench/data/2026-11-24-h200-s6/`)
+//! Run 7 of `gemm-bench`, the autotuned pick against the autotuned
 //! cuBLASLt over the 161 whole and chunk GEMMs of `suites/llama3.toml`:
-//! geomean 0.986, worst 1.109, chunk shapes together 0.982; 8192³ at
-//! cuBLASLt's speed (643 against 642 TFLOP/s on this power-limited GPU).
-//! Hooks 3-6 cost +2.2% at 8192³ (ping-pong), +4.1% at 2048 × 14336 × 4096
-//! (ping-pong), +5.0% at 1024 × 4096 × 7168 (cooperative with tensor maps;
-//! the last tile's signal is exposed there).
+//! geomean 0.991, worst 1.133, chunk shapes together 0.984; 8192³ at
+//! cuBLASLt's speed (659 against 656 TFLOP/s: this GPU is power-capped at
+//! a median SM clock near 1.5 GHz; with the clock up, 801 TFLOP/s was
+//! measured). Hooks 3-6 (cooperative tile, tensor-map destination) cost
+//! +2.1% at 8192³, +1.0% at 2048 × 14336 × 4096 and +3.5% at
+//! 1024 × 4096 × 7168, whose one tile per CTA leaves the first flag load
+//! and the last signal exposed. The cluster tiles match the single-CTA ones
+//! within a few percent either way (geomean 1.014 and 1.056).
 //!
 //! # Not done
 //! Stream-K instead of split-K for shapes of one or two M-blocks is the
