@@ -630,7 +630,8 @@ fn staged_epilogue_matches_register_epilogue() {
 /// The destination hook through per-block tensor maps ([`DestHook::maps`],
 /// TMA stores) writes exactly what the staged epilogue writes, to the same
 /// places (odd blocks to another buffer, even ones in C), on every tile,
-/// unsplit and split, and the signal hook still counts each block once.
+/// cluster tiles too, unsplit and split, and the signal hook still counts
+/// each block once.
 #[test]
 fn dest_maps_match_staged_epilogue() {
     let Some(guard) = gpu() else { return };
@@ -655,6 +656,8 @@ fn dest_maps_match_staged_epilogue() {
         (TileN::N128, 3, None),
         (TileN::Pp128, 1, Some(3)),
         (TileN::Pp128, 1, None),
+        (TileN::N256C2, 1, Some(6)),
+        (TileN::Pp128C2, 1, None),
     ] {
         let mut outs = vec![];
         for with_maps in [false, true] {

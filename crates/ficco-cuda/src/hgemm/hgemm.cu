@@ -1085,6 +1085,10 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
                         sigbar + 16 + 8 * cw, nsig > 0 ? (nsig - 1) & 1 : 2);
         named_sync(1 + cw, 128);
         if (lt == 0) {
+          // The slot is free once the signal thread took the previous
+          // handover (the staging wait above covers it, but the register
+          // epilogue has none).
+          if (nsig > 0) mbar_wait(sigbar + 16 + 8 * cw, (nsig - 1) & 1);
           asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(sigslot + 8 * cw), "r"(rbase),
                        "r"(cbase0)
                        : "memory");
