@@ -633,6 +633,37 @@ mod tests {
         c
     }
 
+    /// What rank `me` of `world` gets from `op` ([`OpCall`]'s table) when
+    /// rank r's operands are `a_of(r)` and `b_of(r)`, in f32.
+    fn op_reference(
+        op: Op,
+        world: usize,
+        me: usize,
+        a_of: impl Fn(usize) -> Vec<u16>,
+        b_of: impl Fn(usize) -> Vec<u16>,
+    ) -> Vec<f32> {
+        let shard = M / world;
+        match op {
+            Op::AgGemm => {
+                let gathered: Vec<u16> = (0..world).flat_map(&a_of).collect();
+                matmul(&gathered, &b_of(me), M, K, N)
+            }
+            _ => {
+                let mut sum = vec![0f32; M * N];
+                for r in 0..world {
+                    for (s, x) in sum.iter_mut().zip(matmul(&a_of(r), &b_of(r), M, K, N)) {
+                        *s += x;
+                    }
+                }
+                if op == Op::GemmRs {
+                    sum[me * shard * N..(me + 1) * shard * N].to_vec()
+                } else {
+                    sum
+                }
+            }
+        }
+    }
+
     fn child() {
         let env = LaunchEnv::from_env().expect("launcher variables");
         let (me, world) = (env.rank, env.world_size);
@@ -673,25 +704,7 @@ mod tests {
             // Every rank's inputs, regenerated from its seed.
             let a_of = |r: usize| rand(a_rows * K, 100 + r as u64 + 10 * op as u64);
             let b_of = |r: usize| rand(K * N, 200 + r as u64 + 10 * op as u64);
-            let reference: Vec<f32> = match op {
-                Op::AgGemm => {
-                    let gathered: Vec<u16> = (0..world).flat_map(a_of).collect();
-                    matmul(&gathered, &b_of(me), M, K, N)
-                }
-                _ => {
-                    let mut sum = vec![0f32; M * N];
-                    for r in 0..world {
-                        for (s, x) in sum.iter_mut().zip(matmul(&a_of(r), &b_of(r), M, K, N)) {
-                            *s += x;
-                        }
-                    }
-                    if op == Op::GemmRs {
-                        sum[me * shard * N..(me + 1) * shard * N].to_vec()
-                    } else {
-                        sum
-                    }
-                }
-            };
+            let reference = op_reference(op, world, me, a_of, b_of);
             let (a, b) = (upload(&a_of(me)), upload(&b_of(me)));
             // Poisoned: NaN until the operator writes it.
             let poison = vec![0x7fc0u16; reference.len()];
@@ -759,25 +772,7 @@ mod tests {
             let a_rows = if op == Op::AgGemm { shard } else { M };
             let a_of = |r: usize| rand(a_rows * K, seed + r as u64);
             let b_of = |r: usize| rand(K * N, seed + 50 + r as u64);
-            match op {
-                Op::AgGemm => {
-                    let gathered: Vec<u16> = (0..world).flat_map(a_of).collect();
-                    matmul(&gathered, &b_of(me), M, K, N)
-                }
-                _ => {
-                    let mut sum = vec![0f32; M * N];
-                    for r in 0..world {
-                        for (s, x) in sum.iter_mut().zip(matmul(&a_of(r), &b_of(r), M, K, N)) {
-                            *s += x;
-                        }
-                    }
-                    if op == Op::GemmRs {
-                        sum[me * shard * N..(me + 1) * shard * N].to_vec()
-                    } else {
-                        sum
-                    }
-                }
-            }
+            op_reference(op, world, me, a_of, b_of)
         };
         let mut issued = vec![];
         for round in 0..3u64 {
