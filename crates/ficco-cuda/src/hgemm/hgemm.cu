@@ -1,5 +1,5 @@
 // ficco's Hopper (sm_90a) bf16 GEMM, compiled at run time by NVRTC.
-// No CUDA headers: inline PTX and minimal typedefs only. See hgemm.rs for the
+// No CUDA headers: inline PTX and minimal typedefs only. See mod.rs for the
 // design, the layouts and the hook semantics.
 //
 // C[M,N] (row-major, ldc) = A[M,K] (row-major, lda) * B[K,N] (row-major, ldb)
@@ -7,9 +7,11 @@
 // Tile 128 x BN x 64 (BN = 256 or 128: two entry points); warpgroup 0
 // produces (TMA), warpgroups 1 and 2 each compute 64 rows of the tile with
 // wgmma m64nBNk16; in `ficco_hgemm_n128_pp` (ping-pong) each of them computes
-// whole 128 x 128 tiles, the two taking tiles in turn. The `_grouped` entries
+// whole 128 x 128 tiles, the two taking tiles in turn. The `_c2` entries run
+// in clusters of 2 CTAs that share B by TMA multicast. The `_grouped` entries
 // run many GEMMs of one K and N (MoE experts) in one persistent launch
-// (GroupTable).
+// (GroupTable). With the signal hook on whole cooperative tiles, threads 32
+// and 64 of warpgroup 0 are the consumers' signal threads.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
