@@ -151,16 +151,6 @@ static __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// Prefetches a 2-D tile into L2 (no shared memory, no completion): a hint
-// only, so it may run ahead of a flag that guards the data (L2 is where
-// every writer's data lands; the real load after the flag reads it there).
-static __device__ __forceinline__ void tma_prefetch_2d(const TMap* map, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   (u64)map),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-
 // 2-D TMA tile store from shared memory (bulk group of the issuing thread).
 static __device__ __forceinline__ void tma_store_2d(const TMap* map, u32 src, int c0, int c1) {
   asm volatile(
@@ -825,10 +815,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           if (!ready) {
             // B does not depend on the flags: the first stages' B loads go
             // out before the spin (reserving those stages), their A loads
-            // after it, so the flag's round trip overlaps B's; A's tiles are
-            // prefetched into L2 meanwhile.
+            // after it, so the flag's round trip overlaps B's.
             const u32 pre = kb1 - kb0 < p.stages ? kb1 - kb0 : p.stages;
-            for (u32 i = 0; i < pre; ++i) tma_prefetch_2d(am, (int)((kb0 + i) * BK), (int)m0);
             u32 s = stage, ph = phase;
             for (u32 i = 0; i < pre; ++i) {
               mbar_wait(empty + 8 * s, ph ^ 1);
