@@ -30,7 +30,9 @@
 //!   (`cp.async.bulk.tensor...multicast::cluster`), and each consumer
 //!   releases a stage on both CTAs' empty barriers. The grid is capped at
 //!   the clusters resident at once (`cuOccupancyMaxActiveClusters`). No K
-//!   split, no wait hook (a CTA would stall behind its peer's flag).
+//!   split, no wait or signal hook: a cluster needs two free SMs of one GPC,
+//!   so beside a kernel that spins on this one's signals (or on a flag) not
+//!   every cluster need be resident, and one left out could wait forever.
 //! - For skinny GEMMs, 64 × 128 tiles ([`TileN::M64N128`], entry
 //!   `ficco_hgemm_n128_m64`): the same 64-row mode with 64 columns per
 //!   warpgroup (wgmma m64n64k16), twice the tiles of the 64 × 256 one.
@@ -318,8 +320,10 @@ pub enum TileN {
     /// `ficco_hgemm_n256_c2`): the two take adjacent M-blocks of one N-block
     /// and share its B, each loading half of every B stage and multicasting
     /// it to both (TMA multicast), so each SM reads a third less from L2.
-    /// No K split and no wait hook; the grid is at most the clusters that
-    /// are resident at once. Picked by the tuner only.
+    /// No K split and no wait or signal hook (a cluster is placed only where
+    /// two SMs of one GPC are free, so residency is not guaranteed); the
+    /// grid is at most the clusters that are resident at once. Picked by the
+    /// tuner only.
     N256C2,
     /// [`TileN::Pp128`] in clusters of 2 (entry `ficco_hgemm_n128_pp_c2`),
     /// B shared as in [`TileN::N256C2`] (a quarter less from L2 per SM).
@@ -1263,9 +1267,14 @@ fn validate(a: &GemmArgs, lim: Limits) -> Result<LaunchShape> {
         }
     }
     if tile.cluster() > 1 {
-        if h.wait.is_some() {
+        // A cluster is scheduled only where two SMs of one GPC are free, so
+        // not every cluster of a grid that fits the SM budget need be
+        // resident at once: with a kernel beside it spinning on this one's
+        // signals (or this one on a flag), a cluster left waiting for an SM
+        // could wait forever. So no wait and no signal hook.
+        if h.wait.is_some() || h.signal.is_some() {
             return Err(bad(format!(
-                "{tile:?} (clusters of 2) does not take the wait hook: a CTA would stall behind its peer's flag; use a tile without a cluster"
+                "{tile:?} (clusters of 2) does not take the wait or signal hook: not every cluster need be resident at once, and a waiting CTA would also hold up its peer; use a tile without a cluster"
             )));
         }
         if max_clusters == 0 || h.sm_budget.is_some_and(|s| s < 2) {
@@ -1810,7 +1819,16 @@ mod tests {
                         epoch: 1,
                     })
                 },
-                "wait hook",
+                "wait or signal hook",
+            ),
+            (
+                |a: &mut GemmArgs| {
+                    a.hooks.signal = Some(SignalHook {
+                        counters: DevPtr::new(0x4000),
+                        rows_per_counter: 128,
+                    })
+                },
+                "wait or signal hook",
             ),
             (
                 |a: &mut GemmArgs| a.hooks.split_k = Some(2),
