@@ -858,10 +858,14 @@ impl HopperGemm {
     fn resolve(&self, args: &GemmArgs) -> GemmArgs {
         let h = &args.hooks;
         let open = !h.untuned && h.tile_n.is_none() && h.split_k.is_none();
-        // A tuned 64-row tile cannot take a start block (not in the tune key).
-        let fits = |s: &bench::Schedule| !s.0.is_m64() || h.m_start_block == 0;
-        match open.then(|| self.tuned(args)).flatten().filter(fits) {
-            Some(s) => tune::with_schedule(args, s),
+        // A tuned schedule the launch cannot take (a 64-row tile with a
+        // start block, which the tune key leaves out; a pick cached on disk
+        // under rules since tightened) gives way to the chooser's.
+        let fits = |t: &GemmArgs| validate(t, self.limits()).is_ok();
+        match open.then(|| self.tuned(args)).flatten() {
+            Some(s) => Some(tune::with_schedule(args, s))
+                .filter(fits)
+                .unwrap_or(*args),
             None => *args,
         }
     }
