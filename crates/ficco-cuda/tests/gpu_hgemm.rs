@@ -172,10 +172,27 @@ fn run(ctx: &Arc<CudaContext>, g: &HopperGemm, args: &GemmArgs) {
     stream.synchronize().expect("sync (kernel fault?)");
 }
 
-/// A destination table of `blocks` blocks of `rows` rows: odd blocks go to
-/// `dst` (at the block's own rows, `ldd` elements apart), even ones stay in C (0).
-fn odd_blocks_to(dst: &DeviceBuffer, blocks: usize, rows: usize, ldd: usize) -> Vec<u64> {
-    (0..blocks)
+/// A destination buffer of `m` rows, `ldd` elements apart, holding random
+/// data (`x`, seeded), and a destination table of `rows`-row blocks, on
+/// the host and the device: odd blocks go to the buffer (at the block's own
+/// rows), even ones stay in C (0).
+struct Redirect {
+    x: Vec<u16>,
+    dst: DeviceBuffer,
+    table: Vec<u64>,
+    tbl: DeviceBuffer,
+}
+
+fn odd_blocks_redirect(
+    ctx: &Arc<CudaContext>,
+    m: usize,
+    rows: usize,
+    ldd: usize,
+    seed: u64,
+) -> Redirect {
+    let x = rand(m * ldd, seed);
+    let dst = upload(ctx, &x);
+    let table: Vec<u64> = (0..m.div_ceil(rows))
         .map(|b| {
             if b % 2 == 1 {
                 dst.ptr().raw() + (b * rows * ldd * 2) as u64
@@ -183,7 +200,9 @@ fn odd_blocks_to(dst: &DeviceBuffer, blocks: usize, rows: usize, ldd: usize) -> 
                 0
             }
         })
-        .collect()
+        .collect();
+    let tbl = upload_u64(ctx, &table);
+    Redirect { x, dst, table, tbl }
 }
 
 /// The m × n view of C (ldc) as f32.
@@ -499,16 +518,17 @@ fn hook6_destination_table() {
     let (ctx, g) = (&guard.0, &guard.1);
     let (m, n, k) = (1000usize, 520, 200);
     let rows = 96usize;
-    let blocks = m.div_ceil(rows);
     let p = Problem::new(m, n, k, (0, 0, 0), 31);
     let reference = p.reference();
     for add in [false, true] {
         let d = device(ctx, &p);
         let ldd = n + 24;
-        let x = rand(m * ldd, 77);
-        let dst = upload(ctx, &x);
-        let table = odd_blocks_to(&dst, blocks, rows, ldd);
-        let tbl = upload_u64(ctx, &table);
+        let Redirect {
+            x,
+            dst,
+            table: _,
+            tbl,
+        } = odd_blocks_redirect(ctx, m, rows, ldd, 77);
         run(
             ctx,
             g,
@@ -567,10 +587,12 @@ fn staged_epilogue_matches_register_epilogue() {
     let p = Problem::new(m, n, k, (0, 0, 4), 41);
     let d = device(ctx, &p);
     let ldd = n + 4;
-    let x = rand(m * ldd, 78);
-    let dst = upload(ctx, &x);
-    let table = odd_blocks_to(&dst, blocks, rows, ldd);
-    let tbl = upload_u64(ctx, &table);
+    let Redirect {
+        x,
+        dst,
+        table: _,
+        tbl,
+    } = odd_blocks_redirect(ctx, m, rows, ldd, 78);
     let counters = upload_u32(ctx, &vec![0u32; blocks]);
     for tile in [TileN::N256, TileN::N128] {
         for splits in [1u32, 3] {
@@ -642,10 +664,7 @@ fn dest_maps_match_staged_epilogue() {
     let p = Problem::new(m, n, k, (0, 0, 8), 43);
     let d = device(ctx, &p);
     let ldd = n + 8;
-    let x = rand(m * ldd, 80);
-    let dst = upload(ctx, &x);
-    let table = odd_blocks_to(&dst, blocks, rows, ldd);
-    let tbl = upload_u64(ctx, &table);
+    let Redirect { x, dst, table, tbl } = odd_blocks_redirect(ctx, m, rows, ldd, 80);
     let maps = g
         .dest_maps(&table, ldd, rows as u32, m, n, d.args.c, p.ldc)
         .expect("dest maps");
@@ -810,10 +829,12 @@ fn same_as_tile(ctx: &Arc<CudaContext>, g: &HopperGemm, base: TileN, tile: TileN
         let rows = 96usize; // hook blocks straddle tiles
         let blocks = m.div_ceil(rows);
         let ldd = n + 8;
-        let x = rand(m * ldd, 79 + i as u64);
-        let dst = upload(ctx, &x);
-        let table = odd_blocks_to(&dst, blocks, rows, ldd);
-        let tbl = upload_u64(ctx, &table);
+        let Redirect {
+            x,
+            dst,
+            table: _,
+            tbl,
+        } = odd_blocks_redirect(ctx, m, rows, ldd, 79 + i as u64);
         let counters = upload_u32(ctx, &vec![0u32; blocks]);
         let flags = upload_u32(ctx, &vec![9u32; blocks]);
         let c0 = rand(m * p.ldc, 500 + i as u64);

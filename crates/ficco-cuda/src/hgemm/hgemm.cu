@@ -247,18 +247,26 @@ static __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 static __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
 
-// Tile t of the persistent schedule -> (M-block, N-block). Groups of
-// `group_m` M-blocks are walked column by column (L2 reuse of B), and the M
-// order is rotated to start at `tile_start`.
-static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& mb, u32& nb) {
-  u32 per_group = p.group_m * p.tiles_n;
-  u32 g = t / per_group;
-  u32 first = g * p.group_m;
-  u32 gs = p.tiles_m - first;
-  if (gs > p.group_m) gs = p.group_m;
-  u32 r = t - g * per_group;
-  u32 ml = first + r % gs;
+// Walks `rows` row blocks of `tiles_n` N-blocks in groups of `gm` row
+// blocks, each group column by column (L2 reuse of B): tile t -> (row block
+// ml, N-block nb).
+static __device__ __forceinline__ void group_walk(u32 t, u32 rows, u32 gm, u32 tiles_n, u32& ml,
+                                                  u32& nb) {
+  const u32 per_group = gm * tiles_n;
+  const u32 g = t / per_group;
+  const u32 first = g * gm;
+  u32 gs = rows - first;
+  if (gs > gm) gs = gm;
+  const u32 r = t - g * per_group;
+  ml = first + r % gs;
   nb = r / gs;
+}
+
+// Tile t of the persistent schedule -> (M-block, N-block): group_walk over
+// groups of `group_m` M-blocks, the M order rotated to start at `tile_start`.
+static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& mb, u32& nb) {
+  u32 ml;
+  group_walk(t, p.tiles_m, p.group_m, p.tiles_n, ml, nb);
   mb = ml + p.tile_start;
   if (mb >= p.tiles_m) mb -= p.tiles_m;
 }
@@ -271,16 +279,9 @@ static __device__ __forceinline__ void tile_coords(const Params& p, u32 t, u32& 
 // boxes) and whose epilogue and hooks skip every row (all >= M).
 static __device__ __forceinline__ void pair_coords(const Params& p, u32 t, u32 crank, u32& mb,
                                                    u32& nb) {
-  const u32 pairs = (p.tiles_m + 1) / 2;
-  const u32 gm = p.group_m / 2 > 0 ? p.group_m / 2 : 1;
-  const u32 per_group = gm * p.tiles_n;
-  const u32 g = t / per_group;
-  const u32 first = g * gm;
-  u32 gs = pairs - first;
-  if (gs > gm) gs = gm;
-  const u32 r = t - g * per_group;
-  const u32 ml = 2 * (first + r % gs) + crank;
-  nb = r / gs;
+  u32 q;
+  group_walk(t, (p.tiles_m + 1) / 2, p.group_m / 2 > 0 ? p.group_m / 2 : 1, p.tiles_n, q, nb);
+  const u32 ml = 2 * q + crank;
   if (ml >= p.tiles_m) {
     mb = p.tiles_m;
     return;
@@ -321,16 +322,7 @@ static __device__ __forceinline__ void group_tile(const GroupTable& gt, const Pa
   const u32* first = (const u32*)gt.first;
   while (t >= first[g + 1]) ++g;
   const u32 t0 = first[g];
-  const u32 tiles_m = (first[g + 1] - t0) / p.tiles_n;
-  const u32 r0 = t - t0;
-  const u32 per_group = p.group_m * p.tiles_n;
-  const u32 q = r0 / per_group;
-  const u32 fm = q * p.group_m;
-  u32 gs = tiles_m - fm;
-  if (gs > p.group_m) gs = p.group_m;
-  const u32 r = r0 - q * per_group;
-  mb = fm + r % gs;
-  nb = r / gs;
+  group_walk(t - t0, (first[g + 1] - t0) / p.tiles_n, p.group_m, p.tiles_n, mb, nb);
 }
 
 // Grouped mode: the tensor maps live in global memory, written by the host
@@ -672,6 +664,14 @@ static __device__ __forceinline__ void unit_of(const Params& p, u32 u, u32 nk, u
   kb1 = (sp + 1) * nk / ns;
 }
 
+// The next slot of the stage ring (the phase flips at each wrap).
+static __device__ __forceinline__ void next_stage(u32& stage, u32& phase, u32 stages) {
+  if (++stage == stages) {
+    stage = 0;
+    phase ^= 1;
+  }
+}
+
 // A consumer is done reading a stage: arrive on its empty barrier, and in a
 // cluster (CL) on the peer CTA's too (its multicasts fill this stage here).
 template <bool CL>
@@ -823,10 +823,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
               const u32 fb = full + 8 * s;
               mbar_expect_tx(fb, STAGE_BYTES);
               load_b<BN, CL>(base + s * STAGE_BYTES + STAGE_AT, bm, fb, n0, kb0 + i, crank);
-              if (++s == p.stages) {
-                s = 0;
-                ph ^= 1;
-              }
+              next_stage(s, ph, p.stages);
             }
             for (u32 f = f0; f <= f1; ++f) {
               if (f < 64 && ((wait_ready >> f) & 1)) continue;
@@ -841,10 +838,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
             for (u32 i = 0; i < pre; ++i, ++kb) {
               tma_load_2d(base + stage * STAGE_BYTES, am, full + 8 * stage, (int)(kb * BK),
                           (int)m0);
-              if (++stage == p.stages) {
-                stage = 0;
-                phase ^= 1;
-              }
+              next_stage(stage, phase, p.stages);
             }
           }
         }
@@ -855,10 +849,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           const u32 sa = base + stage * STAGE_BYTES;
           tma_load_2d(sa, am, fb, (int)(kb * BK), (int)m0);
           load_b<BN, CL>(sa + STAGE_AT, bm, fb, n0, kb, crank);
-          if (++stage == p.stages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          next_stage(stage, phase, p.stages);
         }
       }
     } else if (sig_thread && (tid == 32 || tid == 64)) {
@@ -928,10 +919,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
         }
         prev = stage;
-        if (++stage == p.stages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        next_stage(stage, phase, p.stages);
       }
       // Every k-block of this tile is issued: the other warpgroup's turn.
       if (lt == 0) mbar_arrive(turn + 8 * (1 - cw));
@@ -1021,10 +1009,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           if (lt == 0) release_stage<CL>(empty + 8 * prev, crank);
         }
         prev = stage;
-        if (++stage == p.stages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        next_stage(stage, phase, p.stages);
       }
       wgmma_wait<0>();
       fence_acc<NACC>(d);

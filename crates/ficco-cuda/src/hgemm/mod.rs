@@ -840,7 +840,7 @@ impl HopperGemm {
     /// Checks `args` and returns the launch geometry (no device work), with
     /// the tuned schedule where [`HopperGemm::launch`] would take it.
     pub fn shape(&self, args: &GemmArgs) -> Result<LaunchShape> {
-        validate(&self.resolve(args), self.limits())
+        self.resolve(args).map(|(_, shape)| shape)
     }
 
     /// What [`validate`] checks a launch against on this device.
@@ -854,20 +854,21 @@ impl HopperGemm {
 
     /// `args` with the tuned schedule of its shape when it leaves the
     /// schedule open (no `tile_n`, no `split_k`, not `untuned`) and
-    /// [`HopperGemm::autotune`] has one.
-    fn resolve(&self, args: &GemmArgs) -> GemmArgs {
+    /// [`HopperGemm::autotune`] has one, and the launch geometry: validated
+    /// once, here.
+    fn resolve(&self, args: &GemmArgs) -> Result<(GemmArgs, LaunchShape)> {
         let h = &args.hooks;
         let open = !h.untuned && h.tile_n.is_none() && h.split_k.is_none();
-        // A tuned schedule the launch cannot take (a 64-row tile with a
-        // start block, which the tune key leaves out; a pick cached on disk
-        // under rules since tightened) gives way to the chooser's.
-        let fits = |t: &GemmArgs| validate(t, self.limits()).is_ok();
-        match open.then(|| self.tuned(args)).flatten() {
-            Some(s) => Some(tune::with_schedule(args, s))
-                .filter(fits)
-                .unwrap_or(*args),
-            None => *args,
+        if let Some(s) = open.then(|| self.tuned(args)).flatten() {
+            let tuned = tune::with_schedule(args, s);
+            // A tuned schedule the launch cannot take (a 64-row tile with a
+            // start block, which the tune key leaves out; a pick cached on
+            // disk under rules since tightened) gives way to the chooser's.
+            if let Ok(shape) = validate(&tuned, self.limits()) {
+                return Ok((tuned, shape));
+            }
         }
+        Ok((*args, validate(args, self.limits())?))
     }
 
     /// The tensor maps of a destination hook ([`DestHook::maps`]): for block
@@ -930,9 +931,8 @@ impl HopperGemm {
             return Ok(());
         }
         // A schedule left open takes the tuned one when this shape was tuned.
-        let resolved = self.resolve(args);
+        let (resolved, shape) = self.resolve(args)?;
         let args = &resolved;
-        let shape = validate(args, self.limits())?;
         let amap = tensor_map(
             args.a,
             args.k,
