@@ -471,6 +471,56 @@ fn hook4_wait_blocks_until_flags_arrive() {
     assert!(err < 1e-2);
 }
 
+/// Flags of even blocks set before the launch, odd ones 100 ms into it:
+/// tiles straddle a set and an unset flag (96-row blocks), so the producer's
+/// first poll finds some set and then spins on the rest, and with 3 CTAs
+/// each takes several tiles of flags it has already seen.
+#[test]
+fn hook4_wait_some_flags_late() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k) = (1000, 520, 320);
+    let rows = 96;
+    let p = Problem::new(m, n, k, (0, 0, 0), 23);
+    let d = device(ctx, &p);
+    let blocks = m.div_ceil(rows);
+    let init: Vec<u32> = (0..blocks).map(|b| u32::from(b % 2 == 0) * 7).collect();
+    let flags = upload_u32(ctx, &init);
+    let args = GemmArgs {
+        hooks: Hooks {
+            wait: Some(WaitHook {
+                flags: DevPtr::new(flags.ptr().raw()),
+                rows_per_flag: rows as u32,
+                epoch: 7,
+            }),
+            sm_budget: Some(3),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    let s1 = ctx.new_stream().expect("stream");
+    let s2 = ctx.new_stream().expect("stream");
+    // SAFETY: buffers alive; the flags are released below.
+    unsafe { g.launch(s1.cu_stream(), &args) }.expect("launch");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: live stream.
+    let pending = unsafe { sys::cuStreamQuery(s1.cu_stream()) };
+    assert_eq!(pending, sys::CUresult::CUDA_ERROR_NOT_READY, "did not wait");
+    for b in (1..blocks).step_by(2) {
+        // SAFETY: flags holds `blocks` u32; live stream.
+        let r = unsafe {
+            sys::cuStreamWriteValue32_v2(s2.cu_stream(), flags.ptr().raw() + 4 * b as u64, 7, 0)
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+    s2.synchronize().expect("sync");
+    s1.synchronize().expect("sync");
+    let c = download(&d.c, m * n);
+    let err = rel_err(&view(&c, m, n, n), &p.reference());
+    eprintln!("hgemm wait hook, odd flags late: rel err {err:.2e}");
+    assert!(err < 1e-2);
+}
+
 #[test]
 fn hook5_signal_counts_each_block_once() {
     let Some(guard) = gpu() else { return };

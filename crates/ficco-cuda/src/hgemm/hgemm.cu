@@ -225,6 +225,24 @@ static __device__ __forceinline__ u32 ld_acquire_sys(u64 p) {
   return v;
 }
 
+// Hook 4: loads each flag f0..f1 not yet seen ready (acquire, system scope:
+// a copy engine's stream, the host or a peer sets it) and remembers flags
+// 0..63 found at the epoch in `ready`. With `spin`, waits until every flag
+// reached it (returns true); without, polls each once and says whether all
+// had.
+static __device__ __forceinline__ bool poll_flags(const Params& p, u32 f0, u32 f1, u64& ready,
+                                                  bool spin) {
+  for (u32 f = f0; f <= f1; ++f) {
+    if (f < 64 && ((ready >> f) & 1)) continue;
+    while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
+      if (!spin) return false;
+      __nanosleep(128);
+    }
+    if (f < 64) ready |= 1ull << f;
+  }
+  return true;
+}
+
 // A destination-table entry: written before the launch, read-only during
 // it, so the loads of a thread's rows can all be in flight at once (a
 // volatile load would order each after the previous one).
@@ -341,8 +359,8 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
 
 // Hook 5: counts each of the `halves` 64-row half tiles from row `rlo` on
 // (their stores done by the whole warpgroup before a named barrier) towards
-// every signal block it overlaps; the last arrival of a block resets its
-// ticket and increments the user's counter with a system-scope release.
+// every signal block it overlaps; the last arrival of a block increments
+// the user's counter with a system-scope release, then resets its ticket.
 //
 // Only that last release needs system scope. Each arrival's ticket atomic
 // is a GPU-scope release of this warpgroup's stores (the barrier orders
@@ -389,9 +407,12 @@ static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32
       }
       if (old + 1 == target) {
         if (!ACQ_REL) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
         asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
                      : "memory");
+        // The ticket's reset after the release, so that the release does not
+        // wait for it: no arrival of this launch reads the ticket again, and
+        // the next launch starts after this one's stores.
+        asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
       }
     }
   }
@@ -813,29 +834,28 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
           bool ready = true;
           for (u32 f = f0; f <= f1 && ready; ++f) ready = f < 64 && ((wait_ready >> f) & 1);
           if (!ready) {
-            // B does not depend on the flags: the first stages' B loads go
-            // out before the spin (reserving those stages), their A loads
-            // after it, so the flag's round trip overlaps B's.
+            // B does not depend on the flags. The first stage's B goes out
+            // before one poll of the flags, so that their round trip overlaps
+            // it; flags already set then cost one round trip, and the stages
+            // after it load A and B together, as without the hook. Flags not
+            // set yet: the other stages' B loads go out too (reserving those
+            // stages) before the spin, and their A loads after it.
             const u32 pre = kb1 - kb0 < p.stages ? kb1 - kb0 : p.stages;
-            u32 s = stage, ph = phase;
-            for (u32 i = 0; i < pre; ++i) {
+            u32 s = stage, ph = phase, nb = 0;
+            bool set = false;
+            do {
               mbar_wait(empty + 8 * s, ph ^ 1);
               const u32 fb = full + 8 * s;
               mbar_expect_tx(fb, STAGE_BYTES);
-              load_b<BN, CL>(base + s * STAGE_BYTES + STAGE_AT, bm, fb, n0, kb0 + i, crank);
+              load_b<BN, CL>(base + s * STAGE_BYTES + STAGE_AT, bm, fb, n0, kb0 + nb, crank);
               next_stage(s, ph, p.stages);
-            }
-            for (u32 f = f0; f <= f1; ++f) {
-              if (f < 64 && ((wait_ready >> f) & 1)) continue;
-              while ((int)(ld_acquire_sys(p.wait_flags + 4ull * f) - p.wait_epoch) < 0) {
-                __nanosleep(128);
-              }
-              if (f < 64) wait_ready |= 1ull << f;
-            }
+              if (++nb == 1) set = poll_flags(p, f0, f1, wait_ready, false);
+            } while (nb < pre && !set);
+            if (!set) poll_flags(p, f0, f1, wait_ready, true);
             // The flag's writer published A through the generic proxy; TMA
             // reads through the async proxy.
             asm volatile("fence.proxy.async.global;" ::: "memory");
-            for (u32 i = 0; i < pre; ++i, ++kb) {
+            for (u32 i = 0; i < nb; ++i, ++kb) {
               tma_load_2d(base + stage * STAGE_BYTES, am, full + 8 * stage, (int)(kb * BK),
                           (int)m0);
               next_stage(stage, phase, p.stages);
@@ -860,6 +880,22 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       u32 j = 0;
       u64 acquired = 0;  // dest maps this thread fenced
       for (u32 u = ufirst; u < units; u += ustep, ++j) {
+        if constexpr (!GROUPED) {
+          if (p.tma_store == 3) {
+            // The tile's destination map is acquired before its handover,
+            // so the fence is off the kernel's tail (the acquire below is
+            // then a bit test, for blocks 0-63).
+            u32 t, sp, ns, kb0, kb1, mb, nb;
+            unit_of(p, u, nk, t, sp, ns, kb0, kb1);
+            if constexpr (CL) {
+              pair_coords(p, t, crank, mb, nb);
+            } else {
+              tile_coords(p, t, mb, nb);
+            }
+            const u32 r = M64 ? mb * TBM : mb * TBM + cw * 64;
+            if (r < p.m) acquire_map(p, r, acquired);
+          }
+        }
         mbar_wait(staged, j & 1);
         u32 rbase, cbase0;
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"

@@ -83,7 +83,11 @@
 //!    producer spins (`ld.acquire.sys` + `nanosleep`) until every flag word
 //!    covering those rows is ≥ `epoch` (wrapping compare), then fences the
 //!    async proxy. Flags are u32 words, `rows_per_flag` rows each, e.g. set
-//!    by `cuStreamWriteValue32` after a copy engine lands a chunk.
+//!    by `cuStreamWriteValue32` after a copy engine lands a chunk. The first
+//!    stage's B load goes out before one poll of the flags (its round trip
+//!    overlaps the load); only when a flag is not set yet do the other
+//!    stages' B loads go out before the spin, so flags already set cost one
+//!    round trip and the pipeline fills in its usual A-and-B order.
 //! 5. Output signal ([`SignalHook`]): once every tile of output block b
 //!    (`rows_per_counter` rows, all N) is stored, one
 //!    `red.release.sys.global.add.u32` on `counters[b]`. Arrivals are counted in
