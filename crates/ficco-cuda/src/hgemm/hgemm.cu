@@ -484,7 +484,10 @@ static __device__ __forceinline__ void staged_store(const Params& p, u32 wst, u3
 static __device__ __forceinline__ void acquire_map(const Params& p, u32 row, u64& acquired) {
   const u32 b = row / p.dest_rows;
   if (b < 64 && ((acquired >> b) & 1)) return;
-  tmap_acquire((const TMap*)p.dest_maps + b);
+  const TMap* map = (const TMap*)p.dest_maps + b;
+  tmap_acquire(map);
+  // Into the descriptor cache ahead of the stores (acquired ahead of them too).
+  asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
   if (b < 64) acquired |= 1ull << b;
 }
 
@@ -798,6 +801,8 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // Fetch the descriptors while the barriers settle (first loads wait less).
         asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&amap) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&bmap) : "memory");
+        // C's too: its first use is the epilogue, on the kernel's tail.
+        asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&cmap) : "memory");
       }
       u32 stage = 0, phase = 0;
       u32 grp = 0, fenced = 0xffffffffu;  // grouped mode: current and acquired group
