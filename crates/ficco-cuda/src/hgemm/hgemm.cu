@@ -380,11 +380,10 @@ template <bool ACQ_REL>
 static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32 halves) {
   if (p.tma_store & 1) {
     // This thread issued the half tile's TMA stores (modes 1 and 3): wait
-    // until they are performed. No proxy fence: the completion of a bulk
-    // copy is followed by an implicit generic-async proxy fence, so its
-    // writes are visible to the generic proxy, and to the release below,
-    // once the wait observes it (PTX ISA, "Async Proxy").
+    // until they are performed, then order them (async proxy) before the
+    // release below.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
   }
   for (u32 h = 0; h < halves; ++h, rlo += 64) {
     if (rlo >= p.m) break;
