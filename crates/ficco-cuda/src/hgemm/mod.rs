@@ -171,17 +171,19 @@
 //! every GEMM task on it (`exec::issue`, one instance per plan stream);
 //! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
 //!
-//! # Measured (one H200, 2026-11-24; `bench/data/2026-11-24-h200-s6/`)
-//! Run 7 of `gemm-bench`, the autotuned pick against the autotuned
+//! # Measured (one H200, 2026-11-25; `bench/data/2026-11-25-h200-s7/`)
+//! Run 2 of `gemm-bench`, the autotuned pick against the autotuned
 //! cuBLASLt over the 161 whole and chunk GEMMs of `suites/llama3.toml`:
-//! geomean 0.991, worst 1.133, chunk shapes together 0.984; 8192³ at
-//! cuBLASLt's speed (659 against 656 TFLOP/s: this GPU is power-capped at
+//! geomean 0.993, worst 1.136, chunk shapes together 0.985; 8192³ at
+//! cuBLASLt's speed (657 against 654 TFLOP/s: this GPU is power-capped at
 //! a median SM clock near 1.5 GHz; with the clock up, 801 TFLOP/s was
-//! measured). Hooks 3-6 (cooperative tile, tensor-map destination) cost
-//! +2.1% at 8192³, +1.0% at 2048 × 14336 × 4096 and +3.5% at
-//! 1024 × 4096 × 7168, whose one tile per CTA leaves the first flag load
-//! and the last signal exposed. The cluster tiles match the single-CTA ones
-//! within a few percent either way (geomean 1.014 and 1.056).
+//! measured on 2026-11-24). Hooks 3-6 (cooperative tile, tensor-map
+//! destination) cost +2.0% at 8192³, +1.3 to +1.9% at
+//! 2048 × 14336 × 4096 and +3.1 to +3.5% at 1024 × 4096 × 7168, whose one
+//! tile per CTA leaves the last signal (store completion, ticket atomic,
+//! system-scope release) on the kernel's tail. The cluster tiles match the
+//! single-CTA ones within a few percent either way (geomean 1.014 and
+//! 1.056, 2026-11-24).
 //!
 //! # Not done
 //! Stream-K instead of split-K for shapes of one or two M-blocks is the
