@@ -801,8 +801,9 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // Fetch the descriptors while the barriers settle (first loads wait less).
         asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&amap) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&bmap) : "memory");
-        // C's too: its first use is the epilogue, on the kernel's tail.
-        asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&cmap) : "memory");
+        // C's too, where the epilogue stores through it (mode 1; the host
+        // passes zeros otherwise): its first use is on the kernel's tail.
+        if (p.tma_store == 1) asm volatile("prefetch.tensormap [%0];" ::"l"((u64)&cmap) : "memory");
       }
       u32 stage = 0, phase = 0;
       u32 grp = 0, fenced = 0xffffffffu;  // grouped mode: current and acquired group
