@@ -426,10 +426,45 @@ fn hook4_wait_flags_already_set() {
     });
 }
 
+/// Launches `args` (a wait hook on `flags`, 4-byte words) on one stream,
+/// checks that it still waits 100 ms later, then sets the words `late` to
+/// `epoch` from a second stream (`cuStreamWriteValue32`, as a copy engine's
+/// stream does) and returns C's relative error against the reference.
+fn release_late(
+    (ctx, g): &Gpu,
+    p: &Problem,
+    d: &Dev,
+    args: &GemmArgs,
+    flags: &DeviceBuffer,
+    late: impl Iterator<Item = usize>,
+    epoch: u32,
+) -> f64 {
+    let s1 = ctx.new_stream().expect("stream");
+    let s2 = ctx.new_stream().expect("stream");
+    // SAFETY: buffers alive; the flags are released below.
+    unsafe { g.launch(s1.cu_stream(), args) }.expect("launch");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: live stream.
+    let pending = unsafe { sys::cuStreamQuery(s1.cu_stream()) };
+    eprintln!("hgemm wait hook: before the flags, stream query = {pending:?}");
+    assert_eq!(pending, sys::CUresult::CUDA_ERROR_NOT_READY, "did not wait");
+    for b in late {
+        // SAFETY: `late` indexes words of `flags`; live stream.
+        let r = unsafe {
+            sys::cuStreamWriteValue32_v2(s2.cu_stream(), flags.ptr().raw() + 4 * b as u64, epoch, 0)
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+    s2.synchronize().expect("sync");
+    s1.synchronize().expect("sync");
+    let c = download(&d.c, p.m * p.n);
+    rel_err(&view(&c, p.m, p.n, p.n), &p.reference())
+}
+
 #[test]
 fn hook4_wait_blocks_until_flags_arrive() {
     let Some(guard) = gpu() else { return };
-    let (ctx, g) = (&guard.0, &guard.1);
+    let ctx = &guard.0;
     let (m, n, k) = (512, 512, 256);
     let rows = 128;
     let p = Problem::new(m, n, k, (0, 0, 0), 21);
@@ -447,26 +482,7 @@ fn hook4_wait_blocks_until_flags_arrive() {
         },
         ..d.args
     };
-    let s1 = ctx.new_stream().expect("stream");
-    let s2 = ctx.new_stream().expect("stream");
-    // SAFETY: buffers alive; the flags are released below.
-    unsafe { g.launch(s1.cu_stream(), &args) }.expect("launch");
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    // SAFETY: live stream.
-    let pending = unsafe { sys::cuStreamQuery(s1.cu_stream()) };
-    eprintln!("hgemm wait hook: before the flags, stream query = {pending:?}");
-    assert_eq!(pending, sys::CUresult::CUDA_ERROR_NOT_READY, "did not wait");
-    for b in 0..blocks {
-        // SAFETY: flags holds `blocks` u32; live stream.
-        let r = unsafe {
-            sys::cuStreamWriteValue32_v2(s2.cu_stream(), flags.ptr().raw() + 4 * b as u64, 1, 0)
-        };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-    }
-    s2.synchronize().expect("sync");
-    s1.synchronize().expect("sync");
-    let c = download(&d.c, m * n);
-    let err = rel_err(&view(&c, m, n, n), &p.reference());
+    let err = release_late(&guard, &p, &d, &args, &flags, 0..blocks, 1);
     eprintln!("hgemm wait hook: after the flags, rel err {err:.2e}");
     assert!(err < 1e-2);
 }
@@ -478,7 +494,7 @@ fn hook4_wait_blocks_until_flags_arrive() {
 #[test]
 fn hook4_wait_some_flags_late() {
     let Some(guard) = gpu() else { return };
-    let (ctx, g) = (&guard.0, &guard.1);
+    let ctx = &guard.0;
     let (m, n, k) = (1000, 520, 320);
     let rows = 96;
     let p = Problem::new(m, n, k, (0, 0, 0), 23);
@@ -498,25 +514,7 @@ fn hook4_wait_some_flags_late() {
         },
         ..d.args
     };
-    let s1 = ctx.new_stream().expect("stream");
-    let s2 = ctx.new_stream().expect("stream");
-    // SAFETY: buffers alive; the flags are released below.
-    unsafe { g.launch(s1.cu_stream(), &args) }.expect("launch");
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    // SAFETY: live stream.
-    let pending = unsafe { sys::cuStreamQuery(s1.cu_stream()) };
-    assert_eq!(pending, sys::CUresult::CUDA_ERROR_NOT_READY, "did not wait");
-    for b in (1..blocks).step_by(2) {
-        // SAFETY: flags holds `blocks` u32; live stream.
-        let r = unsafe {
-            sys::cuStreamWriteValue32_v2(s2.cu_stream(), flags.ptr().raw() + 4 * b as u64, 7, 0)
-        };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-    }
-    s2.synchronize().expect("sync");
-    s1.synchronize().expect("sync");
-    let c = download(&d.c, m * n);
-    let err = rel_err(&view(&c, m, n, n), &p.reference());
+    let err = release_late(&guard, &p, &d, &args, &flags, (1..blocks).step_by(2), 7);
     eprintln!("hgemm wait hook, odd flags late: rel err {err:.2e}");
     assert!(err < 1e-2);
 }
