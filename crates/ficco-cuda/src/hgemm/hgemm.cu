@@ -847,21 +847,21 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
             // set yet: the other stages' B loads go out too (reserving those
             // stages) before the spin, and their A loads after it.
             const u32 pre = kb1 - kb0 < p.stages ? kb1 - kb0 : p.stages;
-            u32 s = stage, ph = phase, nb = 0;
+            u32 s = stage, ph = phase, b_ahead = 0;  // stages whose B went out
             bool set = false;
             do {
               mbar_wait(empty + 8 * s, ph ^ 1);
               const u32 fb = full + 8 * s;
               mbar_expect_tx(fb, STAGE_BYTES);
-              load_b<BN, CL>(base + s * STAGE_BYTES + STAGE_AT, bm, fb, n0, kb0 + nb, crank);
+              load_b<BN, CL>(base + s * STAGE_BYTES + STAGE_AT, bm, fb, n0, kb0 + b_ahead, crank);
               next_stage(s, ph, p.stages);
-              if (++nb == 1) set = poll_flags(p, f0, f1, wait_ready, false);
-            } while (nb < pre && !set);
+              if (++b_ahead == 1) set = poll_flags(p, f0, f1, wait_ready, false);
+            } while (b_ahead < pre && !set);
             if (!set) poll_flags(p, f0, f1, wait_ready, true);
             // The flag's writer published A through the generic proxy; TMA
             // reads through the async proxy.
             asm volatile("fence.proxy.async.global;" ::: "memory");
-            for (u32 i = 0; i < nb; ++i, ++kb) {
+            for (u32 i = 0; i < b_ahead; ++i, ++kb) {
               tma_load_2d(base + stage * STAGE_BYTES, am, full + 8 * stage, (int)(kb * BK),
                           (int)m0);
               next_stage(stage, phase, p.stages);
@@ -886,22 +886,6 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       u32 j = 0;
       u64 acquired = 0;  // dest maps this thread fenced
       for (u32 u = ufirst; u < units; u += ustep, ++j) {
-        if constexpr (!GROUPED) {
-          if (p.tma_store == 3) {
-            // The tile's destination map is acquired before its handover,
-            // so the fence is off the kernel's tail (the acquire below is
-            // then a bit test, for blocks 0-63).
-            u32 t, sp, ns, kb0, kb1, mb, nb;
-            unit_of(p, u, nk, t, sp, ns, kb0, kb1);
-            if constexpr (CL) {
-              pair_coords(p, t, crank, mb, nb);
-            } else {
-              tile_coords(p, t, mb, nb);
-            }
-            const u32 r = M64 ? mb * TBM : mb * TBM + cw * 64;
-            if (r < p.m) acquire_map(p, r, acquired);
-          }
-        }
         mbar_wait(staged, j & 1);
         u32 rbase, cbase0;
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
