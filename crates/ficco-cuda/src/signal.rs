@@ -26,8 +26,10 @@
 //! words*, [`SignalLayout::task_range`].
 //!
 //! A tile GEMM's block counters are plan flags too: the kernel's signal
-//! hook adds 1 to a block's word once per launch, which, from the cleared
-//! 0, is exactly [`SET`]; its wait hook waits for `>= SET` (epoch = SET). So
+//! hook adds [`crate::hgemm::signal_advance`] to a block's word per launch,
+//! from the cleared 0, and a Wait on that word waits for exactly that value
+//! ([`SignalLayout::plan_target`]; [`SET`] for every other flag); its wait
+//! hook waits for `>= SET` (epoch = SET) on words that Signal tasks set. So
 //! plan flags follow the same constant-value protocol as dependency words.
 //!
 //! **Constant values, consumer resets.** The values written and waited for
@@ -63,7 +65,7 @@
 use crate::driver::cuda as cu;
 use crate::error::Result;
 use crate::mem::DevicePtr;
-use ficco_core::plan::Plan;
+use ficco_core::plan::{Plan, TaskKind};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -95,6 +97,8 @@ pub struct SignalLayout {
     plan_base: Vec<usize>,
     /// Per rank: the plan's own flags ([`Plan::signal_words`]).
     plan_words: Vec<usize>,
+    /// Per rank: the value waited for on flags other than [`SET`].
+    targets: Vec<HashMap<usize, u32>>,
     /// Words used per rank: [`FIXED_BANKS`] banks of `ranks` words, then the
     /// task words.
     pub words: Vec<usize>,
@@ -114,6 +118,7 @@ impl SignalLayout {
             task_words: vec![0; p],
             plan_base: vec![0; p],
             plan_words: vec![0; p],
+            targets: counted_flags(plan),
             words: vec![0; p],
             signals: plan
                 .ranks
@@ -159,6 +164,16 @@ impl SignalLayout {
         {
             v.push((consumer, w));
         }
+    }
+
+    /// The value a wait on the plan's flag `flag` of `rank` waits for: a
+    /// tile GEMM block counter's advance per launch, else [`SET`].
+    pub fn plan_target(&self, rank: usize, flag: usize) -> u32 {
+        self.targets
+            .get(rank)
+            .and_then(|t| t.get(&flag))
+            .copied()
+            .unwrap_or(SET)
     }
 
     /// The word `consumer` waits on for `producer`.
@@ -207,6 +222,31 @@ impl SignalLayout {
             self.task_words.get(rank).copied().unwrap_or(0),
         )
     }
+}
+
+/// Per rank, the plan's flags that tile GEMMs' signal hooks count into,
+/// with each one's advance per launch ([`crate::hgemm::signal_advance`];
+/// [`SET`] for a block the kernel would refuse, which the executor's tile
+/// check rejects before any launch).
+pub fn counted_flags(plan: &Plan) -> Vec<HashMap<usize, u32>> {
+    plan.ranks
+        .iter()
+        .map(|rp| {
+            let mut t = HashMap::new();
+            for task in &rp.tasks {
+                if let TaskKind::TileGemm(g) = &task.kind {
+                    if let Some(f0) = g.signal {
+                        for b in 0..g.blocks() {
+                            let v =
+                                crate::hgemm::signal_advance(g.a.rows, g.b.cols, g.block_rows, b);
+                            t.insert(f0 + b, v.unwrap_or(SET));
+                        }
+                    }
+                }
+            }
+            t
+        })
+        .collect()
 }
 
 /// The address of word `w` of a flag buffer at `base`.
@@ -267,6 +307,46 @@ mod tests {
     use ficco_core::plan::lower::lower;
     use ficco_core::problem::workload::{Op, Problem};
     use ficco_core::space::{enumerate, SpaceOptions};
+
+    /// A Wait on a tile GEMM's block counter waits for that block's advance
+    /// per launch; on any flag a Signal task sets, for [`SET`].
+    #[test]
+    fn tile_gemm_counters_are_waited_at_their_advance() {
+        let mut counted = 0;
+        for op in Op::ALL {
+            let problem = Problem::new(op, 1536, 256, 520, 4).expect("problem");
+            for s in enumerate(op, SpaceOptions::default()) {
+                let Ok(plan) = lower(&problem, &s) else {
+                    continue;
+                };
+                let l = SignalLayout::new(&plan);
+                for (r, rp) in plan.ranks.iter().enumerate() {
+                    for t in &rp.tasks {
+                        match &t.kind {
+                            TaskKind::TileGemm(g) => {
+                                for b in 0..g.signal.map_or(0, |_| g.blocks()) {
+                                    let f = g.signal.unwrap_or(0) + b;
+                                    let want = crate::hgemm::signal_advance(
+                                        g.a.rows,
+                                        g.b.cols,
+                                        g.block_rows,
+                                        b,
+                                    );
+                                    assert_eq!(Some(l.plan_target(r, f)), want, "{}", plan.name);
+                                    counted += 1;
+                                }
+                            }
+                            TaskKind::Signal { to_rank, flag } => {
+                                assert_eq!(l.plan_target(*to_rank, *flag), SET, "{}", plan.name);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        assert!(counted > 0, "no tile GEMM with a signal hook in the space");
+    }
 
     /// Every cross-rank dependency and every plan flag (tile schedules) has
     /// its own task word on its rank, and every other rank's end has a word

@@ -8,8 +8,8 @@ use common::{b2f, rand, rel_err};
 use cudarc::driver::{sys, CudaContext};
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use ficco_cuda::hgemm::{
-    Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN, WaitHook,
-    BLOCK_M,
+    signal_advance, Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook,
+    TileN, WaitHook, BLOCK_M,
 };
 use ficco_cuda::mem::DeviceBuffer;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -81,6 +81,15 @@ fn download(b: &DeviceBuffer, n: usize) -> Vec<u16> {
     b.download(&mut out).expect("download");
     out.chunks_exact(2)
         .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+/// What `launches` launches leave in the signal counters of an `m` × `n`
+/// output with `rows` rows per counter (from 0): each block's
+/// [`signal_advance`] per launch, whatever the tile.
+fn advances(m: usize, n: usize, rows: usize, launches: u32) -> Vec<u32> {
+    (0..m.div_ceil(rows))
+        .map(|b| launches * signal_advance(m, n, rows, b).expect("advance"))
         .collect()
 }
 
@@ -520,7 +529,7 @@ fn hook4_wait_some_flags_late() {
 }
 
 #[test]
-fn hook5_signal_counts_each_block_once() {
+fn hook5_signal_advances_each_block() {
     let Some(guard) = gpu() else { return };
     let (ctx, g) = (&guard.0, &guard.1);
     // signal_delay 3 with 5 k-blocks per tile: the deferred signal goes out
@@ -554,10 +563,99 @@ fn hook5_signal_counts_each_block_once() {
         run(ctx, g, &args);
         let got = download_u32(&counters, blocks);
         eprintln!("hgemm signal {m}x{n}x{k} rows/counter {rows} delay {delay}: counters {got:?}");
-        assert!(got.iter().all(|&c| c == 2), "{got:?}");
+        assert_eq!(got, advances(m, n, rows, 2));
         let c = download(&d.c, m * n);
         assert!(rel_err(&view(&c, m, n, n), &p.reference()) < 1e-2);
     }
+}
+
+/// Hook 5 as a copy engine uses it: a side stream waits on each block's
+/// counter (`cuStreamWaitValue32` `GEQ`) and copies the block out while the
+/// GEMM runs on 3 CTAs with a long K, so that early blocks land long before
+/// the launch ends. Odd counters start preset to `1 - advance`, so they
+/// reach 1 (the executor's constant) through the cyclic compare; even ones
+/// start at 0 and are waited for at their advance. Every copy must equal
+/// the final output: no block was read before all of its stores.
+#[test]
+fn hook5_stream_waits_copy_each_block_as_it_lands() {
+    let Some(guard) = gpu() else { return };
+    let (ctx, g) = (&guard.0, &guard.1);
+    let (m, n, k, rows) = (1000usize, 520usize, 4096usize, 96usize);
+    let p = Problem::new(m, n, k, (0, 0, 0), 61);
+    let d = device(ctx, &p);
+    let blocks = m.div_ceil(rows);
+    let adv = advances(m, n, rows, 1);
+    let (start, target): (Vec<u32>, Vec<u32>) = adv
+        .iter()
+        .enumerate()
+        .map(|(b, &a)| {
+            if b % 2 == 1 {
+                (1u32.wrapping_sub(a), 1)
+            } else {
+                (0, a)
+            }
+        })
+        .unzip();
+    let counters = upload_u32(ctx, &start);
+    let copy = upload(ctx, &vec![NAN; m * n]);
+    let side = ctx.new_stream().expect("stream");
+    let main = ctx.new_stream().expect("stream");
+    for (b, &want) in target.iter().enumerate() {
+        let (lo, hi) = (b * rows, ((b + 1) * rows).min(m));
+        let at = (lo * n * 2) as u64;
+        // SAFETY: the counter word and both buffers are live until the
+        // streams are synchronized below; the ranges are in bounds.
+        unsafe {
+            assert_eq!(
+                sys::cuStreamWaitValue32_v2(
+                    side.cu_stream(),
+                    counters.ptr().raw() + 4 * b as u64,
+                    want,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                ),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            assert_eq!(
+                sys::cuMemcpyDtoDAsync_v2(
+                    copy.ptr().raw() + at,
+                    d.c.ptr().raw() + at,
+                    (hi - lo) * n * 2,
+                    side.cu_stream(),
+                ),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+    }
+    let args = GemmArgs {
+        hooks: Hooks {
+            signal: Some(SignalHook {
+                counters: DevPtr::new(counters.ptr().raw()),
+                rows_per_counter: rows as u32,
+            }),
+            sm_budget: Some(3),
+            ..Hooks::default()
+        },
+        ..d.args
+    };
+    // SAFETY: the args' buffers are alive and sized for the views.
+    unsafe { g.launch(main.cu_stream(), &args) }.expect("launch");
+    main.synchronize().expect("sync (kernel fault?)");
+    side.synchronize().expect("sync side stream");
+    let got = download_u32(&counters, blocks);
+    let want: Vec<u32> = start
+        .iter()
+        .zip(&adv)
+        .map(|(s, a)| s.wrapping_add(*a))
+        .collect();
+    assert_eq!(got, want);
+    let c = download(&d.c, m * n);
+    let copied = download(&copy, m * n);
+    let differ = (0..m * n).filter(|&i| copied[i] != c[i]).count();
+    assert_eq!(
+        differ, 0,
+        "{differ} elements copied before their block was stored"
+    );
+    assert!(rel_err(&view(&c, m, n, n), &p.reference()) < 1e-2);
 }
 
 #[test]
@@ -677,7 +775,7 @@ fn staged_epilogue_matches_register_epilogue() {
                     assert!(!shape.tma_store);
                     run(ctx, g, &args);
                     let counts = download_u32(&counters, blocks);
-                    assert!(counts.iter().all(|&c| c == 1), "counters {counts:?}");
+                    assert_eq!(counts, advances(m, n, rows, 1), "{tile:?} split {splits}");
                     outs.push((download(&d.c, m * p.ldc), download(&dst, m * ldd)));
                 }
                 let (reg, stg) = (&outs[0], &outs[1]);
@@ -762,7 +860,7 @@ fn dest_maps_match_staged_epilogue() {
             run(ctx, g, &args);
             if tile.cluster() == 1 {
                 let counts = download_u32(&counters, blocks);
-                assert!(counts.iter().all(|&c| c == 1), "counters {counts:?}");
+                assert_eq!(counts, advances(m, n, rows, 1), "{tile:?}");
             }
             outs.push((download(&d.c, m * p.ldc), download(&dst, m * ldd)));
         }
@@ -940,10 +1038,7 @@ fn same_as_tile(ctx: &Arc<CudaContext>, g: &HopperGemm, base: TileN, tile: TileN
             run(ctx, g, &args);
             if signalled {
                 let counts = download_u32(&counters, blocks);
-                assert!(
-                    counts.iter().all(|&x| x == 1),
-                    "{t:?} case {i}: counters {counts:?}"
-                );
+                assert_eq!(counts, advances(m, n, rows, 1), "{t:?} case {i}");
             }
             outs.push((shape, download(&d.c, m * p.ldc), download(&dst, m * ldd)));
         }
@@ -1066,10 +1161,7 @@ fn split_tail_only_matches_whole_and_split() {
         counters.upload(&vec![0u8; blocks * 4]).expect("reset");
         let mixed = launch(3, true, true);
         let counts = download_u32(&counters, blocks);
-        assert!(
-            counts.iter().all(|&c| c == 1),
-            "{tile:?} counters {counts:?}"
-        );
+        assert_eq!(counts, advances(m, n, rows, 1), "{tile:?}");
         let odd = (0..m * n)
             .filter(|&i| mixed[i] != whole[i] && mixed[i] != split[i])
             .count();
@@ -1218,7 +1310,7 @@ fn split_k_with_hooks_on(tile: TileN) {
         "hgemm {tile:?} split-K 4 + hooks 3-6 + accumulate: rel err {err:.2e}, counters {counts:?}"
     );
     assert!(err < 1e-2, "rel err {err}");
-    assert!(counts.iter().all(|&v| v == 1), "{counts:?}");
+    assert_eq!(counts, advances(m, n, rows, 1));
 }
 
 #[test]

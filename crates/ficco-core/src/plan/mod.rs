@@ -239,7 +239,8 @@ pub enum TaskKind {
 ///   the copy that lands those rows, or before the GEMM for rows that are
 ///   already there); every block waits, on its own flag;
 /// * with `signal = Some(s)`, once every row of block i is stored, flag
-///   `s + i` of this rank is signalled (the kernel increments a counter);
+///   `s + i` of this rank is signalled (the kernel's counter reaches its
+///   block's target: the executor knows it from the block's shape);
 ///   a [`TaskKind::Wait`] on it (a copy stream that drains the block) then
 ///   follows that block only, not the whole GEMM. Unlike a Signal task's
 ///   flag, a block's flag may go unwaited (nobody drains the last block);

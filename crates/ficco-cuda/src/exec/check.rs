@@ -52,8 +52,10 @@ pub fn precheck(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
 /// waiting on its flags): N and K multiples of 8 and A and B pitches
 /// multiples of 8 elements (TMA), every view in bounds, one pitch for every
 /// destination view (the destination hook has one leading dimension), and
-/// no more signalling blocks than the kernel has tickets for.
+/// signal counters that advance by at most
+/// [`crate::hgemm::MAX_SIGNAL_ADVANCE`] per launch, which no wait hook reads.
 pub fn check_tiles(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
+    let counted = crate::signal::counted_flags(plan);
     for (r, rp) in plan.ranks.iter().enumerate() {
         for t in &rp.tasks {
             let TaskKind::TileGemm(g) = &t.kind else {
@@ -79,11 +81,26 @@ pub fn check_tiles(plan: &Plan, ptrs: &[Vec<DevicePtr>]) -> Result<()> {
             if g.block_rows == 0 {
                 return Err(bad("a block of 0 rows".into()));
             }
-            if g.signal.is_some() && g.blocks() > crate::hgemm::MAX_SIGNAL_BLOCKS {
+            if g.signal.is_some() {
+                use crate::hgemm::{signal_advance, MAX_SIGNAL_ADVANCE};
+                let (m, n) = (g.a.rows, g.b.cols);
+                if (0..g.blocks()).any(|b| {
+                    signal_advance(m, n, g.block_rows, b).is_none_or(|v| v > MAX_SIGNAL_ADVANCE)
+                }) {
+                    return Err(bad(format!(
+                        "blocks of {} rows x {n} columns advance their signal counters by more than {MAX_SIGNAL_ADVANCE} per launch; use smaller blocks",
+                        g.block_rows
+                    )));
+                }
+            }
+            // The wait hook has one epoch (SET) for every block: it cannot
+            // wait for counters that count another tile GEMM's stores.
+            if let Some(f) = g
+                .wait
+                .and_then(|w| (w..w + g.blocks()).find(|f| counted[r].contains_key(f)))
+            {
                 return Err(bad(format!(
-                    "{} signalling blocks, the kernel counts at most {}",
-                    g.blocks(),
-                    crate::hgemm::MAX_SIGNAL_BLOCKS
+                    "its wait hook reads flag {f}, a tile GEMM's signal counter; wait on it with a Wait task instead"
                 )));
             }
             if !g.dest.is_empty() && g.dest.len() != g.blocks() {
@@ -233,7 +250,8 @@ mod tests {
     }
 
     /// What ficco's kernel cannot run is refused before anything is issued:
-    /// a K that is not a multiple of 8, and destination views of two pitches.
+    /// a K that is not a multiple of 8, destination views of two pitches,
+    /// and a wait hook on signal counters.
     #[test]
     fn precheck_refuses_tile_gemms_the_kernel_cannot_run() {
         let tile_plan = |k: usize| {
@@ -282,5 +300,15 @@ mod tests {
         }
         let e = super::check_tiles(&two, &null(&two)).expect_err("two pitches");
         assert!(e.to_string().contains("different pitches"), "{e}");
+        // A wait hook on the GEMM's own signal counters (which count to
+        // their blocks' advances, not to the wait hook's SET).
+        let mut own = plan.clone();
+        for t in &mut own.ranks[0].tasks {
+            if let TaskKind::TileGemm(g) = &mut t.kind {
+                g.wait = g.signal;
+            }
+        }
+        let e = super::check_tiles(&own, &null(&own)).expect_err("wait on counters");
+        assert!(e.to_string().contains("signal counter"), "{e}");
     }
 }

@@ -6,11 +6,12 @@
 //! The plan's own flags ([`TaskKind::Signal`], [`TaskKind::Wait`] and tile
 //! GEMM blocks) are words of the flag buffers ([`crate::signal`]): a Signal
 //! writes [`SET`] into the target rank's word, a Wait holds its stream until
-//! its own rank's word is `>= SET`, and a tile GEMM is one launch of ficco's
-//! own kernel whose wait hook reads the same words (epoch [`SET`]) and whose
-//! signal hook adds 1 per block (0 -> [`SET`]: the consumer cleared it at the
-//! end of the previous iteration). Every value is a constant, so a captured
-//! iteration replays unchanged.
+//! its own rank's word reaches the flag's target (`SignalLayout::plan_target`),
+//! and a tile GEMM is one launch of ficco's own kernel whose wait hook reads
+//! the same words (epoch [`SET`]) and whose signal hook adds its blocks'
+//! advances (from the 0 the consumer cleared at the end of the previous
+//! iteration to exactly the target). Every value is a constant, so a
+//! captured iteration replays unchanged.
 
 use super::check::view_addr;
 use super::rank::Rank;
@@ -65,8 +66,9 @@ pub(super) fn issue(
         }
         TaskKind::Wait { flag } => {
             let w = plan_flag(sh, rank.rank, *flag)?;
+            let target = sh.layout.plan_target(rank.rank, *flag);
             // SAFETY: the word is inside this rank's live flag buffer.
-            unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), w, SET) }
+            unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), w, target) }
         }
         TaskKind::TileGemm(g) => tile_gemm(rank, sh, stream.cu_stream(), stream_idx, index, g),
     };

@@ -51,7 +51,7 @@ pub struct Rank {
     /// GEMM configurations already run once (their kernels are loaded).
     warmed: HashSet<GemmKey>,
     /// ficco's own GEMM, one per plan stream index (its split-K workspace
-    /// and signal tickets need stream-ordered launches), loaded when a plan
+    /// and tickets need stream-ordered launches), loaded when a plan
     /// first runs its GEMMs on it.
     pub(super) own_gemms: Vec<HopperGemm>,
     /// The current plan's grouped GEMM tasks that run on ficco's grouped

@@ -205,7 +205,8 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
             values.push(vec![u32::MAX; words]);
         }
     }
-    let unset = |r: usize, w: usize| values[r].get(w).is_some_and(|&v| v < SET);
+    // Below the value waited for (flags count up from 0; u32::MAX: unread).
+    let unset = |r: usize, w: usize, target: u32| values[r].get(w).is_some_and(|&v| v < target);
     for (r, rp) in plan.ranks.iter().enumerate() {
         if progress[r] as usize >= sh.spec.warmup + sh.spec.timed + usize::from(sh.spec.timeline) {
             continue;
@@ -221,10 +222,11 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
                     .unwrap_or_default(),
                 _ => vec![],
             };
-            if let Some(f) = own
-                .into_iter()
-                .find(|&f| sh.layout.plan_word(r, f).is_some_and(|w| unset(r, w)))
-            {
+            if let Some(f) = own.into_iter().find(|&f| {
+                sh.layout
+                    .plan_word(r, f)
+                    .is_some_and(|w| unset(r, w, sh.layout.plan_target(r, f)))
+            }) {
                 return (
                     r,
                     format!(
@@ -238,7 +240,7 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
                     rank: d.rank,
                     index: d.index,
                 };
-                if sh.layout.slot(p, r).is_some_and(|w| unset(r, w)) {
+                if sh.layout.slot(p, r).is_some_and(|w| unset(r, w, SET)) {
                     return (
                         r,
                         format!(
@@ -259,7 +261,7 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
         // Iteration `done` (0-based) starts by waiting on bank 1 - done % 2.
         let bank = 1 - done as usize % 2;
         for q in sh.peers(r) {
-            if done > 0 && unset(r, sh.layout.end_slot(q, r, bank)) {
+            if done > 0 && unset(r, sh.layout.end_slot(q, r, bank), SET) {
                 return (
                     r,
                     format!(

@@ -32,7 +32,6 @@ struct Params {
   u64 ldc;           // elements
   u64 wait_flags;    // u32 per flag block, 0 = no wait hook
   u64 sig_counters;  // u32 per signal block, 0 = no signal hook
-  u64 sig_tickets;   // u32 per signal block, zero between launches
   u64 dest_table;    // u64 pointer per dest block (0 entry = C), 0 = no dest hook
   u64 dest_ld;       // elements
   u64 ws;            // split-K partials: f32, 64 KiB per (tile, half, split)
@@ -357,27 +356,22 @@ static __device__ __forceinline__ void tmap_acquire(const TMap* map) {
       : "memory");
 }
 
-// Hook 5: counts each of the `halves` 64-row half tiles from row `rlo` on
-// (their stores done by the whole warpgroup before a named barrier) towards
-// every signal block it overlaps; the last arrival of a block increments
-// the user's counter with a system-scope release, then resets its ticket.
-//
-// Only that last release needs system scope. Each arrival's ticket atomic
-// is a GPU-scope release of this warpgroup's stores (the barrier orders
-// them before it), and the last arrival acquires the earlier ones' (with
-// the atomic itself, or a GPU-scope fence); every arrival is on this GPU, so those pairs
-// synchronize, and causality is transitive:
-// the last arrival's system-scope release then publishes every arrival's
-// stores, those to a peer's memory (destination hook) too, to whoever
-// acquires the counter (a stream memory operation, a copy engine, a peer).
-// So the chain at the end of the kernel is one GPU-scope atomic and one
-// system-scope release, not two system-scope fences.
-// ACQ_REL: every arrival's atomic also acquires (one fence fewer on the
-// last arrival's path), for the signal threads; the warpgroups acquire
-// only on the last arrival, as an acquire invalidates the SM's L1, which
-// the other warpgroup may be using (prep_dest).
-template <bool ACQ_REL>
-static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32 halves) {
+// Hook 5: adds the weight of each of the `halves` 64-row half tiles from
+// row `rlo` on (columns `c0` .. `c0 + width - 1`; their stores done by the
+// whole warpgroup before a named barrier, or by this thread) to the counter
+// of every signal block it overlaps, each add a system-scope release of
+// those stores. The weight is the half tile's 64-column groups inside N, so
+// a block's counter advances by (its 64-row groups) x ceil(N / 64) per
+// launch whatever the tile (`signal_advance` in mod.rs), and the waiter
+// waits for that. A last-arrival ticket would give a single increment per
+// block instead, but its GPU-scope atomic round trip sits on the kernel's
+// tail: about 1% of a one-wave launch on an H200 (gemm-bench, 2026-11-25).
+// Every add is ordered after every earlier add's release (they are RMWs of
+// one word), so a waiter that reads the final value has seen them all.
+// Release only, no acquire: an acquire invalidates the SM's L1, which the
+// other warpgroup may be using (prep_dest).
+static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32 halves, u32 c0,
+                                                   u32 width) {
   if (p.tma_store & 1) {
     // This thread issued the half tile's TMA stores (modes 1 and 3): wait
     // until they are performed, then order them (async proxy) before the
@@ -385,35 +379,13 @@ static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     asm volatile("fence.proxy.async.global;" ::: "memory");
   }
+  const u32 w = ((p.n - c0 < width ? p.n - c0 : width) + 63) / 64;
   for (u32 h = 0; h < halves; ++h, rlo += 64) {
     if (rlo >= p.m) break;
     const u32 rhi = (rlo + 64 < p.m ? rlo + 64 : p.m) - 1;
     for (u32 b = rlo / p.sig_rows; b <= rhi / p.sig_rows; ++b) {
-      const u32 blo = b * p.sig_rows;
-      const u32 bhi = (blo + p.sig_rows < p.m ? blo + p.sig_rows : p.m) - 1;
-      const u32 target = (bhi / 64 - blo / 64 + 1) * p.tiles_n;
-      const u64 tk = p.sig_tickets + 4ull * b;
-      u32 old;
-      if (ACQ_REL) {
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                     : "=r"(old)
-                     : "l"(tk)
-                     : "memory");
-      } else {
-        asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;"
-                     : "=r"(old)
-                     : "l"(tk)
-                     : "memory");
-      }
-      if (old + 1 == target) {
-        if (!ACQ_REL) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p.sig_counters + 4ull * b)
-                     : "memory");
-        // The ticket's reset after the release, so that the release does not
-        // wait for it: no arrival of this launch reads the ticket again, and
-        // the next launch starts after this one's stores.
-        asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(tk) : "memory");
-      }
+      asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p.sig_counters + 4ull * b), "r"(w)
+                   : "memory");
     }
   }
 }
@@ -421,8 +393,9 @@ static __device__ __forceinline__ void signal_body(const Params& p, u32 rlo, u32
 // signal_body out of line, for the consumer warpgroups (232 registers).
 // The signal threads (producer warpgroup, 40 registers) inline it: one
 // out-of-line body cannot serve both register budgets.
-static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves = 1) {
-  signal_body<false>(p, rlo, halves);
+static __device__ __noinline__ void signal_half(const Params& p, u32 rlo, u32 halves, u32 c0,
+                                                u32 width) {
+  signal_body(p, rlo, halves, c0, width);
 }
 
 // Epilogue mode 2: the warpgroup's 64 x BN bf16 half tile, staged in shared
@@ -900,7 +873,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         }
         mbar_arrive(freed);
         // (signal_half waits for this thread's TMA stores to be performed.)
-        if (rbase < p.m) signal_body<true>(p, rbase, 1);
+        if (rbase < p.m) signal_body(p, rbase, 1, cbase0, M64 ? BN / 2 : BN);
       }
     }
   } else if constexpr (PP) {
@@ -956,7 +929,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
       if (p.sig_counters != 0) {
         // Hook 5, right away: the other warpgroup's main loop runs meanwhile.
         named_sync(1 + cw, 128);
-        if (lt == 0) signal_half(p, m0, 2);
+        if (lt == 0) signal_half(p, m0, 2, n0, BN);
       }
     }
     // Shared memory must outlive the TMA stores that read it.
@@ -969,6 +942,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
     float d[NACC];
     constexpr u32 NONE = 0xffffffffu;
     u32 pend = NONE;  // first row of a stored half tile whose signal is due
+    u32 pend_col = 0;  // and its first column
     u32 nsig = 0;     // half tiles handed to the signal thread
     u64 acquired = 0;  // dest maps this thread fenced (lt 0)
     u32 grp = 0, fenced = NONE;  // grouped mode: current and acquired group
@@ -1024,7 +998,7 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // (or at its last k-block): by then the stores it publishes have
         // drained, so its wait and fence do not hold up the warpgroup's wgmma.
         if (pend != NONE && (kb - kb0 >= p.sig_delay || kb + 1 == kb1)) {
-          if (lt == 0) signal_half(p, pend);
+          if (lt == 0) signal_half(p, pend, 1, pend_col, WN);
           pend = NONE;
         }
         if (p.dest_table != 0 && kb == kb0 + (kb1 - kb0) / 2 && !(sig_thread && p.tma_store == 3)) {
@@ -1119,10 +1093,13 @@ static __device__ __forceinline__ void hgemm_body(const TMap& amap, const TMap& 
         // fence costs little.
         named_sync(1 + cw, 128);
         const u32 rlo = rbase;
-        if (rlo < p.m) pend = rlo;
+        if (rlo < p.m) {
+          pend = rlo;
+          pend_col = cbase0;
+        }
       }
     }
-    if (pend != NONE && lt == 0) signal_half(p, pend);
+    if (pend != NONE && lt == 0) signal_half(p, pend, 1, pend_col, WN);
     // Shared memory must outlive the TMA stores that read it.
     if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }

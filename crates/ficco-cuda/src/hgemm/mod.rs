@@ -88,15 +88,20 @@
 //!    overlaps the load); only when a flag is not set yet do the other
 //!    stages' B loads go out before the spin, so flags already set cost one
 //!    round trip and the pipeline fills in its usual A-and-B order.
-//! 5. Output signal ([`SignalHook`]): once every tile of output block b
-//!    (`rows_per_counter` rows, all N) is stored, one
-//!    `red.release.sys.global.add.u32` on `counters[b]`. Arrivals are counted in
-//!    an internal ticket array that the last arrival resets, so launches that
-//!    use the signal hook on one [`HopperGemm`] must be stream-ordered. Each
-//!    half tile counts itself with a GPU-scope acq_rel atomic (all arrivals
-//!    are on this GPU); only the last arrival's counter increment is a
-//!    system-scope release, which publishes every arrival's stores, those to
-//!    a peer (destination hook) too, as causality order is transitive.
+//! 5. Output signal ([`SignalHook`]): each stored 64-row half tile adds its
+//!    64-column groups inside N to `counters[b]` of every block b
+//!    (`rows_per_counter` rows, all N) its rows overlap, with one
+//!    `red.release.sys.global.add.u32` that publishes its stores (those to a
+//!    peer through the destination hook too). So a block's counter advances by
+//!    [`signal_advance`] per launch, the same for every tile shape, and has
+//!    reached it exactly when all of the block is stored: a copy engine's
+//!    stream waits for it with `cuStreamWaitValue32` (`GEQ` is a cyclic
+//!    compare, so a counter preset to `SET - advance` reaches `SET`). The
+//!    adds are read-modify-writes of one word, so the reader of the final
+//!    value has seen every add's release. (The first design counted
+//!    arrivals on an internal ticket and let the last one add 1; its
+//!    GPU-scope atomic round trip cost about 1% of a one-wave launch on
+//!    the kernel's tail, so there are no tickets, and no limit on blocks.)
 //!    On cooperative tiles without a K split, each consumer warpgroup hands
 //!    its stored (in the TMA-store modes: staged) half tile to a signal
 //!    thread of the producer warpgroup through two mbarriers; that thread
@@ -147,9 +152,8 @@
 //! [`auto_schedule`]): every split publishes its f32 partial to a workspace and
 //! counts itself on a per-(tile, half) ticket; the last one reads all the
 //! partials back in split order (so the sum does not depend on timing) and
-//! runs the epilogue and the hooks. Like the signal hook's tickets, the
-//! workspace belongs to the [`HopperGemm`]: its split launches must be
-//! stream-ordered.
+//! runs the epilogue and the hooks. The tickets and the workspace belong to
+//! the [`HopperGemm`]: its split launches must be stream-ordered.
 //!
 //! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
 //! the source, the options, the architecture and the NVRTC version.
@@ -181,7 +185,9 @@
 //! destination) cost +2.0% at 8192³, +1.3 to +1.9% at
 //! 2048 × 14336 × 4096 and +3.1 to +3.5% at 1024 × 4096 × 7168, whose one
 //! tile per CTA leaves the last signal (store completion, ticket atomic,
-//! system-scope release) on the kernel's tail. The cluster tiles match the
+//! system-scope release) on the kernel's tail. (That run's kernel still
+//! counted arrivals on a ticket; see the top section of `bench/RESULTS.md`
+//! for the counting signal that replaced it.) The cluster tiles match the
 //! single-CTA ones within a few percent either way (geomean 1.014 and
 //! 1.056, 2026-11-24).
 //!
@@ -246,8 +252,6 @@ pub const MAX_STAGES: u32 = 4;
 pub const MIN_STAGES: u32 = 2;
 /// M-blocks per scheduling group.
 pub const GROUP_M: u32 = 16;
-/// Signal blocks the internal ticket array holds.
-pub const MAX_SIGNAL_BLOCKS: usize = 1 << 16;
 /// Split-K workspace: f32 partials, 64 KiB per (tile, half tile, split).
 pub const SPLIT_WORKSPACE_BYTES: usize = 64 << 20;
 /// Most K splits per tile.
@@ -445,7 +449,8 @@ pub struct WaitHook {
     pub epoch: u32,
 }
 
-/// Hook 5: one release increment of `counters[b]` when all of output block b is stored.
+/// Hook 5: `counters[b]` advances by [`signal_advance`] per launch, in
+/// system-scope release adds, the last one once all of output block b is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SignalHook {
     /// One u32 per `rows_per_counter` rows of C.
@@ -602,7 +607,6 @@ struct KernelParams {
     ldc: u64,
     wait_flags: u64,
     sig_counters: u64,
-    sig_tickets: u64,
     dest_table: u64,
     dest_ld: u64,
     ws: u64,
@@ -731,8 +735,7 @@ impl HopperGemm {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?
         .max(0) as u32;
-        let tickets =
-            crate::mem::DeviceBuffer::alloc(ctx, (MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS) * 4)?;
+        let tickets = crate::mem::DeviceBuffer::alloc(ctx, MAX_SPLIT_TICKETS * 4)?;
         let workspace = crate::mem::DeviceBuffer::alloc(ctx, SPLIT_WORKSPACE_BYTES)?;
         let mut g = HopperGemm {
             lib,
@@ -775,11 +778,7 @@ impl HopperGemm {
         g.max_clusters = g.resident_clusters();
         // SAFETY: the ticket buffer holds this many u32.
         check("cuMemsetD32", unsafe {
-            sys::cuMemsetD32_v2(
-                g.tickets.ptr().raw(),
-                0,
-                MAX_SIGNAL_BLOCKS + MAX_SPLIT_TICKETS,
-            )
+            sys::cuMemsetD32_v2(g.tickets.ptr().raw(), 0, MAX_SPLIT_TICKETS)
         })?;
         Ok(g)
     }
@@ -982,7 +981,7 @@ impl HopperGemm {
                 0
             },
             ws: self.workspace.ptr().raw(),
-            ws_tickets: self.tickets.ptr().raw() + (MAX_SIGNAL_BLOCKS * 4) as u64,
+            ws_tickets: self.tickets.ptr().raw(),
             ..KernelParams::default()
         };
         if let Some(w) = h.wait {
@@ -992,7 +991,6 @@ impl HopperGemm {
         }
         if let Some(s) = h.signal {
             p.sig_counters = s.counters.addr();
-            p.sig_tickets = self.tickets.ptr().raw();
             p.sig_rows = s.rows_per_counter;
             p.sig_delay = h.signal_delay;
         }
@@ -1072,6 +1070,26 @@ impl HopperGemm {
 /// reservation.
 pub fn smem_bytes(tile: TileN, stages: u32, extra: u32) -> u32 {
     1024 + stages * tile.stage_bytes() + 16 * stages + 8 + 16 + 32 + 16 + extra
+}
+
+/// Most a signal counter may advance in one launch: waiters compare
+/// cyclically (`cuStreamWaitValue32` `GEQ`, the wait hook), so any value
+/// under 2^31 works; 2^30 leaves room for presets.
+pub const MAX_SIGNAL_ADVANCE: u32 = 1 << 30;
+
+/// How much one launch adds to the signal counter of block `block` of an
+/// `m` × `n` output with `rows_per_counter` rows per block: the 64-row
+/// groups (aligned at row 0) that overlap the block's rows, times the
+/// 64-column groups of N (see [`SignalHook`]). `None` for a block past the
+/// last row, or where it would not fit a u32.
+pub fn signal_advance(m: usize, n: usize, rows_per_counter: usize, block: usize) -> Option<u32> {
+    let lo = block.checked_mul(rows_per_counter)?;
+    if rows_per_counter == 0 || lo >= m {
+        return None;
+    }
+    let hi = lo.saturating_add(rows_per_counter).min(m) - 1;
+    let groups = (hi / 64 - lo / 64 + 1).checked_mul(n.div_ceil(64))?;
+    u32::try_from(groups).ok()
 }
 
 /// Estimated time (µs, on an H200) of `tiles` output tiles of `tile` with
@@ -1254,10 +1272,13 @@ fn validate(a: &GemmArgs, lim: Limits) -> Result<LaunchShape> {
                 "signal hook: rows_per_counter > 0, counters 4-byte aligned".into(),
             ));
         }
-        let blocks = a.m.div_ceil(s.rows_per_counter as usize);
-        if blocks > MAX_SIGNAL_BLOCKS {
+        // A block overlaps at most one 64-row group more than it spans.
+        let rows = (s.rows_per_counter as u64).min(a.m as u64);
+        let most = (rows.div_ceil(64) + 1) * (a.n as u64).div_ceil(64);
+        if most > MAX_SIGNAL_ADVANCE as u64 {
             return Err(bad(format!(
-                "signal hook: {blocks} blocks, at most {MAX_SIGNAL_BLOCKS}"
+                "signal hook: {} rows per counter of {} columns advance a counter by more than {MAX_SIGNAL_ADVANCE} per launch (its cyclic compare needs less); use fewer rows per counter",
+                s.rows_per_counter, a.n
             )));
         }
     }
@@ -1584,6 +1605,52 @@ pub fn compile_with(extra: &[&str]) -> Result<(Vec<u8>, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hand-computed advances: 64-row groups overlapped × 64-column groups of N.
+    #[test]
+    fn signal_advance_counts_row_and_column_groups() {
+        // rows 0..127: groups 0-1; 4096 columns: 64 groups.
+        assert_eq!(signal_advance(1024, 4096, 128, 0), Some(128));
+        // rows 96..191 straddle groups 1-2; 520 columns: 9 groups (the last partial).
+        assert_eq!(signal_advance(1000, 520, 96, 1), Some(18));
+        // rows 100..199: groups 1-3.
+        assert_eq!(signal_advance(1000, 520, 100, 1), Some(27));
+        // the last, partial block: rows 960..999, group 15 only.
+        assert_eq!(signal_advance(1000, 520, 96, 10), Some(9));
+        // one block larger than M: rows 0..299, groups 0-4; 8 columns: 1 group.
+        assert_eq!(signal_advance(300, 8, 1000, 0), Some(5));
+        assert_eq!(signal_advance(1000, 520, 96, 11), None, "past the last row");
+        assert_eq!(signal_advance(1000, 520, 0, 0), None, "no rows per counter");
+        assert_eq!(
+            signal_advance(usize::MAX, usize::MAX, 1 << 20, 0),
+            None,
+            "overflows u32"
+        );
+        // Blocks of whole 64-row groups partition the output's groups.
+        let total: u32 = (0..16)
+            .filter_map(|b| signal_advance(1000, 520, 64, b))
+            .sum();
+        assert_eq!(total, 1000u32.div_ceil(64) * 9);
+    }
+
+    /// A counter must stay within the cyclic compare's reach: blocks whose
+    /// advance could pass [`MAX_SIGNAL_ADVANCE`] are refused by name.
+    #[test]
+    fn signal_hook_refuses_advances_past_the_cyclic_range() {
+        // 2^20 + 1 row groups (a block of all 2^26 rows) x 2048 column groups.
+        let mut a = args(1 << 26, 1 << 17, 64);
+        a.hooks.signal = Some(SignalHook {
+            counters: DevPtr::new(0x1000),
+            rows_per_counter: u32::MAX,
+        });
+        let err = validate(&a, 232448, 132).unwrap_err().to_string();
+        assert!(err.contains("advance a counter"), "{err}");
+        a.hooks.signal = Some(SignalHook {
+            counters: DevPtr::new(0x1000),
+            rows_per_counter: 128,
+        });
+        assert!(validate(&a, 232448, 132).is_ok());
+    }
 
     /// [`super::validate`] on an H200-like device (`max_smem`, `sms`) that
     /// holds 60 clusters of 2 at once.
