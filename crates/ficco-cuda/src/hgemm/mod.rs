@@ -175,21 +175,19 @@
 //! every GEMM task on it (`exec::issue`, one instance per plan stream);
 //! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
 //!
-//! # Measured (one H200, 2026-11-25; `bench/data/2026-11-25-h200-s7/`)
-//! Run 2 of `gemm-bench`, the autotuned pick against the autotuned
+//! # Measured (one H200, 2026-11-25; `bench/data/2026-11-25-h200-s8/`)
+//! Run 3 of `gemm-bench`, the autotuned pick against the autotuned
 //! cuBLASLt over the 161 whole and chunk GEMMs of `suites/llama3.toml`:
-//! geomean 0.993, worst 1.136, chunk shapes together 0.985; 8192³ at
-//! cuBLASLt's speed (657 against 654 TFLOP/s: this GPU is power-capped at
-//! a median SM clock near 1.5 GHz; with the clock up, 801 TFLOP/s was
-//! measured on 2026-11-24). Hooks 3-6 (cooperative tile, tensor-map
-//! destination) cost +2.0% at 8192³, +1.3 to +1.9% at
-//! 2048 × 14336 × 4096 and +3.1 to +3.5% at 1024 × 4096 × 7168, whose one
-//! tile per CTA leaves the last signal (store completion, ticket atomic,
-//! system-scope release) on the kernel's tail. (That run's kernel still
-//! counted arrivals on a ticket; see the top section of `bench/RESULTS.md`
-//! for the counting signal that replaced it.) The cluster tiles match the
-//! single-CTA ones within a few percent either way (geomean 1.014 and
-//! 1.056, 2026-11-24).
+//! geomean 0.994, worst 1.131, chunk shapes together 0.982; 8192³ at
+//! cuBLASLt's speed (665 TFLOP/s both; the fastest variant 695: this GPU is
+//! power-capped at a median SM clock near 1.45 GHz; with the clock up, 801
+//! TFLOP/s was measured on 2026-11-24). Hooks 3-6 (cooperative tile,
+//! tensor-map destination, flags set) cost +1.0 to +2.3% at 8192³, +0.7 to
+//! +2.4% at 2048 × 14336 × 4096 and +1.9 to +2.4% at 1024 × 4096 × 7168
+//! (one tile per CTA, so the last signal is on the kernel's tail; +3.1 to
+//! +3.5% with the last-arrival ticket, `bench/data/2026-11-25-h200-s7/`).
+//! The cluster tiles match the single-CTA ones within a few percent either
+//! way (geomean 1.014 and 1.056, 2026-11-24).
 //!
 //! # Not done
 //! Stream-K instead of split-K for shapes of one or two M-blocks is the
@@ -1680,8 +1678,8 @@ mod tests {
 
     #[test]
     fn params_layout_matches_kernel() {
-        // 10 u64 then 18 u32 (see struct Params in hgemm.cu).
-        assert_eq!(std::mem::size_of::<KernelParams>(), 10 * 8 + 18 * 4);
+        // 9 u64 then 18 u32 (see struct Params in hgemm.cu).
+        assert_eq!(std::mem::size_of::<KernelParams>(), 9 * 8 + 18 * 4);
         assert_eq!(std::mem::align_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
         assert_eq!(STAGE_BYTES, 48 * 1024);
