@@ -96,12 +96,13 @@
 //!    [`signal_advance`] per launch, the same for every tile shape, and has
 //!    reached it exactly when all of the block is stored: a copy engine's
 //!    stream waits for it with `cuStreamWaitValue32` (`GEQ` is a cyclic
-//!    compare, so a counter preset to `SET - advance` reaches `SET`). The
-//!    adds are read-modify-writes of one word, so the reader of the final
-//!    value has seen every add's release. (The first design counted
-//!    arrivals on an internal ticket and let the last one add 1; its
-//!    GPU-scope atomic round trip cost about 1% of a one-wave launch on
-//!    the kernel's tail, so there are no tickets, and no limit on blocks.)
+//!    compare, so a counter preset to `1 - advance` reaches 1). The adds
+//!    are read-modify-writes of one word, so the reader of the final value
+//!    has seen every add's release. (The first design counted arrivals on
+//!    an internal ticket and let the last one add 1; its GPU-scope atomic
+//!    round trip cost about 1% of a one-wave launch on the kernel's tail.
+//!    Without it the signal keeps no state inside the [`HopperGemm`], and
+//!    any number of blocks may signal, within [`MAX_SIGNAL_ADVANCE`].)
 //!    On cooperative tiles without a K split, each consumer warpgroup hands
 //!    its stored (in the TMA-store modes: staged) half tile to a signal
 //!    thread of the producer warpgroup through two mbarriers; that thread
