@@ -1,0 +1,191 @@
+//! Issue 31: what a new user still tripped on, each with the behaviour it
+//! now has: flags that contradict each other fail, messages name what was
+//! meant, the simulator's table shows only what the simulator knows, and
+//! help text offers flags only where they mean something.
+
+mod support;
+use support::{assert_fails, ficco, stderr, stdout};
+
+const SHAPE: [&str; 10] = [
+    "--op", "ag-gemm", "--m", "8192", "--k", "8192", "--n", "2560", "--gpus", "4",
+];
+
+fn explore(extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["explore", "--backend", "sim"]
+        .iter()
+        .chain(SHAPE.iter())
+        .map(|s| s.to_string())
+        .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+// Item 2: flags that contradict each other.
+
+#[test]
+fn json_and_a_file_on_stdout_contradict() {
+    for flag in ["--svg", "--trace"] {
+        let args = explore(&["--json", flag, "-"]);
+        let o = assert_fails(
+            &strs(&args),
+            &format!("--json and {flag} - both write to stdout"),
+        );
+        assert!(o.stdout.is_empty(), "{flag}: {}", stdout(&o));
+    }
+}
+
+#[test]
+fn procs_must_match_the_gpu_count() {
+    let args = explore(&["--procs", "3"]);
+    let o = assert_fails(
+        &strs(&args),
+        "--procs 3 runs 3 ranks, one per GPU, but the problem is on 4 GPUs: give --procs 4",
+    );
+    // Nothing ran: no rank printed a notice or a table.
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    assert!(!stderr(&o).contains("ficco: "), "{}", stderr(&o));
+}
+
+#[test]
+fn a_job_without_gpus_says_so_once() {
+    // `auto` on a machine without a usable GPU: every rank falls back to the
+    // simulator, and only rank 0 says so.
+    let mut args = vec!["explore", "--procs", "4"];
+    args.extend(SHAPE);
+    let o = ficco(&args);
+    if !stderr(&o).contains("no GPU backend available") {
+        eprintln!("SKIPPED: a_job_without_gpus_says_so_once: this machine has GPUs");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("no GPU backend available").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o).matches("# ficco explore:").count(), 1);
+}
+
+// Item 3: messages.
+
+#[test]
+fn an_unknown_operator_lists_every_operator_and_the_one_meant() {
+    let o = assert_fails(
+        &["schedules", "--op", "ag-gem", "--gpus", "4"],
+        "unknown operator 'ag-gem' (expected one of: ag-gemm, gemm-rs, gemm-ar, a2a-gemm, gemm-a2a, concurrent); did you mean 'ag-gemm'?",
+    );
+    assert!(o.stdout.is_empty());
+    assert_fails(
+        &[
+            "explore", "--op", "gemmrs", "--m", "8", "--k", "8", "--n", "8", "--gpus", "2",
+        ],
+        "did you mean 'gemm-rs'?",
+    );
+    assert_fails(
+        &[
+            "explore",
+            "--model",
+            "llama3-70",
+            "--tokens",
+            "8",
+            "--gpus",
+            "2",
+        ],
+        "did you mean 'llama3-70b'?",
+    );
+}
+
+#[test]
+fn a_mistyped_suite_operator_is_an_error_not_a_future_feature() {
+    let path = support::tmp("newcomer", "typo-op.toml");
+    std::fs::write(
+        &path,
+        "[[scenario]]\nname = \"a\"\nop = \"ag-gemmm\"\nm = 1024\nk = 64\nn = 64\ngpus = 2\n\
+         [[scenario]]\nname = \"b\"\nop = \"gemm-rs\"\nm = 1024\nk = 64\nn = 64\ngpus = 2\n",
+    )
+    .unwrap();
+    let o = assert_fails(
+        &[
+            "explore",
+            "--suite",
+            path.to_str().unwrap(),
+            "--backend",
+            "sim",
+        ],
+        "scenario 'a': unknown operator 'ag-gemmm'",
+    );
+    assert!(
+        stderr(&o).contains("did you mean 'ag-gemm'?"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("not supported yet"), "{}", stderr(&o));
+    // A name far from every operator may be a newer ficco's: skipped, said so.
+    std::fs::write(
+        &path,
+        "[[scenario]]\nname = \"a\"\nop = \"moe-fused\"\nm = 1024\nk = 64\nn = 64\ngpus = 2\n\
+         [[scenario]]\nname = \"b\"\nop = \"gemm-rs\"\nm = 1024\nk = 64\nn = 64\ngpus = 2\n",
+    )
+    .unwrap();
+    let o = ficco(&[
+        "explore",
+        "--suite",
+        path.to_str().unwrap(),
+        "--backend",
+        "sim",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "ficco: skipped [[scenario]] 'a': operator 'moe-fused' is not one this version of ficco knows"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn schedule_lists_are_split_and_a_list_in_a_name_says_so() {
+    let one = ficco(&strs(&explore(&[
+        "--json",
+        "--schedule",
+        "shard-copy-ring",
+        "--schedule",
+        "fine2-copy-all",
+    ])));
+    assert_eq!(one.status.code(), Some(0), "{}", stderr(&one));
+    let list = ficco(&strs(&explore(&[
+        "--json",
+        "--schedule",
+        "shard-copy-ring,fine2-copy-all",
+    ])));
+    assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
+    assert_eq!(stdout(&list), stdout(&one));
+    // Where one name is expected (Python's check_schedule), a list says
+    // what it is: ficco_core's parser.
+    let o = assert_fails(
+        &strs(&explore(&["--schedule", "shard-copy-ring fine2-copy-all"])),
+        "that is several names",
+    );
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn a_bad_profile_file_says_where_on_one_line() {
+    let path = support::tmp("newcomer", "bad-profile.toml");
+    std::fs::write(&path, "name = \"x\"\nsm_count = \n").unwrap();
+    let args = explore(&["--hw", path.to_str().unwrap()]);
+    let o = assert_fails(&strs(&args), "bad-profile.toml': line 2, column 12: ");
+    let err = stderr(&o);
+    assert!(
+        !err.contains(" | "),
+        "the source excerpt is left out: {err}"
+    );
+    let o = assert_fails(&strs(&explore(&["--hw", "nonexistent"])), "hardware profile: 'nonexistent' is neither a built-in profile (h200-nvlink, h100-nvlink) nor a TOML file");
+    assert_eq!(stderr(&o).matches("profile").count(), 2, "{}", stderr(&o));
+}
