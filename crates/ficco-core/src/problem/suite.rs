@@ -184,7 +184,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
             if key != "scenario" {
                 return Err(bad(format!(
                     "unknown table [[{key}]] (entry '{name}'): a suite has [[scenario]] and [[concurrent]] entries{}",
-                    crate::suggest::did_you_mean(&key, ["scenario", "concurrent"])
+                    crate::suggest::did_you_mean(key, ["scenario", "concurrent"])
                 )));
             }
             if let Some(op) = table.get("op").and_then(|v| v.as_str()) {
