@@ -189,3 +189,97 @@ fn a_bad_profile_file_says_where_on_one_line() {
     let o = assert_fails(&strs(&explore(&["--hw", "nonexistent"])), "hardware profile: 'nonexistent' is neither a built-in profile (h200-nvlink, h100-nvlink) nor a TOML file");
     assert_eq!(stderr(&o).matches("profile").count(), 2, "{}", stderr(&o));
 }
+
+// Item 4: the simulator's table.
+
+#[test]
+fn the_simulator_table_has_only_what_the_simulator_knows() {
+    let o = ficco(&strs(&explore(&[])));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("# times are the simulator's predictions: no GPU ran them"),
+        "{out}"
+    );
+    let head = out
+        .lines()
+        .find(|l| l.starts_with("# schedule"))
+        .expect("header");
+    assert_eq!(
+        head.split_whitespace().collect::<Vec<_>>(),
+        ["#", "schedule", "time", "speedup", "E"]
+    );
+    for absent in ["predicted", "rel_err", "#wrong"] {
+        assert!(!out.contains(absent), "{absent}:\n{out}");
+    }
+    let seq = out
+        .lines()
+        .find(|l| l.starts_with("  seq "))
+        .expect("seq row");
+    assert_eq!(seq.split_whitespace().count(), 4, "{seq}");
+}
+
+#[test]
+fn a_selection_unlike_the_best_says_why() {
+    let out = stdout(&ficco(&strs(&explore(&[]))));
+    let best = out
+        .lines()
+        .find_map(|l| l.strip_prefix("# best: "))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("best");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("# selected (rules): "))
+        .expect("selected");
+    let selected = line.split_whitespace().nth(3).expect("name");
+    assert_ne!(
+        selected, best,
+        "this shape's rules pick is not the best:\n{out}"
+    );
+    assert!(line.contains("% slower than best"), "{line}");
+    assert!(
+        out.contains("#   (the rules choose from the shape alone, as `ficco select` does"),
+        "{out}"
+    );
+}
+
+#[test]
+fn evaluate_on_the_simulator_does_not_claim_measurements() {
+    let suite = support::tmp("newcomer", "one.toml");
+    std::fs::write(
+        &suite,
+        "[[scenario]]\nname = \"a\"\nop = \"ag-gemm\"\nm = 8192\nk = 8192\nn = 2560\ngpus = 4\n",
+    )
+    .unwrap();
+    let o = ficco(&[
+        "evaluate",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--backend",
+        "sim",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("of the simulated best"), "{out}");
+    assert!(
+        !out.contains("measured best") && !out.contains("MAPE"),
+        "{out}"
+    );
+    assert!(out.contains("# simulator error: not scored"), "{out}");
+}
+
+#[test]
+fn a_suite_beyond_the_ideal_says_why() {
+    let o = ficco(&["explore", "--suite", "suites/moe.toml", "--backend", "sim"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let best = out
+        .lines()
+        .find(|l| l.starts_with("#  best "))
+        .expect("summary");
+    assert!(best.split_whitespace().any(|x| x == "0.785"), "{best}");
+    assert!(
+        out.contains("#  (agg_E > 1 or geo(T/ideal) < 1: faster than the ideal, whose comm is the NCCL collective; copy engines move the same bytes faster"),
+        "{out}"
+    );
+}
