@@ -283,3 +283,134 @@ fn a_suite_beyond_the_ideal_says_why() {
         "{out}"
     );
 }
+
+// Item 5: help text.
+
+fn help(cmd: &str) -> String {
+    let o = ficco(&[cmd, "--help"]);
+    assert_eq!(o.status.code(), Some(0), "{cmd}: {}", stderr(&o));
+    stdout(&o)
+}
+
+#[test]
+fn flags_appear_only_where_they_mean_something() {
+    for cmd in ["schedules", "select"] {
+        let h = help(cmd);
+        assert!(
+            !h.contains("--no-graph") && !h.contains("--verbose"),
+            "{cmd}:\n{h}"
+        );
+    }
+    for cmd in ["info", "characterize", "gemm-bench"] {
+        let h = help(cmd);
+        assert!(
+            h.contains("--verbose") && !h.contains("--no-graph"),
+            "{cmd}:\n{h}"
+        );
+    }
+    for cmd in ["explore", "evaluate", "tune"] {
+        let h = help(cmd);
+        assert!(
+            h.contains("--verbose") && h.contains("--no-graph"),
+            "{cmd}:\n{h}"
+        );
+    }
+    // Every backend in the explore --backend line, loopback too.
+    let h = help("explore");
+    let line = h
+        .lines()
+        .skip_while(|l| !l.contains("--backend"))
+        .nth(1)
+        .unwrap_or_default();
+    for b in ["auto", "sim", "gpu", "loopback"] {
+        assert!(line.contains(b), "{b}: {line}");
+    }
+    // select's --op offers only what select takes; explore's adds concurrent.
+    let op = |h: &str| {
+        h.lines()
+            .skip_while(|l| !l.contains("--op <OP>"))
+            .take(2)
+            .collect::<String>()
+    };
+    assert!(
+        !op(&help("select")).contains("concurrent"),
+        "{}",
+        help("select")
+    );
+    assert!(
+        op(&help("explore")).contains("concurrent"),
+        "{}",
+        help("explore")
+    );
+    assert_fails(
+        &[
+            "select",
+            "--no-cache",
+            "--op",
+            "concurrent",
+            "--m",
+            "64",
+            "--k",
+            "64",
+            "--n",
+            "64",
+            "--gpus",
+            "2",
+        ],
+        "explore its controls with `ficco explore --op concurrent`",
+    );
+}
+
+#[test]
+fn json_alone_prints_json_on_every_command() {
+    let suite = support::tmp("newcomer", "json.toml");
+    std::fs::write(
+        &suite,
+        "[[scenario]]\nname = \"a\"\nop = \"ag-gemm\"\nm = 8192\nk = 8192\nn = 2560\ngpus = 4\n",
+    )
+    .unwrap();
+    let o = ficco(&[
+        "evaluate",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--backend",
+        "sim",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    assert_eq!(v["simulated"], true);
+    // --json FILE still writes the file and prints the table.
+    let file = support::tmp("newcomer", "eval.json");
+    let o = ficco(&[
+        "evaluate",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--backend",
+        "sim",
+        "--json",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("# ficco evaluate"), "{}", stdout(&o));
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved, v);
+    for cmd in [
+        "explore",
+        "info",
+        "select",
+        "tune",
+        "evaluate",
+        "characterize",
+        "gemm-bench",
+    ] {
+        let h = help(cmd);
+        let line = h
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("--json"))
+            .take(2)
+            .collect::<String>();
+        assert!(line.contains("Print JSON"), "{cmd}: {line}");
+    }
+}

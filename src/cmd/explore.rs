@@ -4,7 +4,9 @@
 
 use super::open_backend;
 use super::schedules::space;
-use crate::args::{gpu_count, load_hw, positive, BackendArg, MoeArgs, ShapeArgs, DEFAULT_HW};
+use crate::args::{
+    gpu_count, load_hw, positive, BackendArg, GpuRunArgs, MoeArgs, ShapeArgs, DEFAULT_HW,
+};
 use crate::output::{print, write_timelines};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -57,7 +59,7 @@ pub struct ExploreArgs {
     /// Suite TOML file (e.g. suites/llama3.toml).
     #[arg(long, conflicts_with = "op")]
     suite: Option<PathBuf>,
-    /// Where to run: auto (GPUs if present, else simulate), sim or gpu.
+    /// Where to run: auto (GPUs if present, else simulate), sim, gpu, or loopback (every rank on GPU 0).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
     /// Hardware profile for the simulator: a built-in name or a TOML path.
@@ -84,6 +86,8 @@ pub struct ExploreArgs {
     /// ranks find their place in the environment.
     #[arg(long, value_name = "N")]
     procs: Option<i64>,
+    #[command(flatten)]
+    pub gpu: GpuRunArgs,
 }
 
 /// The scenarios the flags ask for, validated.
