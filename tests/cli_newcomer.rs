@@ -414,3 +414,16 @@ fn json_alone_prints_json_on_every_command() {
         assert!(line.contains("Print JSON"), "{cmd}: {line}");
     }
 }
+
+// Item 6: scale.
+
+#[test]
+fn a_size_the_gpus_do_not_divide_names_sizes_they_do() {
+    assert_fails(
+        &[
+            "explore", "--op", "ag-gemm", "--m", "65536", "--k", "8192", "--n", "8192", "--gpus",
+            "72", "--backend", "sim",
+        ],
+        "m = 65536 is not divisible by the GPU count 72: the nearest multiples of 72 are 65520 and 65592",
+    );
+}

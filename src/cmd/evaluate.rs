@@ -141,9 +141,11 @@ fn measure_suite(
         .unwrap_or(0);
     let mut backend = open_backend(args.backend, max_gpus, hw, None)?;
     let sim = Simulator::new(hw.clone());
-    let predict = |plan: &ficco_core::plan::Plan| sim.predict(plan);
+    let predict = |plan: &ficco_core::plan::Plan| sim.predict_total(plan);
     let opts = ExploreOptions {
         select_hw: Some(hw.clone()),
+        // The simulator backend and the predictor are one profile's.
+        measure_is_prediction: backend.name() == "sim",
         ..Default::default()
     };
     let space = SpaceOptions::default();

@@ -223,10 +223,20 @@ pub fn run(args: ExploreArgs) -> Result<()> {
     let mut backend = open_backend(args.backend, max_gpus, &hw, job)?;
     let space = space(args.controls, &hw);
     let sim = Simulator::new(hw.clone());
-    let predict = |plan: &ficco_core::plan::Plan| sim.predict(plan);
+    let timelines = args.trace.is_some() || args.svg.is_some();
+    // Spans only where a trace or an SVG draws them.
+    let predict = |plan: &ficco_core::plan::Plan| {
+        if timelines {
+            sim.predict(plan)
+        } else {
+            sim.predict_total(plan)
+        }
+    };
     let opts = ExploreOptions {
         select_hw: Some(hw.clone()),
-        timelines: args.trace.is_some() || args.svg.is_some(),
+        // The simulator backend and the predictor are one profile's.
+        measure_is_prediction: backend.name() == "sim",
+        timelines,
         ..Default::default()
     };
     let several = scenarios.len() > 1;

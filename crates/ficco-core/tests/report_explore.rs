@@ -487,3 +487,73 @@ fn contenders_are_retimed_and_keep_their_fastest() {
     assert_eq!(r.row("seq").unwrap().time_ms, Some(1.5));
     assert_eq!(r.reference.compute_ms, 0.7);
 }
+
+/// Issue 31 (scale): with the simulator as the backend, each plan is
+/// simulated once (its measurement is its prediction), and the schedules
+/// are prepared on several threads with the same report as on one.
+#[test]
+fn the_simulator_backend_simulates_each_plan_once_on_any_thread_count() {
+    use ficco_core::sim::profile::HwProfile;
+    use ficco_core::sim::Simulator;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hw = HwProfile::builtin("h200-nvlink").unwrap();
+    let sc = Scenario {
+        name: "p8".into(),
+        problem: Problem::new(Op::GemmRs, 8192, 4096, 4096, 8).unwrap(),
+    };
+    let space = SpaceOptions {
+        controls: false,
+        sm_count: hw.sm_count,
+        nccl_sms: hw.nccl_sms,
+    };
+    let schedules = schedules_for(Op::GemmRs, space, &[]);
+    let sim = Simulator::new(hw.clone());
+    let predicted = AtomicUsize::new(0);
+    let predict = |plan: &Plan| {
+        predicted.fetch_add(1, Ordering::Relaxed);
+        sim.predict(plan)
+    };
+    let mut reports = vec![];
+    for threads in [1, 2, 5] {
+        predicted.store(0, Ordering::Relaxed);
+        let mut backend = sim.clone();
+        let opts = ExploreOptions {
+            measure_is_prediction: true,
+            threads,
+            select_hw: Some(hw.clone()),
+            ..Default::default()
+        };
+        let ex = explore(&sc, &schedules, &predict, &mut backend, &opts).unwrap();
+        let ran = ex
+            .report
+            .schedules
+            .iter()
+            .filter(|r| r.skipped.is_none() && r.name != "seq")
+            .count();
+        assert!(ran > 20, "{ran}");
+        // seq and every schedule that lowered, once each.
+        assert_eq!(
+            predicted.load(Ordering::Relaxed),
+            ran + 1,
+            "{threads} threads"
+        );
+        reports.push(ex.report);
+    }
+    // The predictions are what the simulator measures, on any thread count.
+    let mut backend = sim.clone();
+    let twice = explore(
+        &sc,
+        &schedules,
+        &predict,
+        &mut backend,
+        &ExploreOptions {
+            select_hw: Some(hw.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .report;
+    for r in &reports {
+        assert_eq!(r, &twice);
+    }
+}

@@ -68,6 +68,13 @@ pub struct ExploreOptions {
     pub select_hw: Option<HwProfile>,
     /// With a measurer: rounds in which the contenders are timed again.
     pub retime_rounds: usize,
+    /// The backend is the simulator the predictor is (one profile): its
+    /// measurement of a plan is the prediction, so each plan is simulated
+    /// once, not twice.
+    pub measure_is_prediction: bool,
+    /// Threads that lower, validate and predict the schedules (the backend
+    /// still measures them one at a time, in order); 0 is one per core.
+    pub threads: usize,
 }
 
 /// Schedules measured within this fraction of the fastest are re-timed.
@@ -80,6 +87,8 @@ impl Default for ExploreOptions {
             lowering: Lowering::STANDARD,
             select_hw: None,
             retime_rounds: 2,
+            measure_is_prediction: false,
+            threads: 0,
         }
     }
 }
@@ -182,11 +191,98 @@ fn retime_contenders(
     Ok(())
 }
 
+/// A schedule lowered, validated and predicted, or why it was skipped.
+type Prepared = std::result::Result<(Plan, Timeline), String>;
+
+/// Lowers, validates and predicts one schedule (pure: any thread may).
+fn prepare(
+    problem: &Problem,
+    schedule: &Schedule,
+    predict: &(dyn Fn(&Plan) -> Result<Timeline> + Sync),
+    opts: &ExploreOptions,
+) -> Prepared {
+    if let Some(reason) = schedule.misfit(problem) {
+        return Err(reason);
+    }
+    let plan = (opts.lowering.lower)(problem, schedule)
+        .and_then(|p| {
+            validate::validate(&p)?;
+            Ok(p)
+        })
+        .map_err(|e| match e {
+            Error::DoesNotFit { reason, .. } => reason,
+            e => format!("lowering failed: {e}"),
+        })?;
+    let mut pred = predict(&plan).map_err(|e| format!("prediction failed: {e}"))?;
+    if !opts.timelines {
+        // Predicted timelines are only kept for the trace of the best: at
+        // large GPU counts each has tens of thousands of spans.
+        pred.spans = Vec::new();
+    }
+    Ok((plan, pred))
+}
+
+/// [`prepare`] for every schedule but `seq`, spread over `opts.threads`
+/// threads; in the order of `schedules` (`None` for `seq`).
+fn prepare_all(
+    problem: &Problem,
+    schedules: &[Schedule],
+    predict: &(dyn Fn(&Plan) -> Result<Timeline> + Sync),
+    opts: &ExploreOptions,
+) -> Vec<Option<Prepared>> {
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(schedules.len())
+    .max(1);
+    let one = |s: &Schedule| (!s.is_seq()).then(|| prepare(problem, s, predict, opts));
+    if threads == 1 {
+        return schedules.iter().map(one).collect();
+    }
+    // Schedules differ in cost by 100x: each thread takes the next one left,
+    // the finest (the most tasks) first, so that no big one starts last.
+    let mut by_cost: Vec<usize> = (0..schedules.len()).collect();
+    by_cost.sort_by_key(|&i| {
+        std::cmp::Reverse(match schedules[i].granularity {
+            crate::space::Granularity::Fine(c) => c,
+            crate::space::Granularity::Tile => 4,
+            _ => 1,
+        })
+    });
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, Option<Prepared>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = vec![];
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&i) = by_cost.get(k) else { break };
+                        mine.push((i, one(&schedules[i])));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(v) => v,
+                // A panic in a worker is a bug: raise it here.
+                Err(e) => std::panic::resume_unwind(e),
+            })
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, p)| p).collect()
+}
+
 /// Explores `schedules` on `scenario`; see the module doc.
 pub fn explore(
     scenario: &Scenario,
     schedules: &[Schedule],
-    predict: &dyn Fn(&Plan) -> Result<Timeline>,
+    predict: &(dyn Fn(&Plan) -> Result<Timeline> + Sync),
     backend: &mut dyn Backend,
     opts: &ExploreOptions,
 ) -> Result<Explored> {
@@ -221,9 +317,11 @@ pub fn explore(
     let mut report = ScenarioReport::new(scenario, &name, &hardware, reference);
     // Plans and predicted timelines of the rows that ran, by row index.
     let mut ran: Vec<Option<(Plan, Timeline, Option<Timeline>)>> = vec![];
-    for schedule in schedules {
+    let prepared = prepare_all(problem, schedules, predict, opts);
+    for (schedule, prep) in schedules.iter().zip(prepared) {
         let sname = schedule.name();
-        if schedule.is_seq() {
+        let Some(prep) = prep else {
+            // seq: measured above with the references.
             report.schedules.push(ScheduleResult::ran(
                 sname,
                 seq_run.time_ms,
@@ -237,38 +335,13 @@ pub fn explore(
                 seq_run.timeline.clone(),
             )));
             continue;
-        }
-        if let Some(reason) = schedule.misfit(problem) {
-            report
-                .schedules
-                .push(ScheduleResult::skipped(sname, reason));
-            ran.push(None);
-            continue;
-        }
-        let plan = match (low.lower)(problem, schedule).and_then(|p| {
-            validate::validate(&p)?;
-            Ok(p)
-        }) {
+        };
+        let (plan, pred) = match prep {
             Ok(p) => p,
-            Err(e) => {
-                let reason = match e {
-                    Error::DoesNotFit { reason, .. } => reason,
-                    e => format!("lowering failed: {e}"),
-                };
+            Err(reason) => {
                 report
                     .schedules
                     .push(ScheduleResult::skipped(sname, reason));
-                ran.push(None);
-                continue;
-            }
-        };
-        let pred = match predict(&plan) {
-            Ok(t) => t,
-            Err(e) => {
-                report.schedules.push(ScheduleResult::skipped(
-                    sname,
-                    format!("prediction failed: {e}"),
-                ));
                 ran.push(None);
                 continue;
             }
@@ -280,6 +353,19 @@ pub fn explore(
             .iter()
             .enumerate()
             .find_map(|(i, r)| r.as_ref().filter(|(p, _, _)| p.same_work(&plan)).map(|_| i));
+        let mut measure = |plan: &Plan| {
+            if opts.measure_is_prediction {
+                Ok(Measured {
+                    time_ms: pred.total_ms,
+                    max_rel_err: None,
+                    correct: true,
+                    timeline: None,
+                    launch_us: None,
+                })
+            } else {
+                backend.measure(plan, true, false)
+            }
+        };
         let row = match twin {
             Some(i) => {
                 let first = &report.schedules[i];
@@ -289,7 +375,7 @@ pub fn explore(
                     ..first.clone()
                 }
             }
-            None => match backend.measure(&plan, true, false) {
+            None => match measure(&plan) {
                 Ok(Measured {
                     time_ms,
                     max_rel_err,
@@ -308,13 +394,6 @@ pub fn explore(
         };
         let ok = row.skipped.is_none();
         report.schedules.push(row);
-        // Predicted timelines are only kept for the trace of the best: at
-        // large GPU counts each has tens of thousands of spans.
-        let pred = if opts.timelines {
-            pred
-        } else {
-            Timeline::default()
-        };
         ran.push(ok.then_some((plan, pred, None)));
     }
     if !backend.deterministic() {
@@ -384,6 +463,8 @@ pub fn explore(
             // Run the best once more with a per-task timeline.
             let measured_tl = match measured_tl {
                 Some(t) => Some(t),
+                // The prediction is the measurement: `pred` is it.
+                None if opts.measure_is_prediction => None,
                 None => {
                     backend
                         .measure(&plan, false, true)

@@ -130,12 +130,19 @@ impl Graph {
     /// Every predecessor: the stream predecessor, the explicit dependencies
     /// and the flag's Signal (sorted, no duplicates).
     pub fn preds(&self, node: usize) -> Vec<usize> {
-        let mut ps: Vec<usize> = self.stream_pred[node].into_iter().collect();
-        ps.extend_from_slice(&self.deps[node]);
-        ps.extend_from_slice(&self.flag_pred[node]);
-        ps.sort_unstable();
-        ps.dedup();
+        let mut ps = Vec::new();
+        self.preds_into(node, &mut ps);
         ps
+    }
+
+    /// [`Graph::preds`] into `out` (cleared first), reusing its memory.
+    pub fn preds_into(&self, node: usize, out: &mut Vec<usize>) {
+        out.clear();
+        out.extend(self.stream_pred[node]);
+        out.extend_from_slice(&self.deps[node]);
+        out.extend_from_slice(&self.flag_pred[node]);
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// Per task, whether its completion must be signalled to another stream
@@ -163,22 +170,91 @@ impl Graph {
     }
 }
 
+/// Adjacency lists of `n` nodes in one array: node v's are
+/// `flat[start[v]..start[v + 1]]` (one allocation, not one per node: plans
+/// at large GPU counts have tens of thousands of tasks).
+#[derive(Debug, Clone, Default)]
+pub struct Csr {
+    start: Vec<usize>,
+    flat: Vec<usize>,
+}
+
+impl Csr {
+    /// An empty list of no node; [`Csr::push_node`] adds nodes in order.
+    pub fn with_capacity(nodes: usize, edges: usize) -> Self {
+        let mut start = Vec::with_capacity(nodes + 1);
+        start.push(0);
+        Csr {
+            start,
+            flat: Vec::with_capacity(edges),
+        }
+    }
+
+    /// Appends the next node with the list `list`.
+    pub fn push_node(&mut self, list: impl IntoIterator<Item = usize>) {
+        self.flat.extend(list);
+        self.start.push(self.flat.len());
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.start.len().saturating_sub(1)
+    }
+
+    /// Whether there is no node.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Node `v`'s list.
+    pub fn of(&self, v: usize) -> &[usize] {
+        &self.flat[self.start[v]..self.start[v + 1]]
+    }
+}
+
 /// A topological order of `n` nodes given each node's predecessors, or
 /// `Err(node)` with a node on a cycle (or behind one).
 pub fn topo(n: usize, preds: &[Vec<usize>]) -> std::result::Result<Vec<usize>, usize> {
+    let mut csr = Csr::with_capacity(n, preds.iter().map(Vec::len).sum());
+    for ps in preds.iter().take(n) {
+        csr.push_node(ps.iter().copied());
+    }
+    while csr.len() < n {
+        csr.push_node([]);
+    }
+    topo_csr(&csr)
+}
+
+/// [`topo`] of the nodes of `preds`.
+pub fn topo_csr(preds: &Csr) -> std::result::Result<Vec<usize>, usize> {
+    let n = preds.len();
     let mut indeg = vec![0usize; n];
-    let mut succs = vec![vec![]; n];
-    for (v, ps) in preds.iter().enumerate() {
+    // Successor lists (CSR): node u's are succs[start[u]..start[u + 1]], in
+    // increasing order.
+    let mut start = vec![0usize; n + 1];
+    for (v, d) in indeg.iter_mut().enumerate() {
+        let ps = preds.of(v);
+        *d = ps.len();
         for &u in ps {
-            indeg[v] += 1;
-            succs[u].push(v);
+            start[u + 1] += 1;
+        }
+    }
+    for u in 0..n {
+        start[u + 1] += start[u];
+    }
+    let mut fill = start.clone();
+    let mut succs = vec![0usize; start[n]];
+    for v in 0..n {
+        for &u in preds.of(v) {
+            succs[fill[u]] = v;
+            fill[u] += 1;
         }
     }
     let mut ready: Vec<usize> = (0..n).filter(|&v| indeg[v] == 0).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(v) = ready.pop() {
         order.push(v);
-        for &w in &succs[v] {
+        for &w in &succs[start[v]..start[v + 1]] {
             indeg[w] -= 1;
             if indeg[w] == 0 {
                 ready.push(w);

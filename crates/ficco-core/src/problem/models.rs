@@ -254,9 +254,10 @@ impl ModelSpec {
         let div = |what: &str, v: usize| -> Result<usize> {
             if v % gpus != 0 {
                 Err(Error::Shape(format!(
-                    "{}.{}: {what} = {v} is not divisible by the GPU count {gpus}",
+                    "{}.{}: {what} = {v} is not divisible by the GPU count {gpus}{}",
                     self.name,
-                    layer.name()
+                    layer.name(),
+                    crate::problem::workload::nearest_multiples(v, gpus)
                 )))
             } else {
                 Ok(v / gpus)

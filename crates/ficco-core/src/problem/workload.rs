@@ -106,6 +106,18 @@ impl FromStr for Op {
     }
 }
 
+/// `": the nearest multiples of D are A and B"` for a size `v` that `d`
+/// does not divide (only the one above when none is below).
+pub(crate) fn nearest_multiples(v: usize, d: usize) -> String {
+    let below = v - v % d;
+    let above = below.checked_add(d);
+    match (below, above) {
+        (0, Some(a)) => format!(": the nearest multiple of {d} is {a}"),
+        (b, Some(a)) => format!(": the nearest multiples of {d} are {b} and {a}"),
+        (b, None) => format!(": the nearest multiple of {d} is {b}"),
+    }
+}
+
 #[cfg(test)]
 mod op_name_tests {
     use super::*;
@@ -117,6 +129,11 @@ mod op_name_tests {
         for n in crate::error::OP_NAMES {
             assert_eq!(n.parse::<Op>().map(Op::name), Ok(n));
         }
+        assert_eq!(
+            nearest_multiples(65536, 72),
+            ": the nearest multiples of 72 are 65520 and 65592"
+        );
+        assert_eq!(nearest_multiples(5, 8), ": the nearest multiple of 8 is 8");
         let e = "ag-gem".parse::<Op>().unwrap_err().to_string();
         assert_eq!(
             e,
@@ -367,8 +384,10 @@ impl Problem {
         }
         if self.m % self.gpus != 0 {
             return Err(Error::Shape(format!(
-                "m = {} is not divisible by the GPU count {}",
-                self.m, self.gpus
+                "m = {} is not divisible by the GPU count {}{}",
+                self.m,
+                self.gpus,
+                nearest_multiples(self.m, self.gpus)
             )));
         }
         Ok(())
@@ -395,8 +414,10 @@ impl Problem {
         }
         if self.m % self.gpus != 0 {
             return Err(Error::Shape(format!(
-                "tokens = {} is not divisible by the GPU count {}",
-                self.m, self.gpus
+                "tokens = {} is not divisible by the GPU count {}{}",
+                self.m,
+                self.gpus,
+                nearest_multiples(self.m, self.gpus)
             )));
         }
         spec.validate(self.gpus)?;

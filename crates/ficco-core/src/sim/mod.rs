@@ -170,6 +170,8 @@ struct TileWork {
     /// in flight, tiles done.
     undispatched: Vec<usize>,
     spinning: Vec<usize>,
+    /// The blocks with SMs spinning on their flag (`spinning[b] > 0`).
+    spin_list: Vec<usize>,
     done: Vec<usize>,
     tiles_per_block: usize,
     /// Per block: the node whose completion signals its wait flag.
@@ -263,7 +265,8 @@ struct Sim<'a> {
     /// Per rank: kernels waiting for SMs: NCCL and reduce kernels not yet
     /// resident, GEMMs with tiles not yet dispatched.
     sm_wait: Vec<Vec<usize>>,
-    ce_wait: Vec<Vec<usize>>,
+    /// Per rank: copies waiting for a copy engine, first come first served.
+    ce_wait: Vec<std::collections::VecDeque<usize>>,
     dirty: Vec<bool>,
     next_seq: usize,
     done: usize,
@@ -305,6 +308,15 @@ pub fn simulate(plan: &Plan, hw: &HwProfile) -> Result<Timeline> {
         total_ms: 0.0,
     }
     .finish())
+}
+
+/// The predicted time of `plan` on `hw` alone: [`simulate`]'s `total_ms`,
+/// without building the timeline's spans (tens of thousands of labels at
+/// large GPU counts).
+pub fn simulate_ms(plan: &Plan, hw: &HwProfile) -> Result<f64> {
+    let mut sim = Sim::new(plan, hw)?;
+    sim.run(plan)?;
+    Ok(sim.nodes.iter().map(|n| n.end).fold(0.0, f64::max))
 }
 
 /// The simulator's work of a GEMM (or grouped GEMM) of cost `c` capped at
@@ -451,6 +463,7 @@ impl<'a> Sim<'a> {
                             pos: 0,
                             undispatched: vec![tiles_per_block; blocks],
                             spinning: vec![0; blocks],
+                            spin_list: vec![],
                             done: vec![0; blocks],
                             tiles_per_block,
                             gate: vec![None; blocks],
@@ -498,11 +511,13 @@ impl<'a> Sim<'a> {
                 via_block.insert((sig, wait));
             }
         }
+        let mut preds: Vec<usize> = Vec::new();
         for (rank, rp) in plan.ranks.iter().enumerate() {
             for index in 0..rp.tasks.len() {
                 let v = graph.node(TaskId { rank, index });
                 let me = offset[rank] + index;
-                let mut preds: Vec<usize> = graph.stream_pred(v).into_iter().collect();
+                preds.clear();
+                preds.extend(graph.stream_pred(v));
                 preds.extend_from_slice(graph.deps(v));
                 preds.extend(
                     graph
@@ -513,7 +528,7 @@ impl<'a> Sim<'a> {
                 preds.sort_unstable();
                 preds.dedup();
                 nodes[me].preds_left += preds.len();
-                for pr in preds {
+                for &pr in &preds {
                     nodes[pr].succs.push(me);
                 }
             }
@@ -531,7 +546,7 @@ impl<'a> Sim<'a> {
             held: vec![0; p],
             ce_busy: vec![0; p],
             sm_wait: vec![Vec::new(); p],
-            ce_wait: vec![Vec::new(); p],
+            ce_wait: vec![std::collections::VecDeque::new(); p],
             dirty: vec![false; p],
             next_seq: 0,
             done: 0,
@@ -675,7 +690,7 @@ impl<'a> Sim<'a> {
             }
             Work::Copy { .. } => {
                 self.nodes[i].state = State::Waiting;
-                self.ce_wait[r].push(i);
+                self.ce_wait[r].push_back(i);
                 self.dirty[r] = true;
             }
             Work::Nccl { .. } | Work::Reduce { .. } => {
@@ -698,8 +713,10 @@ impl<'a> Sim<'a> {
                 continue;
             }
             // Copy engines.
-            while self.ce_busy[r] < self.hw.copy_engine.count && !self.ce_wait[r].is_empty() {
-                let i = self.ce_wait[r].remove(0);
+            while self.ce_busy[r] < self.hw.copy_engine.count {
+                let Some(i) = self.ce_wait[r].pop_front() else {
+                    break;
+                };
                 self.ce_busy[r] += 1;
                 self.start_copy(i);
             }
@@ -1016,32 +1033,41 @@ impl<'a> Sim<'a> {
             return;
         }
         let r = self.nodes[i].rank;
-        let ready: Vec<bool> = {
-            let Work::Tile(t) = &self.nodes[i].work else {
+        // Out of its node while it changes, so that the gates' nodes can be
+        // read; only the spinning blocks and those handed out are looked at
+        // (every block at every call was quadratic at large GPU counts).
+        let mut t = match std::mem::replace(&mut self.nodes[i].work, Work::Flag { ms: 0.0 }) {
+            Work::Tile(t) => t,
+            other => {
+                self.nodes[i].work = other;
                 return;
-            };
-            t.gate
-                .iter()
-                .map(|g| g.is_none_or(|s| self.nodes[s].state == State::Done))
-                .collect()
+            }
         };
-        let Work::Tile(t) = &mut self.nodes[i].work else {
-            return;
-        };
+        let nodes = &self.nodes;
+        let open = |g: Option<usize>| g.is_none_or(|s| nodes[s].state == State::Done);
         let mut start: Vec<(usize, usize)> = vec![];
-        for (b, &ok) in ready.iter().enumerate() {
-            if ok && t.spinning[b] > 0 {
+        // Spinning blocks whose flag is now set, in block order.
+        t.spin_list.sort_unstable();
+        let mut still = Vec::with_capacity(t.spin_list.len());
+        for &b in &t.spin_list {
+            if open(t.gate[b]) {
                 start.push((b, std::mem::take(&mut t.spinning[b])));
+            } else {
+                still.push(b);
             }
         }
+        t.spin_list = still;
         while t.idle > 0 && t.pos < t.order.len() {
             let b = t.order[t.pos];
             let n = t.idle.min(t.undispatched[b]);
             t.idle -= n;
             t.undispatched[b] -= n;
-            if ready[b] {
+            if open(t.gate[b]) {
                 start.push((b, n));
             } else {
+                if t.spinning[b] == 0 && n > 0 {
+                    t.spin_list.push(b);
+                }
                 t.spinning[b] += n;
             }
             if t.undispatched[b] == 0 {
@@ -1057,6 +1083,7 @@ impl<'a> Sim<'a> {
             t.held -= freed;
         }
         let finished = t.pos == t.order.len() && t.waves == 0 && t.held == 0;
+        self.nodes[i].work = Work::Tile(t);
         for (b, n) in start {
             self.active.push(Active {
                 kind: ActKind::Tile(i, b, n),
