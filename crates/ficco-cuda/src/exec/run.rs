@@ -461,6 +461,26 @@ pub(crate) fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
     Ok(out)
 }
 
+/// SMs that persistent tile GEMMs sharing one GPU leave free of their CTAs
+/// together. Sharing happens in loopback, where every copy between ranks is
+/// a copy within the GPU, which runs as a kernel on SMs
+/// (`bench/probe_sm_copy.py`): with every SM held by a spinning CTA, the
+/// copy a GEMM waits for would never run ([`ficco_core::plan::spin`]).
+pub(crate) const SHARED_GPU_FREE_SMS: u32 = 8;
+
+/// The most CTAs (one per SM) a tile GEMM may launch with when `share` tile
+/// GEMMs share `sms` SMs: all of them alone, else an equal part of all but
+/// [`SHARED_GPU_FREE_SMS`].
+pub(crate) fn tile_sm_cap(sms: u32, share: usize) -> u32 {
+    let share = share.max(1) as u32;
+    let free = if share > 1 {
+        SHARED_GPU_FREE_SMS.min(sms / 2)
+    } else {
+        0
+    };
+    (sms - free) / share
+}
+
 /// Per rank: the tile GEMM tasks on its device (every rank's in loopback).
 pub(crate) fn tile_share(plan: &Plan, loopback: bool) -> Vec<usize> {
     let per: Vec<usize> = plan
