@@ -43,6 +43,9 @@ pub struct SoakArgs {
     /// many of the planned runs were made).
     #[arg(long, value_name = "SECONDS")]
     time_limit: Option<u64>,
+    /// Only schedules whose name contains one of these (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// Write one JSON object per run to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -126,7 +129,15 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let started = Instant::now();
     let planned: usize = scenarios
         .iter()
-        .map(|s| soak_schedules(s.problem.op).len() * modes.len())
+        .map(|s| {
+            soak_schedules(s.problem.op)
+                .iter()
+                .filter(|x| {
+                    args.only.is_empty() || args.only.iter().any(|o| x.name().contains(o.as_str()))
+                })
+                .count()
+                * modes.len()
+        })
         .sum();
     println!(
         "# soak on {} ({} scenarios, {planned} runs planned: every run is 1 checked + {warmup} warm-up + {iters} timed iterations; watchdog {} ms)",
@@ -142,7 +153,10 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let mut failures = vec![];
     'all: for sc in &scenarios {
         let seq = lower(&sc.problem, &Schedule::SEQ)?;
-        for s in soak_schedules(sc.problem.op) {
+        let wanted = |s: &Schedule| {
+            args.only.is_empty() || args.only.iter().any(|o| s.name().contains(o.as_str()))
+        };
+        for s in soak_schedules(sc.problem.op).into_iter().filter(wanted) {
             let plan = match lower(&sc.problem, &s) {
                 Ok(p) => p,
                 Err(e) => {
