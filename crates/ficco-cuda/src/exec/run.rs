@@ -93,15 +93,6 @@ fn kill_hook() -> Option<usize> {
     std::env::var(KILL_ENV).ok()?.trim().parse().ok()
 }
 
-/// Iterations a rank's thread may issue directly (not from a graph) ahead
-/// of its device: `FICCO_ISSUE_AHEAD`, 0 for no bound.
-fn issue_ahead() -> usize {
-    std::env::var("FICCO_ISSUE_AHEAD")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Environment variable that turns CUDA graphs off when `0` (`--no-graph`).
 pub const GRAPHS_ENV: &str = "FICCO_GRAPHS";
 
@@ -368,24 +359,12 @@ pub(crate) fn run_rank(
     let (iss, clock, graphs, graph_error) = prep?;
     let mut host_us = Vec::with_capacity(spec.timed);
     let total = sh.total();
-    let ahead = issue_ahead();
     for it in 0..total {
         if sh.abort.load(Ordering::Acquire) {
             return Err(CudaError::Aborted);
         }
         let parity = it % 2;
         let timeline = spec.timeline && it + 1 == total;
-        let direct = graphs.get(parity).is_none() || timeline;
-        if direct && ahead > 0 {
-            // At most `ahead` iterations issued and not finished: wait on the
-            // host (outside any driver call) for this rank's progress word.
-            while (sh.progress.get(r) as usize) + ahead < it + 1 {
-                if sh.abort.load(Ordering::Acquire) {
-                    return Err(CudaError::Aborted);
-                }
-                std::thread::sleep(std::time::Duration::from_micros(5));
-            }
-        }
         clock_start(&clock, spec, it, &iss.control)?;
         let t0 = Instant::now();
         match graphs.get(parity) {
