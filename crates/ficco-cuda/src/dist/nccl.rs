@@ -85,7 +85,7 @@ mod tests {
             2,
             CHILD,
             crate::dist::ChildGpus::All,
-            Duration::from_secs(120),
+            Duration::from_secs(60),
         );
         assert_eq!(codes, vec![Some(0), Some(0)], "rank exit codes");
     }

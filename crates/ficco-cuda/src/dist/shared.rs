@@ -382,7 +382,7 @@ mod tests {
             world,
             "FICCO_DIST_GPU_CHILD",
             crate::dist::ChildGpus::First,
-            Duration::from_secs(90),
+            Duration::from_secs(60),
         );
         assert_eq!(codes, vec![Some(0); world], "rank exit codes");
     }
