@@ -9,6 +9,25 @@ use ficco_core::problem::workload::{check_gpu_count, Op, Problem, Scenario};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::Error;
 
+/// `--verbose`, on the commands that load the CUDA libraries.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct VerboseArg {
+    /// Say more where something is missing: the file names tried for a CUDA library not found.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// `--verbose` and `--no-graph`, on the commands that measure plans on GPUs.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct GpuRunArgs {
+    #[command(flatten)]
+    pub verbose: VerboseArg,
+    /// Issue every GPU iteration call by call instead of replaying it from a
+    /// CUDA graph (graphs are the default where capture works).
+    #[arg(long)]
+    pub no_graph: bool,
+}
+
 /// The built-in hardware profile used when `--hw` is not given.
 pub const DEFAULT_HW: &str = ficco_core::sim::profile::DEFAULT_PROFILE;
 
@@ -16,7 +35,7 @@ pub const DEFAULT_HW: &str = ficco_core::sim::profile::DEFAULT_PROFILE;
 #[derive(Args, Debug, Clone)]
 #[command(allow_negative_numbers = true)]
 pub struct ShapeArgs {
-    /// Operator: ag-gemm, gemm-rs, gemm-ar (with --m --k --n --gpus), a2a-gemm or gemm-a2a (also --experts --top-k), or concurrent (explore).
+    /// Operator: ag-gemm, gemm-rs, gemm-ar (with --m --k --n --gpus), or a2a-gemm or gemm-a2a (also --experts --top-k).
     #[arg(long, requires_all = ["m", "k", "n", "gpus"])]
     pub op: Option<String>,
     /// Rows of the global GEMM (tokens; for a2a-gemm and gemm-a2a the token count over all GPUs).
@@ -163,6 +182,9 @@ impl ProblemArgs {
         }
         let gpus = gpu_count(self.gpus.unwrap_or(0))?;
         if let Some((op, m, k, n)) = self.shape.shape()? {
+            if op == Op::Concurrent {
+                bail!("--op concurrent (GEMMs beside an independent collective) has no schedule to select or tune: explore its controls with `ficco explore --op concurrent`");
+            }
             let p = self.moe.problem(op, m, k, n, gpus)?;
             return Ok(vec![(p.label(), p)]);
         }

@@ -22,15 +22,12 @@ use output::one_line;
     allow_negative_numbers = true
 )]
 struct Cli {
-    /// Say more where something is missing: e.g. the file names tried for a CUDA library not found.
-    #[arg(long, global = true)]
+    /// `ficco --verbose COMMAND`, as earlier versions took it; the commands
+    /// that use it (those that load the CUDA libraries) list it themselves.
+    #[arg(long, hide = true)]
     verbose: bool,
     #[command(subcommand)]
     command: Command,
-    /// Issue every GPU iteration call by call instead of replaying it from a
-    /// CUDA graph (graphs are the default where capture works).
-    #[arg(long, global = true)]
-    no_graph: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -38,6 +35,10 @@ enum Command {
     /// List the design space of schedules for an operator, one canonical name per line.
     Schedules(cmd::schedules::SchedulesArgs),
     /// Predict (and, on GPUs, measure) every schedule of a scenario, a model or a suite.
+    #[command(mut_arg("op", |a| a.help(
+        "Operator: ag-gemm, gemm-rs, gemm-ar (with --m --k --n --gpus), a2a-gemm or gemm-a2a \
+         (also --experts --top-k), or concurrent (also --gemms --collective --bytes)"
+    )))]
     Explore(Box<cmd::explore::ExploreArgs>),
     /// Describe the GPUs, their links and the CUDA libraries found.
     Info(cmd::info::InfoArgs),
@@ -90,6 +91,25 @@ fn main() {
     }
 }
 
+impl Command {
+    /// `--verbose` and `--no-graph`, where the command has them.
+    fn gpu_flags(&self) -> args::GpuRunArgs {
+        let verbose = |v: args::VerboseArg| args::GpuRunArgs {
+            verbose: v,
+            no_graph: false,
+        };
+        match self {
+            Command::Schedules(_) | Command::Select(_) => args::GpuRunArgs::default(),
+            Command::Explore(a) => a.gpu,
+            Command::Evaluate(a) => a.gpu,
+            Command::Tune(a) => a.gpu,
+            Command::Info(a) => verbose(a.verbose),
+            Command::Characterize(a) => verbose(a.verbose),
+            Command::GemmBench(a) => verbose(a.verbose),
+        }
+    }
+}
+
 fn run() -> Result<()> {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -119,11 +139,12 @@ fn run() -> Result<()> {
             bail!("{}", paragraph.trim_start_matches("error: "));
         }
     };
-    if cli.no_graph {
+    let flags = cli.command.gpu_flags();
+    if flags.no_graph {
         // Read by the GPU executor's run options; set before any thread starts.
         std::env::set_var(ficco_cuda::GRAPHS_ENV, "0");
     }
-    cmd::set_verbose(cli.verbose);
+    cmd::set_verbose(cli.verbose || flags.verbose.verbose);
     match cli.command {
         Command::Schedules(args) => cmd::schedules::run(args),
         Command::Explore(args) => cmd::explore::run(*args),

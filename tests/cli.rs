@@ -133,7 +133,7 @@ fn bad_input_is_one_line_and_exit_2() {
     );
     assert_fails(
         &e(&[&SHAPE[..], &["--hw", "tpu-v9"]].concat()),
-        "unknown hardware profile 'tpu-v9'",
+        "hardware profile: 'tpu-v9' is neither a built-in profile",
     );
     assert_fails(
         &e(&[&SHAPE[..], &["--schedule", "fine-copy-all"]].concat()),

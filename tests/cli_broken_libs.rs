@@ -443,10 +443,12 @@ fn missing_libraries_are_one_short_line_with_the_search_list_behind_verbose() {
     );
 }
 
-/// `--verbose` is global: any command takes it, before or after its name,
-/// and alone it asks for a command like a bare `ficco` does.
+/// `--verbose` goes with the commands that load the CUDA libraries (explore,
+/// evaluate, tune, info, characterize, gemm-bench), after their name or, as
+/// before, ahead of it; the others do not offer it (issue 31). Alone it asks
+/// for a command like a bare `ficco` does.
 #[test]
-fn verbose_goes_with_any_command() {
+fn verbose_goes_with_the_commands_that_load_libraries() {
     support::assert_fails(&["--verbose"], "a command is required");
     let plain = stdout(&support::ficco(&[
         "schedules",
@@ -456,12 +458,26 @@ fn verbose_goes_with_any_command() {
         "2",
     ]));
     assert!(plain.contains("shard-copy-ring"), "{plain}");
-    for args in [
-        ["--verbose", "schedules", "--op", "ag-gemm", "--gpus", "2"],
-        ["schedules", "--op", "ag-gemm", "--gpus", "2", "--verbose"],
+    let o = support::ficco(&["--verbose", "schedules", "--op", "ag-gemm", "--gpus", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), plain);
+    support::assert_fails(
+        &["schedules", "--op", "ag-gemm", "--gpus", "2", "--verbose"],
+        "unexpected argument '--verbose'",
+    );
+    for cmd in [
+        "explore",
+        "evaluate",
+        "tune",
+        "info",
+        "characterize",
+        "gemm-bench",
     ] {
-        let o = support::ficco(&args);
-        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
-        assert_eq!(stdout(&o), plain, "{args:?}");
+        let help = stdout(&support::ficco(&[cmd, "--help"]));
+        assert!(help.contains("--verbose"), "{cmd}: {help}");
+    }
+    for cmd in ["schedules", "select"] {
+        let help = stdout(&support::ficco(&[cmd, "--help"]));
+        assert!(!help.contains("--verbose"), "{cmd}: {help}");
     }
 }

@@ -2,6 +2,7 @@
 //! communication curves on the GPUs, prints nccl-tests-like tables, and writes
 //! the raw measurements (JSON) and a fitted hardware profile (TOML).
 
+use crate::args::VerboseArg;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ficco_core::sim::calibrate::{fit_profile, profile_toml, steps, tables, CharOptions};
@@ -20,21 +21,25 @@ pub struct CharacterizeArgs {
     /// Write the fitted hardware profile here (loads with `ficco explore --hw FILE`).
     #[arg(long, value_name = "PROFILE.toml")]
     pub out: Option<PathBuf>,
-    /// Write every raw measurement and the fit as JSON here.
-    #[arg(long, value_name = "FILE.json")]
-    pub json: Option<PathBuf>,
+    /// Print JSON (every raw measurement and the fit) instead of the tables;
+    /// with FILE, write it there and print the tables too.
+    #[arg(long, value_name = "FILE.json", num_args = 0..=1)]
+    pub json: Option<Option<PathBuf>>,
     /// Smaller grids and fewer iterations (about a minute on 4x H200).
     #[arg(long)]
     pub quick: bool,
     /// Built-in profile whose values are kept where nothing is measured.
     #[arg(long, default_value = "h200-nvlink")]
     pub base: String,
+    #[command(flatten)]
+    pub verbose: VerboseArg,
 }
 
 pub fn run(args: CharacterizeArgs) -> Result<()> {
     let base = HwProfile::load(&args.base)?;
     // Fail before any GPU work on unwritable outputs.
-    for p in args.out.iter().chain(args.json.iter()) {
+    let json_file = args.json.clone().flatten().filter(|p| p.as_os_str() != "-");
+    for p in args.out.iter().chain(json_file.iter()) {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
             if !dir.is_dir() {
                 bail!(
@@ -101,9 +106,12 @@ pub fn run(args: CharacterizeArgs) -> Result<()> {
     if let Some(p) = &args.out {
         std::fs::write(p, &text).with_context(|| format!("cannot write '{}'", p.display()))?;
     }
-    if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&ch)? + "\n")
-            .with_context(|| format!("cannot write '{}'", p.display()))?;
+    let json = serde_json::to_string_pretty(&ch)? + "\n";
+    if let Some(p) = &json_file {
+        std::fs::write(p, &json).with_context(|| format!("cannot write '{}'", p.display()))?;
+    }
+    if args.json.is_some() && json_file.is_none() {
+        return crate::output::print(&json);
     }
     crate::output::print(&tables(&ch))
 }

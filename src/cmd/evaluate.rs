@@ -3,7 +3,7 @@
 //! or saved explore JSON.
 
 use super::open_backend;
-use crate::args::{load_hw, BackendArg, DEFAULT_HW};
+use crate::args::{load_hw, BackendArg, GpuRunArgs, DEFAULT_HW};
 use crate::output::print;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -25,7 +25,7 @@ pub struct EvaluateArgs {
     /// Saved explore JSON to score offline (comma-separated files).
     #[arg(long, value_name = "FILE.json")]
     measured: Vec<String>,
-    /// With --suite: gpu (measure), auto or sim (the simulator is then its own oracle).
+    /// With --suite: gpu (measure), auto, loopback (every rank on GPU 0), or sim (the simulator is then its own oracle).
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
     /// Hardware profile for the selectors and the simulator.
@@ -34,13 +34,15 @@ pub struct EvaluateArgs {
     /// Also score the scenarios whose name starts with this (e.g. llama3-70b) apart.
     #[arg(long, value_name = "MODEL_PREFIX")]
     holdout: Option<String>,
-    /// Write the evaluation as JSON to this file ('-' for stdout instead of the table).
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
+    /// Print JSON instead of the table; with FILE, write it there and print the table too.
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    json: Option<Option<PathBuf>>,
     /// With --suite: also write every measured schedule, in `explore --json`'s
     /// suite schema (what `--measured` and `bench/anchor.py report` read).
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    #[command(flatten)]
+    pub gpu: GpuRunArgs,
 }
 
 /// Reads `--measured` files and checks what the evaluation relies on: a
@@ -205,8 +207,9 @@ pub fn run(args: EvaluateArgs) -> Result<()> {
     }
     let text = serde_json::to_string_pretty(&ev)? + "\n";
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => return print(&text),
-        Some(p) => std::fs::write(p, &text)
+        Some(None) => return print(&text),
+        Some(Some(p)) if p.as_os_str() == "-" => return print(&text),
+        Some(Some(p)) => std::fs::write(p, &text)
             .map_err(|e| Error::Io(format!("cannot write '{}': {e}", p.display())))?,
         None => {}
     }

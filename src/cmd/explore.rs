@@ -4,7 +4,9 @@
 
 use super::open_backend;
 use super::schedules::space;
-use crate::args::{gpu_count, load_hw, positive, BackendArg, MoeArgs, ShapeArgs, DEFAULT_HW};
+use crate::args::{
+    gpu_count, load_hw, positive, BackendArg, GpuRunArgs, MoeArgs, ShapeArgs, DEFAULT_HW,
+};
 use crate::output::{print, write_timelines};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -57,7 +59,7 @@ pub struct ExploreArgs {
     /// Suite TOML file (e.g. suites/llama3.toml).
     #[arg(long, conflicts_with = "op")]
     suite: Option<PathBuf>,
-    /// Where to run: auto (GPUs if present, else simulate), sim or gpu.
+    /// Where to run: auto (GPUs if present, else simulate), sim, gpu, or loopback (every rank on GPU 0).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
     /// Hardware profile for the simulator: a built-in name or a TOML path.
@@ -75,14 +77,17 @@ pub struct ExploreArgs {
     /// Include resource-control variants in the design space.
     #[arg(long)]
     controls: bool,
-    /// Restrict to these schedules (repeatable); seq is always included.
-    #[arg(long = "schedule", value_name = "NAME")]
+    /// Restrict to these schedules (repeat the flag, or separate names with
+    /// commas); seq is always included.
+    #[arg(long = "schedule", value_name = "NAME", value_delimiter = ',')]
     schedules: Vec<String>,
     /// Run as N processes, one rank each (the launcher variables torchrun
     /// sets; rank 0 prints the report). Under torchrun leave it out: the
     /// ranks find their place in the environment.
     #[arg(long, value_name = "N")]
     procs: Option<i64>,
+    #[command(flatten)]
+    pub gpu: GpuRunArgs,
 }
 
 /// The scenarios the flags ask for, validated.
@@ -150,17 +155,25 @@ fn scenarios(args: &ExploreArgs) -> Result<Vec<Scenario>> {
     args.moe.model_scenarios(&model, tokens, gpus.unwrap_or(0))
 }
 
+/// `--procs N` runs one rank per process: the problem must be one of N
+/// GPUs (a suite may hold others; they are skipped).
+fn check_procs(n: usize, scenarios: &[Scenario]) -> Result<()> {
+    if scenarios.iter().any(|s| s.problem.gpus == n) {
+        return Ok(());
+    }
+    let mut gpus: Vec<usize> = scenarios.iter().map(|s| s.problem.gpus).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    let gpus = gpus
+        .iter()
+        .map(|g| g.to_string())
+        .collect::<Vec<_>>()
+        .join(" or ");
+    bail!("--procs {n} runs {n} ranks, one per GPU, but the problem is on {gpus} GPUs: give --procs {gpus} (the same count as --gpus), or leave --procs out")
+}
+
 pub fn run(args: ExploreArgs) -> Result<()> {
     let job = super::procs::job_env()?;
-    if let Some(n) = args.procs {
-        if job.is_some() {
-            bail!("--procs starts the ranks itself, but this process already is a rank of a job (RANK is set): leave --procs out under torchrun");
-        }
-        return super::procs::spawn(positive("procs", n)?);
-    }
-    // Rank 0 of a job prints the report and writes the files; the others
-    // only run their part.
-    let reporter = job.as_ref().is_none_or(|e| e.rank == 0);
     if let (Some(t), Some(s)) = (&args.trace, &args.svg) {
         if t == s {
             bail!(
@@ -169,16 +182,34 @@ pub fn run(args: ExploreArgs) -> Result<()> {
             );
         }
     }
-    let stdout_files = [&args.trace, &args.svg]
-        .iter()
-        .filter(|p| p.as_ref().is_some_and(|p| p.as_os_str() == "-"))
-        .count();
+    let to_stdout: Vec<&str> = [("--trace", &args.trace), ("--svg", &args.svg)]
+        .into_iter()
+        .filter(|(_, p)| p.as_ref().is_some_and(|p| p.as_os_str() == "-"))
+        .map(|(flag, _)| flag)
+        .collect();
+    if args.json {
+        if let Some(flag) = to_stdout.first() {
+            bail!("--json and {flag} - both write to stdout: give {flag} a file name, or leave out one of them");
+        }
+    }
+    let stdout_files = to_stdout.len();
     let scenarios = scenarios(&args)?;
     if stdout_files > 0 && (scenarios.len() > 1 || stdout_files > 1) {
         bail!(
             "'-' (stdout) takes the trace or the SVG of one scenario; give file names for several"
         );
     }
+    if let Some(n) = args.procs {
+        if job.is_some() {
+            bail!("--procs starts the ranks itself, but this process already is a rank of a job (RANK is set): leave --procs out under torchrun");
+        }
+        let n = positive("procs", n)?;
+        check_procs(n, &scenarios)?;
+        return super::procs::spawn(n);
+    }
+    // Rank 0 of a job prints the report and writes the files; the others
+    // only run their part.
+    let reporter = job.as_ref().is_none_or(|e| e.rank == 0);
     let only: Vec<Schedule> = args
         .schedules
         .iter()

@@ -10,6 +10,7 @@
 //! against the loop of cuBLASLt calls instead, on the MoE presets' expert
 //! GEMMs ([`ficco_cuda::hgemm::bench::grouped`]).
 
+use crate::args::VerboseArg;
 use crate::output::{print, write_file};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -23,7 +24,7 @@ pub struct GemmBenchArgs {
     /// GEMMs of its shard, bulk, fine2, fine4 and fine8 schedules).
     #[arg(long, default_value = "suites/llama3.toml")]
     suite: PathBuf,
-    /// Print the JSON report on stdout instead of the table.
+    /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
     /// Also write the JSON report to this file (the table still goes to stdout).
@@ -61,6 +62,8 @@ pub struct GemmBenchArgs {
     /// busiest rank's experts are measured (1: every expert).
     #[arg(long, default_value_t = 1, requires = "grouped")]
     gpus: i64,
+    #[command(flatten)]
+    pub verbose: VerboseArg,
 }
 
 /// A measurement's failure: no usable GPU (with what `--list` shows

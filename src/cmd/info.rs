@@ -3,15 +3,18 @@
 //! lacks a function, wrong version). Exit status 0 whatever it finds: it
 //! reports the machine; `--verbose` adds the file names tried.
 
+use crate::args::VerboseArg;
 use crate::output::print;
 use anyhow::Result;
 use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
-    /// Print JSON instead of tables.
+    /// Print JSON instead of the tables.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    pub verbose: VerboseArg,
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {

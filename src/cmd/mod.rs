@@ -75,13 +75,15 @@ fn short_reason(e: &CudaError) -> String {
 
 /// Opens `--backend` for up to `gpus` GPUs, or for this process's rank of
 /// the job `job` describes. With `auto` and no usable GPU, says so on
-/// stderr and returns the simulator on `hw`.
+/// stderr (rank 0 of a job only) and returns the simulator on `hw`.
 pub fn open_backend(
     choice: BackendArg,
     gpus: usize,
     hw: &HwProfile,
     job: Option<ficco_cuda::dist::LaunchEnv>,
 ) -> Result<Box<dyn Backend>> {
+    // One notice per job: rank 0's (the other ranks' stderr is the same terminal).
+    let announce = job.as_ref().is_none_or(|env| env.rank == 0);
     let opened = match job {
         Some(env) => ficco_cuda::open_job(choice.into(), env, hw),
         None => ficco_cuda::open(choice.into(), gpus, hw),
@@ -93,7 +95,7 @@ pub fn open_backend(
             gpu_reason(&e)
         )
     })?;
-    if let Some(e) = &opened.fallback {
+    if let Some(e) = opened.fallback.as_ref().filter(|_| announce) {
         eprintln!(
             "ficco: no GPU backend available ({}); simulating with hardware profile '{}'",
             short_reason(e),

@@ -28,7 +28,7 @@ pub struct SelectArgs {
     /// Ignore the tuning cache.
     #[arg(long)]
     no_cache: bool,
-    /// Print JSON.
+    /// Print JSON instead of the lines.
     #[arg(long)]
     json: bool,
 }

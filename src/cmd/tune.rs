@@ -1,7 +1,7 @@
 //! `ficco tune`: measures the rule pick and the top predicted schedules on
 //! the GPUs (`ficco_core::choose::autotune`) and caches the winner for `select`.
 
-use crate::args::{load_hw, ProblemArgs, DEFAULT_HW};
+use crate::args::{load_hw, GpuRunArgs, ProblemArgs, DEFAULT_HW};
 use crate::output::{one_line, print};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
@@ -25,9 +25,11 @@ pub struct TuneArgs {
     /// Hardware profile used to rank the candidates.
     #[arg(long, default_value = DEFAULT_HW)]
     hw: String,
-    /// Print JSON.
+    /// Print JSON instead of the lines.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    pub gpu: GpuRunArgs,
 }
 
 pub fn run(args: TuneArgs) -> Result<()> {

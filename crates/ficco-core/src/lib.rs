@@ -22,7 +22,7 @@
 //!           Chrome trace, SVG, ablation
 //! ```
 //!
-//! `stats` (median) and `error` serve every stage.
+//! `stats` (median), `suggest` (did you mean) and `error` serve every stage.
 //!
 //! The GPU backend (`ficco-cuda`) is the other implementation of
 //! [`run::Backend`]; it executes the same plans and returns the same
@@ -37,5 +37,6 @@ pub mod run;
 pub mod sim;
 pub mod space;
 pub mod stats;
+pub mod suggest;
 
 pub use error::{Error, Result};

@@ -115,8 +115,14 @@ fn table_follows_nccl_tests_conventions() {
     let t = r.table();
     let lines: Vec<&str> = t.lines().collect();
     assert!(lines[0].starts_with("# ") && lines[0].contains("llama3-8b.qkv.t2048.p4"));
-    assert!(t.contains("# backend: sim   hardware: h200-nvlink"));
+    assert!(t.contains("# backend: sim   hardware: h200-nvlink   dtype: bf16"));
     assert!(t.contains("(ms)"), "units line:\n{t}");
+    // The simulator's table: its time is the prediction, and nothing was
+    // checked, so no predicted, rel_err or #wrong column (issue 31).
+    assert!(t.contains("# times are the simulator's predictions"), "{t}");
+    for absent in ["predicted", "rel_err", "#wrong"] {
+        assert!(!t.contains(absent), "{absent}:\n{t}");
+    }
     let rows: Vec<&str> = lines
         .iter()
         .copied()
@@ -124,10 +130,7 @@ fn table_follows_nccl_tests_conventions() {
         .collect();
     assert_eq!(rows.len(), 3, "{t}");
     let cols: Vec<&str> = rows[1].split_whitespace().collect();
-    assert_eq!(
-        cols,
-        ["shard-copy-all", "1.5000", "1.5000", "1.333", "0.62"]
-    );
+    assert_eq!(cols, ["shard-copy-all", "1.5000", "1.333", "0.62"]);
     assert!(rows[2].contains("skipped: m = 64 is not divisible"));
     assert!(t.contains("# best: shard-copy-all"));
     assert!(t.contains("# ideal: 1.2000 ms   seq: 2.0000 ms"));
@@ -167,6 +170,12 @@ fn wrong_rows_are_marked_and_not_best() {
         .unwrap();
     assert!(wrong_row.trim_end().ends_with('1'), "{wrong_row}");
     assert!(t.contains("#wrong: 1"));
+    // The measured table keeps every column.
+    assert!(t.contains("predicted") && t.contains("rel_err"), "{t}");
+    assert!(
+        t.contains("# selected (model): shard-copy-all  1.0000 ms, its output was wrong"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -83,6 +83,11 @@ pub struct SubsetScore {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Evaluation {
     pub hardware: String,
+    /// The reports were simulated, not measured (`evaluate --backend sim`):
+    /// the "best" is the simulated best, and the simulator's error against
+    /// itself is not scored (only serialized when true).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub simulated: bool,
     pub tolerance: f64,
     pub holdout: Option<String>,
     pub subsets: Vec<SubsetScore>,
@@ -160,6 +165,7 @@ pub fn evaluate(
     }
     Ok(Evaluation {
         hardware: hw.name.clone(),
+        simulated: !reports.is_empty() && reports.iter().all(|r| r.backend == "sim"),
         tolerance: TOLERANCE,
         holdout: holdout.map(str::to_string),
         subsets,
@@ -255,13 +261,24 @@ impl Evaluation {
     /// A `#`-commented summary table.
     pub fn table(&self) -> String {
         let mut s = String::new();
+        let oracle = if self.simulated {
+            "simulated"
+        } else {
+            "measured"
+        };
         let _ = writeln!(
             s,
-            "# ficco evaluate: {} scenarios, profile {}, accurate = within {:.0}% of the measured best",
+            "# ficco evaluate: {} scenarios, profile {}, accurate = within {:.0}% of the {oracle} best",
             self.scenarios.len(),
             self.hardware,
             100.0 * self.tolerance
         );
+        if self.simulated {
+            let _ = writeln!(
+                s,
+                "# no GPU measured these: the simulator is the oracle, so this scores the selectors against it"
+            );
+        }
         let _ = writeln!(
             s,
             "# {:<8} {:>9} {:<9} {:>9} {:>10} {:>10}  worst scenario",
@@ -281,6 +298,13 @@ impl Evaluation {
                     sel.worst_scenario
                 );
             }
+        }
+        if self.simulated {
+            let _ = writeln!(
+                s,
+                "# simulator error: not scored (it would be compared with itself); measure with --backend gpu or score saved measurements with --measured"
+            );
+            return s;
         }
         let _ = writeln!(
             s,

@@ -43,13 +43,13 @@
 //! gpus = 4
 //! ```
 //!
-//! Entries that ficco cannot run yet (other tables, or a `[[scenario]]`
-//! whose `op` is not an operator of this version) are
-//! returned as [`Skipped`] entries with a reason, so that a newer suite still
-//! runs what it can. A file that cannot be read or is not a valid suite is an
+//! A `[[scenario]]` whose `op` is not an operator of this version is
+//! returned as a [`Skipped`] entry with a reason, so that a newer suite still
+//! runs what it can; an `op` within two edits of a known one is a typo and
+//! an error that names the operator meant. A file that cannot be read or is not a valid suite is an
 //! [`Error::Suite`] naming the file and the problem.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, OP_NAMES};
 use crate::problem::routing::{MoeSpec, Skew, DEFAULT_SEED};
 use crate::problem::workload::{Op, Problem, Scenario};
 use serde::{Deserialize, Serialize};
@@ -117,12 +117,10 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
     let bad = |msg: String| Error::Suite(format!("'{origin}': {msg}"));
     let doc: toml::Table = toml::from_str(text).map_err(|e| {
         // toml's message spans several lines (it quotes the source); keep one.
-        let msg = e.to_string();
-        let first = msg.lines().next().unwrap_or("").trim().to_string();
-        let detail = msg.lines().last().unwrap_or("").trim().to_string();
-        bad(format!("not valid TOML: {first} {detail}")
-            .trim()
-            .to_string())
+        bad(format!(
+            "not valid TOML: {}",
+            crate::error::toml_error(text, &e)
+        ))
     })?;
     let mut suite = Suite {
         origin: origin.to_string(),
@@ -185,15 +183,27 @@ pub fn parse(text: &str, origin: &str) -> Result<Suite> {
             }
             if key != "scenario" {
                 return Err(bad(format!(
-                    "unknown table [[{key}]] (entry '{name}'): a suite has [[scenario]] and [[concurrent]] entries"
+                    "unknown table [[{key}]] (entry '{name}'): a suite has [[scenario]] and [[concurrent]] entries{}",
+                    crate::suggest::did_you_mean(key, ["scenario", "concurrent"])
                 )));
             }
             if let Some(op) = table.get("op").and_then(|v| v.as_str()) {
                 if op.parse::<Op>().is_err() {
+                    // A near miss of a known name is a typo, not an
+                    // operator of a newer ficco.
+                    if crate::suggest::closest(op, OP_NAMES).is_some() {
+                        return Err(bad(format!(
+                            "scenario '{name}': {}",
+                            Error::UnknownOp(op.to_string())
+                        )));
+                    }
                     suite.skipped.push(Skipped {
                         kind: key.clone(),
                         name,
-                        reason: format!("operator '{op}' is not supported yet"),
+                        reason: format!(
+                            "operator '{op}' is not one this version of ficco knows ({})",
+                            OP_NAMES.join(", ")
+                        ),
                     });
                     continue;
                 }
@@ -311,6 +321,22 @@ mod tests {
         assert_eq!(s.scenarios.len(), 1);
         assert_eq!(s.skipped[0].name, "x");
         assert!(s.skipped[0].reason.contains("moe-fused"));
+        assert!(!s.skipped[0].reason.contains("not supported yet"));
+    }
+
+    #[test]
+    fn a_mistyped_op_is_an_error_naming_the_op_meant() {
+        let e = parse(
+            "[[scenario]]\nname='x'\nop='ag-gemmm'\nm=8\nk=8\nn=8\ngpus=2\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("scenario 'x': unknown operator 'ag-gemmm'"),
+            "{e}"
+        );
+        assert!(e.contains("did you mean 'ag-gemm'?"), "{e}");
     }
 
     #[test]

@@ -51,6 +51,16 @@ impl Op {
     /// The expert-parallel (mixture-of-experts) operators.
     pub const MOE: [Op; 2] = [Op::A2aGemm, Op::GemmA2a];
 
+    /// Every operator, in the order the documentation lists them.
+    pub const EVERY: [Op; 6] = [
+        Op::AgGemm,
+        Op::GemmRs,
+        Op::GemmAr,
+        Op::A2aGemm,
+        Op::GemmA2a,
+        Op::Concurrent,
+    ];
+
     /// Whether this is an expert-parallel operator (it has a routing).
     pub fn is_moe(self) -> bool {
         matches!(self, Op::A2aGemm | Op::GemmA2a)
@@ -89,12 +99,30 @@ impl fmt::Display for Op {
 impl FromStr for Op {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Op::ALL
+        Op::EVERY
             .into_iter()
-            .chain([Op::Concurrent])
-            .chain(Op::MOE)
             .find(|op| op.name() == s)
             .ok_or_else(|| Error::UnknownOp(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod op_name_tests {
+    use super::*;
+
+    #[test]
+    fn every_operator_is_named_in_the_error_list() {
+        let names: Vec<&str> = Op::EVERY.iter().map(|o| o.name()).collect();
+        assert_eq!(names, crate::error::OP_NAMES);
+        for n in crate::error::OP_NAMES {
+            assert_eq!(n.parse::<Op>().map(Op::name), Ok(n));
+        }
+        let e = "ag-gem".parse::<Op>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown operator 'ag-gem' (expected one of: ag-gemm, gemm-rs, gemm-ar, a2a-gemm, \
+             gemm-a2a, concurrent); did you mean 'ag-gemm'?"
+        );
     }
 }
 

@@ -142,6 +142,19 @@ impl SuiteSummary {
             );
             let _ = writeln!(s, "{line}");
         }
+        let beyond_ideal = self.choices.iter().any(|c| {
+            c.geomean_over_ideal.is_some_and(|g| g < 1.0)
+                || c.by_gpus
+                    .iter()
+                    .any(|g| g.aggregated_efficiency.is_some_and(|e| e > 1.0))
+        });
+        if beyond_ideal {
+            let _ = writeln!(
+                s,
+                "#  (agg_E > 1 or geo(T/ideal) < 1: faster than the ideal, whose comm is the NCCL \
+                 collective; copy engines move the same bytes faster, see the README)"
+            );
+        }
         s
     }
 }

@@ -1,6 +1,9 @@
 //! The nccl-tests style table of one scenario's report: a `#` header, a
 //! units line, one row per schedule and a `#` footer with the best and the
-//! selected schedule.
+//! selected schedule (and why they differ, when they do).
+//!
+//! The simulator's table has no `predicted`, `rel_err` or `#wrong` column:
+//! its time is the prediction, and no output was computed to check.
 
 use super::{ms, opt, ScenarioReport};
 use std::fmt::Write as _;
@@ -19,11 +22,20 @@ impl ScenarioReport {
         if let Some(rt) = self.problem().routing() {
             let _ = writeln!(s, "# routing: {}", rt.summary());
         }
+        // The simulator has nothing to compare its time with: the time is
+        // the prediction, and nothing was checked.
+        let sim = self.backend == "sim";
         let _ = writeln!(
             s,
-            "# backend: {}   hardware: {}",
+            "# backend: {}   hardware: {}   dtype: bf16",
             self.backend, self.hardware
         );
+        if sim {
+            let _ = writeln!(
+                s,
+                "# times are the simulator's predictions: no GPU ran them, so no output was checked"
+            );
+        }
         let _ = writeln!(
             s,
             "# reference: seq {}  compute {}  comm {}  ideal {}  (ms)",
@@ -48,17 +60,46 @@ impl ScenarioReport {
             .max()
             .unwrap_or(8)
             .max(8);
-        let _ = writeln!(
-            s,
-            "# {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  #wrong",
-            "schedule", "time", "predicted", "speedup", "E", "rel_err"
-        );
-        let _ = writeln!(
-            s,
-            "# {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}",
-            "", "(ms)", "(ms)", "(x)", "", ""
-        );
+        if sim {
+            let _ = writeln!(
+                s,
+                "# {:<w$} {:>10} {:>8} {:>7}",
+                "schedule", "time", "speedup", "E"
+            );
+            let _ = writeln!(s, "# {:<w$} {:>10} {:>8} {:>7}", "", "(ms)", "(x)", "");
+        } else {
+            let _ = writeln!(
+                s,
+                "# {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  #wrong",
+                "schedule", "time", "predicted", "speedup", "E", "rel_err"
+            );
+            let _ = writeln!(
+                s,
+                "# {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}",
+                "", "(ms)", "(ms)", "(x)", "", ""
+            );
+        }
         for row in &self.schedules {
+            let twin = row
+                .same_plan_as
+                .as_deref()
+                .map(|t| format!("  (same plan as {t})"))
+                .unwrap_or_default();
+            if sim {
+                let last = match &row.skipped {
+                    Some(reason) => format!("skipped: {reason}"),
+                    None => twin,
+                };
+                let _ = writeln!(
+                    s,
+                    "  {:<w$} {:>10} {:>8} {:>7}  {last}",
+                    row.name,
+                    opt(row.time_ms, ms),
+                    opt(row.speedup, |x| format!("{x:.3}")),
+                    opt(row.efficiency, |x| format!("{x:.2}")),
+                );
+                continue;
+            }
             if let Some(reason) = &row.skipped {
                 let _ = writeln!(
                     s,
@@ -76,11 +117,6 @@ impl ScenarioReport {
             } else {
                 ""
             };
-            let twin = row
-                .same_plan_as
-                .as_deref()
-                .map(|t| format!("  (same plan as {t})"))
-                .unwrap_or_default();
             let _ = writeln!(
                 s,
                 "  {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  {}{twin}",
@@ -111,12 +147,33 @@ impl ScenarioReport {
                 let _ = writeln!(s, "# best: none (no schedule ran correctly)");
             }
         }
-        let _ = writeln!(
-            s,
-            "# selected ({}): {}",
-            self.selector.as_deref().unwrap_or("model"),
-            self.selected.as_deref().unwrap_or("none")
-        );
+        let selector = self.selector.as_deref().unwrap_or("model");
+        let selected = self.selected.as_deref().and_then(|n| self.row(n));
+        match (selected, best) {
+            (Some(sel), Some(b)) if sel.name != b.name => {
+                let slower = match (sel.time_ms, b.time_ms) {
+                    _ if sel.wrong => ", its output was wrong".to_string(),
+                    (Some(t), Some(tb)) if tb > 0.0 && t >= tb => {
+                        format!(", {:.1}% slower than best", 100.0 * (t / tb - 1.0))
+                    }
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    s,
+                    "# selected ({selector}): {}  {} ms{slower}",
+                    sel.name,
+                    opt(sel.time_ms, ms)
+                );
+                let _ = writeln!(s, "#   ({})", why_not_best(selector));
+            }
+            _ => {
+                let _ = writeln!(
+                    s,
+                    "# selected ({selector}): {}",
+                    self.selected.as_deref().unwrap_or("none")
+                );
+            }
+        }
         if let Some(note) = &self.selection_note {
             let _ = writeln!(s, "#   ({note})");
         }
@@ -126,12 +183,21 @@ impl ScenarioReport {
             .iter()
             .filter(|r| r.skipped.is_some())
             .count();
-        let _ = writeln!(
-            s,
-            "# ideal: {} ms   seq: {} ms   #wrong: {wrong}   skipped: {skipped}",
-            ms(r.ideal_ms),
-            ms(r.sequential_ms)
-        );
+        if sim {
+            let _ = writeln!(
+                s,
+                "# ideal: {} ms   seq: {} ms   skipped: {skipped}",
+                ms(r.ideal_ms),
+                ms(r.sequential_ms)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "# ideal: {} ms   seq: {} ms   #wrong: {wrong}   skipped: {skipped}",
+                ms(r.ideal_ms),
+                ms(r.sequential_ms)
+            );
+        }
         if let Some((median, max)) = self.launch_us() {
             let _ = writeln!(
                 s,
@@ -140,5 +206,19 @@ impl ScenarioReport {
         }
         // Rows with an empty last column would end in spaces.
         s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n") + "\n"
+    }
+}
+
+/// Why the selector's pick is not the best schedule of the table.
+fn why_not_best(selector: &str) -> &'static str {
+    match selector {
+        "rules" => {
+            "the rules choose from the shape alone, as `ficco select` does without running \
+             anything; best is the fastest that ran here"
+        }
+        _ => {
+            "the model chooses the best predicted, as `ficco select --selector model` does; \
+             best is the fastest that ran here"
+        }
     }
 }

@@ -280,16 +280,14 @@ impl HwProfile {
         if !path.exists() && !looks_like_path {
             return Err(unknown(name_or_path));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::Profile(format!("cannot read profile file '{name_or_path}': {e}"))
-        })?;
-        Self::from_toml(&text)
-            .map_err(|e| Error::Profile(format!("profile file '{name_or_path}': {e}")))
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Profile(format!("cannot read '{name_or_path}': {e}")))?;
+        Self::from_toml(&text).map_err(|e| Error::Profile(format!("'{name_or_path}': {e}")))
     }
 
     /// Parses and checks a profile from TOML text.
     pub fn from_toml(text: &str) -> std::result::Result<HwProfile, String> {
-        let hw: HwProfile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let hw: HwProfile = toml::from_str(text).map_err(|e| crate::error::toml_error(text, &e))?;
         hw.check()?;
         Ok(hw)
     }
@@ -464,8 +462,9 @@ impl HwProfile {
 
 fn unknown(name: &str) -> Error {
     Error::Profile(format!(
-        "unknown hardware profile '{name}' (built in: {}; or give a TOML file path)",
-        BUILTIN_NAMES.join(", ")
+        "'{name}' is neither a built-in profile ({}) nor a TOML file{}",
+        BUILTIN_NAMES.join(", "),
+        crate::suggest::did_you_mean(name, BUILTIN_NAMES)
     ))
 }
 
@@ -489,7 +488,13 @@ mod tests {
     #[test]
     fn unknown_names_and_bad_files_say_why() {
         let e = HwProfile::load("a100").unwrap_err().to_string();
-        assert!(e.contains("unknown hardware profile 'a100'"), "{e}");
+        assert_eq!(
+            e,
+            "hardware profile: 'a100' is neither a built-in profile (h200-nvlink, h100-nvlink) \
+             nor a TOML file"
+        );
+        let e = HwProfile::load("h200-nvlnk").unwrap_err().to_string();
+        assert!(e.ends_with("did you mean 'h200-nvlink'?"), "{e}");
         assert!(e.contains("h200-nvlink, h100-nvlink"), "{e}");
         let e = HwProfile::load("/nonexistent/x.toml")
             .unwrap_err()
@@ -503,6 +508,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("bad.toml"), "{e}");
+        // A syntax error: where it is and what, on one line, once.
+        std::fs::write(&bad, "name = \"x\"\nsm_count = \n").unwrap();
+        let e = HwProfile::load(bad.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\n') && !e.contains(" | "), "{e}");
+        assert!(e.contains("bad.toml': line 2, column 12: "), "{e}");
+        assert_eq!(e.matches("hardware profile").count(), 1, "{e}");
         let good = dir.join("mine.toml");
         let text = BUILTIN[0]
             .1

@@ -585,6 +585,11 @@ impl FromStr for Schedule {
         if name == "seq" {
             return Ok(Schedule::SEQ);
         }
+        if name.contains(',') || name.contains(char::is_whitespace) {
+            return Err(bad(
+                "that is several names: a schedule name has no ',' or space; give the names one at a time",
+            ));
+        }
         let mut parts = name.split('-');
         let granularity = match parts.next() {
             Some("shard") => Granularity::Shard,
@@ -840,5 +845,13 @@ mod tests {
             .unwrap()
             .misfit(&p)
             .is_none());
+    }
+
+    #[test]
+    fn a_list_is_not_a_name() {
+        for list in ["shard-copy-ring,fine2-copy-all", "seq, shard-copy-ring"] {
+            let e = list.parse::<Schedule>().unwrap_err().to_string();
+            assert!(e.contains("that is several names"), "{e}");
+        }
     }
 }
