@@ -106,6 +106,7 @@ impl Command {
             Command::Info(a) => verbose(a.verbose),
             Command::Characterize(a) => verbose(a.verbose),
             Command::GemmBench(a) => verbose(a.verbose),
+            Command::Soak(a) => verbose(a.verbose),
         }
     }
 }

@@ -21,6 +21,8 @@ use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct SoakArgs {
+    #[command(flatten)]
+    pub verbose: crate::args::VerboseArg,
     /// Number of GPUs (ranks), one process driving them all.
     #[arg(long)]
     gpus: i64,

@@ -226,10 +226,11 @@ impl Shared<'_> {
     /// green contexts (their streams belong to other contexts), and not for
     /// plans with a tile GEMM: its blocks spin inside the kernel on flags
     /// that copy streams set, an order no graph edge can express (an edge
-    /// could only follow the whole kernel), and a graph's launch may queue
-    /// the flag's write behind the spinning kernel: seen hanging on one H200
-    /// (ag-gemm `tile-copy-ring` at P=4 in loopback, 2 of 192 runs).
-    /// Issued directly, every stream has its own hardware queue.
+    /// could only follow the whole kernel): in a replay the driver may queue
+    /// a Wait on one of the kernel's counters ahead of the kernel's launch in
+    /// a shared hardware queue. (The loopback hang once blamed on graphs, 2
+    /// of 192 runs, fits the SM starvation that [`tile_sm_cap`] now rules
+    /// out; see `docs/signals.md`.)
     fn graphs(&self) -> bool {
         self.opts.graphs
             && self.plan.resources.green_sms.is_none()
