@@ -80,12 +80,19 @@ pub fn no_gpu(test: &str, reason: &str) -> ! {
 /// starts, and `ficco_cuda::info` opens a context, on one GPU instead of
 /// every GPU of the machine, so such tests take as long on 4 GPUs as on 1.
 pub fn first_gpu_only() -> (&'static str, String) {
-    let first = std::env::var("CUDA_VISIBLE_DEVICES")
-        .ok()
-        .and_then(|v| v.split(',').next().map(|s| s.trim().to_string()))
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    ("CUDA_VISIBLE_DEVICES", first_of(visible.as_deref()))
+}
+
+/// The first entry of a `CUDA_VISIBLE_DEVICES` value (index or UUID), or
+/// "0" where it is unset or empty.
+fn first_of(visible: Option<&str>) -> String {
+    visible
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "0".into());
-    ("CUDA_VISIBLE_DEVICES", first)
+        .unwrap_or("0")
+        .to_string()
 }
 
 /// f32 → bf16 bits, round to nearest even.
@@ -209,11 +216,11 @@ mod policy_tests {
 
     #[test]
     fn a_child_sees_the_first_visible_gpu() {
-        let (var, first) = first_gpu_only();
-        assert_eq!(var, "CUDA_VISIBLE_DEVICES");
-        match std::env::var("CUDA_VISIBLE_DEVICES") {
-            Ok(v) if !v.trim().is_empty() => assert!(v.starts_with(first.as_str())),
-            _ => assert_eq!(first, "0"),
-        }
+        assert_eq!(first_of(None), "0");
+        assert_eq!(first_of(Some("")), "0");
+        assert_eq!(first_of(Some("3,1")), "3");
+        assert_eq!(first_of(Some(" 2 , 0")), "2");
+        assert_eq!(first_of(Some("GPU-8f2e,GPU-11aa")), "GPU-8f2e");
+        assert_eq!(first_gpu_only().0, "CUDA_VISIBLE_DEVICES");
     }
 }
