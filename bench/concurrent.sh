@@ -3,7 +3,7 @@
 # combination, measured and simulated side by side, with the ablation), the controls on
 # dependent-operator anchor shapes, and the GPU tests (executor + control primitives).
 # From the repo root on the GPU machine, with the release binaries carried in .bin/
-# (ficco, gpu-tests, gpu-controls-tests):   bash bench/concurrent.sh $OUT
+# (bench/build-bin.sh: ficco, test-gpu, test-ficco_cuda):   bash bench/concurrent.sh $OUT
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${1:?usage: bench/concurrent.sh OUTDIR}
@@ -21,8 +21,9 @@ for shape in "ag-gemm 8192 8192 2560" "gemm-rs 8192 2048 8192" "gemm-ar 16384 20
     >"$out/controls-$1-$2-$3-$4.json" 2>>"$out/device.log"
   echo "controls $shape: exit $?"
 done
-# 3. GPU tests: every schedule (controls and concurrent included) correct; control primitives.
-timeout 110 .bin/gpu-tests --test-threads=1 --nocapture >"$out/tests.log" 2>&1
+# 3. GPU tests (#[ignore]d, so --include-ignored): every schedule (controls and concurrent
+# included) correct; control primitives.
+timeout 110 .bin/test-gpu --include-ignored --test-threads=1 --nocapture >"$out/tests.log" 2>&1
 echo "gpu tests: exit $?"
-timeout 40 .bin/gpu-controls-tests --test-threads=1 --nocapture >>"$out/tests.log" 2>&1
+timeout 40 .bin/test-ficco_cuda --include-ignored tests_gpu_controls --test-threads=1 --nocapture >>"$out/tests.log" 2>&1
 echo "gpu control tests: exit $?"

@@ -9,7 +9,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 out=${1:?usage: bench/p8.sh OUTDIR}
 mkdir -p "$out/a"
 .bin/ficco info >"$out/device.log" 2>&1
-timeout 90 .bin/gpu-tests --test-threads=1 --nocapture >>"$out/device.log" 2>&1
+timeout 90 .bin/test-gpu --include-ignored --test-threads=1 --nocapture >>"$out/device.log" 2>&1
 echo "gpu tests: exit $?"
 TORCH_TIMEOUT=150 FICCO_TIMEOUT=200 bench/anchor.sh suites/llama3-p8.toml "$out/a" >"$out/anchor.log" 2>&1
 tail -n 8 "$out/anchor.log"

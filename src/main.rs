@@ -52,6 +52,8 @@ enum Command {
     Characterize(cmd::characterize::CharacterizeArgs),
     /// Benchmark ficco's own Hopper GEMM against cuBLASLt on one GPU (every GEMM shape of a suite's schedules).
     GemmBench(cmd::gemm_bench::GemmBenchArgs),
+    /// Run every schedule many times on GPUs, graphs on and off, and count hangs and wrong results.
+    Soak(Box<cmd::soak::SoakArgs>),
 }
 
 fn main() {
@@ -104,6 +106,7 @@ impl Command {
             Command::Info(a) => verbose(a.verbose),
             Command::Characterize(a) => verbose(a.verbose),
             Command::GemmBench(a) => verbose(a.verbose),
+            Command::Soak(a) => verbose(a.verbose),
         }
     }
 }
@@ -123,7 +126,7 @@ fn run() -> Result<()> {
                     | clap::error::ErrorKind::MissingSubcommand
             ) =>
         {
-            bail!("a command is required: schedules, explore, info, characterize, select, evaluate, tune or gemm-bench (see 'ficco --help')");
+            bail!("a command is required: schedules, explore, info, characterize, select, evaluate, tune, gemm-bench or soak (see 'ficco --help')");
         }
         Err(e) => {
             // clap's message is a paragraph, then usage and a hint: keep the paragraph.
@@ -150,6 +153,7 @@ fn run() -> Result<()> {
         Command::Select(args) => cmd::select::run(*args),
         Command::Evaluate(args) => cmd::evaluate::run(*args),
         Command::Tune(args) => cmd::tune::run(*args),
+        Command::Soak(args) => cmd::soak::run(*args),
         Command::Characterize(args) => cmd::characterize::run(args),
         Command::GemmBench(args) => cmd::gemm_bench::run(args),
     }

@@ -5,7 +5,7 @@
 //! `info` must name the library, the file and what is wrong; `auto` must
 //! fall back to the simulator saying why; the commands that need GPUs must
 //! fail on one line naming the library; nothing may panic or hang. Needs no
-//! GPU; skips with a message when there is no C compiler.
+//! GPU, but a C compiler: without one each test fails, saying so.
 //!
 //! Each fake takes cudarc's first candidate name for its library
 //! (`libcuda.so`, `libcublasLt.so`, ...), so it is found before any real
@@ -25,13 +25,9 @@ const SHAPE: [&str; 10] = [
     "--op", "ag-gemm", "--m", "1024", "--k", "256", "--n", "256", "--gpus", "2",
 ];
 
-/// The C compiler, or `None` after printing the skip.
-fn cc(test: &str) -> Option<String> {
-    let cc = fakelib::compiler();
-    if cc.is_none() {
-        eprintln!("SKIPPED: {test}: no C compiler (cc, gcc or $CC) to build fake libraries");
-    }
-    cc
+/// The C compiler; fails `test` without one.
+fn cc(test: &str) -> String {
+    fakelib::compiler_for(test)
 }
 
 /// Runs `ficco args` with only `libs` on `LD_LIBRARY_PATH`; fails the test
@@ -171,7 +167,7 @@ fn all_four(cc: &str, dir: &Path, cu_init: Option<&str>) {
 #[test]
 fn a_driver_without_cuinit_is_named_and_auto_simulates() {
     let test = "a_driver_without_cuinit_is_named_and_auto_simulates";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     // The driver's usual name, and cudarc's first one linked to it.
     let lib = fakelib::build(
@@ -236,7 +232,7 @@ fn a_driver_without_cuinit_is_named_and_auto_simulates() {
 #[test]
 fn an_old_driver_is_named_with_its_version() {
     let test = "an_old_driver_is_named_with_its_version";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     all_four(&cc, &dir, None);
     let lib = fakelib::fake(
@@ -264,7 +260,7 @@ fn an_old_driver_is_named_with_its_version() {
 #[test]
 fn a_wrong_cublaslt_major_is_named_with_its_version() {
     let test = "a_wrong_cublaslt_major_is_named_with_its_version";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     all_four(&cc, &dir, None);
     let lib = fakelib::fake(
@@ -292,7 +288,7 @@ fn a_wrong_cublaslt_major_is_named_with_its_version() {
 #[test]
 fn a_driver_with_no_device_falls_back() {
     let test = "a_driver_with_no_device_falls_back";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     all_four(&cc, &dir, None);
     let text = info(&dir);
@@ -316,7 +312,7 @@ fn a_driver_with_no_device_falls_back() {
 #[test]
 fn a_driver_that_cannot_start_falls_back_with_the_reason() {
     let test = "a_driver_that_cannot_start_falls_back_with_the_reason";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     // CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: libcuda and the kernel module differ.
     all_four(
@@ -334,7 +330,7 @@ fn a_driver_that_cannot_start_falls_back_with_the_reason() {
 #[test]
 fn the_toolkit_stub_is_recognised() {
     let test = "the_toolkit_stub_is_recognised";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     all_four(&cc, &dir, None);
     // stubs/libcuda.so: every function answers CUDA_ERROR_STUB_LIBRARY.
@@ -357,7 +353,7 @@ fn the_toolkit_stub_is_recognised() {
 #[test]
 fn a_library_that_does_not_load_is_named_with_the_loader_s_words() {
     let test = "a_library_that_does_not_load_is_named_with_the_loader_s_words";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     all_four(&cc, &dir, None);
     let lib = dir.join("libcublasLt.so");
@@ -375,7 +371,7 @@ fn a_library_that_does_not_load_is_named_with_the_loader_s_words() {
 #[test]
 fn an_nccl_runtime_without_a_function_is_named() {
     let test = "an_nccl_runtime_without_a_function_is_named";
-    let Some(cc) = cc(test) else { return };
+    let cc = cc(test);
     let dir = fakelib::folder(test);
     all_four(&cc, &dir, None);
     // Only the runtime package's name: ficco links libnccl.so to it and

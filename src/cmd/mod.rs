@@ -9,6 +9,7 @@ pub mod info;
 pub mod procs;
 pub mod schedules;
 pub mod select;
+pub mod soak;
 pub mod tune;
 
 use crate::args::BackendArg;

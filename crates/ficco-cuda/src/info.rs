@@ -101,10 +101,22 @@ fn peer(from: usize, to: usize) -> Result<PeerLink> {
     })
 }
 
-/// Gathers the machine description. Never panics: a missing or unusable
-/// library, or no GPU, is reported in `libraries` / `error`. Versions are
-/// those the libraries report, whether or not ficco can use them.
+/// The machine description. Never panics: a missing or unusable library,
+/// or no GPU, is reported in `libraries` / `error`. Versions are those the
+/// libraries report, whether or not ficco can use them.
+///
+/// Gathered once per process, then copied: reading a GPU's stream
+/// priorities takes a context on it, and where no other holds one that
+/// context is created and destroyed again, a fraction of a second per GPU.
+/// Every backend open and every tuning-cache lookup asks; on 4 GPUs a rank
+/// of a job paid for three other GPUs' contexts each time. The machine
+/// does not change under a running process (libraries load once).
 pub fn info() -> SystemInfo {
+    static INFO: std::sync::OnceLock<SystemInfo> = std::sync::OnceLock::new();
+    INFO.get_or_init(gather).clone()
+}
+
+fn gather() -> SystemInfo {
     let libraries = Libraries::probe();
     let raw = |l: &LibStatus| l.version.as_ref().map(|v| v.raw);
     let mut out = SystemInfo {

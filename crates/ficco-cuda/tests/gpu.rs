@@ -1,13 +1,20 @@
-//! GPU integration tests. Each test needs 2 GPUs with CUDA, cuBLASLt, NCCL and
-//! NVRTC; where there are none it prints `SKIPPED: <test>: <reason>` and
-//! passes, so CI without a GPU stays green, unless `FICCO_REQUIRE_GPU=1`
-//! (set on the device), where a missing GPU fails (see `common`). Run on the
-//! device with `--test-threads=1 --nocapture`.
+//! GPU integration tests on 2 GPUs with CUDA, cuBLASLt, NCCL and NVRTC:
+//! each such test ends in `_2gpus` and is `#[ignore]`d, so `cargo test`
+//! without GPUs lists it as ignored; where it runs without 2 usable GPUs it
+//! fails (see `common` for the policy). Run on the device with
+//! `--include-ignored --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
+//!
+//! The hand-built plans are built by functions of their own, so that a CPU
+//! test (`hand_built_plans_are_valid`) checks each against the validator
+//! the executor runs first: these tests need 2 GPUs, and plans the
+//! validator had come to refuse went unnoticed until they ran on 4.
 #![allow(clippy::needless_range_loop)]
 
 mod common;
-use common::{b2f, f2b, gate, no_gpu, rand, rel_err, GpuAvailability};
+use common::{b2f, f2b, gate, gpu_required, rand, rel_err, GpuAvailability};
+use ficco_core::plan::interp::{interpret, reference, Inputs};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
+use ficco_core::plan::validate::validate;
 use ficco_core::plan::{
     Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task, TaskId,
     TaskKind, View,
@@ -20,6 +27,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const GPUS: usize = 2;
 
+/// Initial contents per rank per buffer (`None`: poisoned with NaN).
+type Init = Vec<Vec<Option<Vec<u16>>>>;
+
 /// Why the shared backend is not there.
 enum Missing {
     /// No usable GPU at all.
@@ -28,10 +38,9 @@ enum Missing {
     TooFew(usize),
 }
 
-/// One backend for the whole test binary (NCCL init takes ~0.5 s), or None
-/// after printing why `test` is skipped (failing instead under
-/// `FICCO_REQUIRE_GPU=1` when there is no usable GPU).
-fn gpu(test: &str) -> Option<MutexGuard<'static, Result<GpuBackend, Missing>>> {
+/// One backend for the whole test binary (NCCL init takes ~0.5 s); fails
+/// `test` where there are not [`GPUS`] usable GPUs.
+fn gpu(test: &str) -> MutexGuard<'static, Result<GpuBackend, Missing>> {
     static B: OnceLock<Mutex<Result<GpuBackend, Missing>>> = OnceLock::new();
     let m = B.get_or_init(|| {
         Mutex::new(match GpuBackend::open(GPUS) {
@@ -52,15 +61,15 @@ fn gpu(test: &str) -> Option<MutexGuard<'static, Result<GpuBackend, Missing>>> {
     });
     let g = m.lock().unwrap_or_else(|p| p.into_inner());
     let found = match &*g {
-        Ok(_) => return Some(g),
+        Ok(_) => GpuAvailability::Found(GPUS),
         Err(Missing::TooFew(n)) => GpuAvailability::Found(*n),
         Err(Missing::NoGpu(e)) => GpuAvailability::Unusable(e.clone()),
     };
     gate(test, GPUS, found);
-    None
+    g
 }
 
-/// The backend, after a successful [`gpu`].
+/// The backend, after [`gpu`] (which fails the test where it is not open).
 fn backend<'a>(g: &'a mut MutexGuard<'static, Result<GpuBackend, Missing>>) -> &'a mut GpuBackend {
     match &mut **g {
         Ok(b) => b,
@@ -142,15 +151,16 @@ fn host_gemm(
     c
 }
 
-#[test]
-fn gemm_matches_host_reference_including_strided_views() {
-    let Some(mut g) = gpu("gemm_matches_host_reference_including_strided_views") else {
-        return;
-    };
-    let be = backend(&mut g);
-    let (m, k, n) = (96, 72, 80);
-    // A is a view of the middle columns of a wider buffer: lda = 100, col offset 8.
-    let (acols, aoff) = (100, 8);
+/// (m, k, n) of the strided GEMM; A is columns `STRIDED_A.1..` of a buffer
+/// `STRIDED_A.0` columns wide (lda 100, column offset 8).
+const STRIDED: (usize, usize, usize) = (96, 72, 80);
+const STRIDED_A: (usize, usize) = (100, 8);
+
+/// Per rank one GEMM whose A is a view of the middle columns of a wider
+/// buffer; rank 1's GEMM has an SM target.
+fn strided_gemm_plan() -> (Plan, Init) {
+    let (m, k, n) = STRIDED;
+    let (acols, aoff) = STRIDED_A;
     let mut ranks = vec![];
     let mut init = vec![];
     for r in 0..GPUS {
@@ -185,7 +195,17 @@ fn gemm_matches_host_reference_including_strided_views() {
         });
         init.push(vec![Some(a), Some(b), None]);
     }
-    let p = plan(Op::GemmAr, m, k, n, ranks);
+    (plan(Op::GemmAr, m, k, n, ranks), init)
+}
+
+#[test]
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn gemm_matches_host_reference_including_strided_views_2gpus() {
+    let mut g = gpu("gemm_matches_host_reference_including_strided_views_2gpus");
+    let be = backend(&mut g);
+    let (m, k, n) = STRIDED;
+    let (acols, aoff) = STRIDED_A;
+    let (p, init) = strided_gemm_plan();
     let out = be.run_host(&p, &init).expect("run");
     for r in 0..GPUS {
         let a = init[r][0].as_ref().expect("a");
@@ -198,93 +218,70 @@ fn gemm_matches_host_reference_including_strided_views() {
     }
 }
 
-#[test]
-fn copy_pull_push_and_cross_rank_dependency() {
-    let Some(mut g) = gpu("copy_pull_push_and_cross_rank_dependency") else {
-        return;
+/// Rows and columns of every buffer of [`copy_plan`].
+const COPY: (usize, usize) = (64, 128);
+
+/// Buffers per rank: x (input), y (output), z (scratch), w (scratch), b.
+/// Rank 0 pulls rank 1's x into y; rank 1 pushes its x[:, 0..64] into rank
+/// 0's z[:, 32..96] (strided ends); rank 1 runs a GEMM into w, which rank 0
+/// then pulls (a cross-rank dependency). Rank 1 pulls rank 0's x into its
+/// own y, so that every rank's output is written (the validator refuses a
+/// plan whose output is not fully written).
+fn copy_plan() -> (Plan, Init) {
+    let (rows, cols) = COPY;
+    let whole = |rank, buf| RankView {
+        rank,
+        view: View::whole(buf, rows, cols),
     };
-    let be = backend(&mut g);
-    let (rows, cols) = (64, 128);
-    // Rank 0: x (input) ; y <- pull rank 1's x ; z[:, 32..96] <- rank 1 pushes its x[:, 0..64].
-    // Rank 1 first runs a GEMM into w; rank 0 then pulls w (cross-rank dep).
     let mut ranks = vec![];
     let mut init = vec![];
     for r in 0..GPUS {
         let x = rand(rows * cols, 100 + r as u64);
-        let mut tasks = vec![];
-        if r == 0 {
-            tasks.push(task(
-                "pull x",
-                1,
-                TaskKind::Copy {
-                    src: RankView {
-                        rank: 1,
-                        view: View::whole(0, rows, cols),
-                    },
-                    dst: RankView {
-                        rank: 0,
-                        view: View::whole(1, rows, cols),
-                    },
-                },
-                vec![],
-            ));
-            tasks.push(task(
-                "pull w",
-                1,
-                TaskKind::Copy {
-                    src: RankView {
-                        rank: 1,
-                        view: View::whole(3, rows, cols),
-                    },
-                    dst: RankView {
-                        rank: 0,
-                        view: View::whole(3, rows, cols),
-                    },
-                },
-                vec![TaskId { rank: 1, index: 0 }],
-            ));
+        let copy = |src, dst| TaskKind::Copy { src, dst };
+        let tasks = if r == 0 {
+            vec![
+                task("pull x", 1, copy(whole(1, 0), whole(0, 1)), vec![]),
+                task(
+                    "pull w",
+                    1,
+                    copy(whole(1, 3), whole(0, 3)),
+                    vec![TaskId { rank: 1, index: 0 }],
+                ),
+            ]
         } else {
-            tasks.push(task(
-                "gemm w",
-                0,
-                TaskKind::Gemm {
-                    a: View::whole(0, rows, cols),
-                    b: View::whole(4, cols, cols),
-                    c: View::whole(3, rows, cols),
-                    sm_target: None,
-                    accumulate: false,
-                    occupancy: None,
+            let x_cols = |rank, buf, col| RankView {
+                rank,
+                view: View {
+                    buf,
+                    row: 0,
+                    col,
+                    rows,
+                    cols: 64,
                 },
-                vec![],
-            ));
-            tasks.push(task(
-                "push x strided",
-                1,
-                TaskKind::Copy {
-                    src: RankView {
-                        rank: 1,
-                        view: View {
-                            buf: 0,
-                            row: 0,
-                            col: 0,
-                            rows,
-                            cols: 64,
-                        },
+            };
+            vec![
+                task(
+                    "gemm w",
+                    0,
+                    TaskKind::Gemm {
+                        a: View::whole(0, rows, cols),
+                        b: View::whole(4, cols, cols),
+                        c: View::whole(3, rows, cols),
+                        sm_target: None,
+                        accumulate: false,
+                        occupancy: None,
                     },
-                    dst: RankView {
-                        rank: 0,
-                        view: View {
-                            buf: 2,
-                            row: 0,
-                            col: 32,
-                            rows,
-                            cols: 64,
-                        },
-                    },
-                },
-                vec![],
-            ));
-        }
+                    vec![],
+                ),
+                task(
+                    "push x strided",
+                    1,
+                    copy(x_cols(1, 0, 0), x_cols(0, 2, 32)),
+                    vec![],
+                ),
+                task("pull x", 1, copy(whole(0, 0), whole(1, 1)), vec![]),
+            ]
+        };
         ranks.push(RankPlan {
             buffers: vec![
                 buf("x", BufferRole::InputA, rows, cols),
@@ -305,10 +302,21 @@ fn copy_pull_push_and_cross_rank_dependency() {
             Some(bmat),
         ]);
     }
-    let p = plan(Op::AgGemm, rows * GPUS, cols, cols, ranks);
+    (plan(Op::AgGemm, rows * GPUS, cols, cols, ranks), init)
+}
+
+#[test]
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn copy_pull_push_and_cross_rank_dependency_2gpus() {
+    let mut g = gpu("copy_pull_push_and_cross_rank_dependency_2gpus");
+    let be = backend(&mut g);
+    let (rows, cols) = COPY;
+    let (p, init) = copy_plan();
     let out = be.run_host(&p, &init).expect("run");
+    let x0 = init[0][0].as_ref().expect("x0");
     let x1 = init[1][0].as_ref().expect("x1");
-    assert_eq!(&out[0][1], x1, "pulled buffer differs");
+    assert_eq!(&out[0][1], x1, "rank 0's pulled buffer differs");
+    assert_eq!(&out[1][1], x0, "rank 1's pulled buffer differs");
     for i in 0..rows {
         for j in 0..cols {
             let want = if (32..96).contains(&j) {
@@ -326,12 +334,7 @@ fn copy_pull_push_and_cross_rank_dependency() {
     assert!(out[1][3].iter().all(|&h| !b2f(h).is_nan()));
 }
 
-fn nccl_plan(
-    op: NcclOp,
-    send_rows: usize,
-    recv_rows: usize,
-    cols: usize,
-) -> (Plan, Vec<Vec<Option<Vec<u16>>>>) {
+fn nccl_plan(op: NcclOp, send_rows: usize, recv_rows: usize, cols: usize) -> (Plan, Init) {
     let mut ranks = vec![];
     let mut init = vec![];
     for r in 0..GPUS {
@@ -359,18 +362,69 @@ fn nccl_plan(
     )
 }
 
-#[test]
-fn nccl_all_gather() {
-    let Some(mut g) = gpu("nccl_all_gather") else {
-        return;
-    };
-    let be = backend(&mut g);
-    let (rows, cols) = (16, 64);
+/// Rows (per rank) and columns of the NCCL tests.
+const NCCL: (usize, usize) = (16, 64);
+
+fn all_gather_plan() -> (Plan, Init) {
+    let (rows, cols) = NCCL;
     let op = NcclOp::AllGather {
         send: View::whole(0, rows, cols),
         recv: View::whole(1, rows * GPUS, cols),
     };
-    let (p, init) = nccl_plan(op, rows, rows * GPUS, cols);
+    nccl_plan(op, rows, rows * GPUS, cols)
+}
+
+fn reduce_scatter_plan() -> (Plan, Init) {
+    let (rows, cols) = NCCL;
+    let op = NcclOp::ReduceScatter {
+        send: View::whole(0, rows * GPUS, cols),
+        recv: View::whole(1, rows, cols),
+    };
+    nccl_plan(op, rows * GPUS, rows, cols)
+}
+
+/// An all-reduce in place (send and receive the same memory, as lowered
+/// gemm-ar plans run it): a local copy fills the output from the input,
+/// then the all-reduce reads and overwrites the output. (It used to run in
+/// place on the input, which left the output unwritten and wrote an input:
+/// the validator refuses that plan.)
+fn all_reduce_in_place_plan() -> (Plan, Init) {
+    let (rows, cols) = NCCL;
+    let (mut p, init) = nccl_plan(
+        NcclOp::AllReduce {
+            send: View::whole(1, rows, cols),
+            recv: View::whole(1, rows, cols),
+        },
+        rows,
+        rows,
+        cols,
+    );
+    for (r, rp) in p.ranks.iter_mut().enumerate() {
+        let at = |buf| RankView {
+            rank: r,
+            view: View::whole(buf, rows, cols),
+        };
+        let fill = task(
+            "fill",
+            1,
+            TaskKind::Copy {
+                src: at(0),
+                dst: at(1),
+            },
+            vec![],
+        );
+        rp.tasks.insert(0, fill);
+        rp.tasks[1].deps = vec![TaskId { rank: r, index: 0 }];
+    }
+    (p, init)
+}
+
+#[test]
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn nccl_all_gather_2gpus() {
+    let mut g = gpu("nccl_all_gather_2gpus");
+    let be = backend(&mut g);
+    let (p, init) = all_gather_plan();
     let out = be.run_host(&p, &init).expect("run");
     let want: Vec<u16> = (0..GPUS)
         .flat_map(|r| init[r][0].clone().expect("send"))
@@ -381,17 +435,12 @@ fn nccl_all_gather() {
 }
 
 #[test]
-fn nccl_reduce_scatter_and_all_reduce() {
-    let Some(mut g) = gpu("nccl_reduce_scatter_and_all_reduce") else {
-        return;
-    };
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn nccl_reduce_scatter_and_all_reduce_2gpus() {
+    let mut g = gpu("nccl_reduce_scatter_and_all_reduce_2gpus");
     let be = backend(&mut g);
-    let (rows, cols) = (16, 64);
-    let op = NcclOp::ReduceScatter {
-        send: View::whole(0, rows * GPUS, cols),
-        recv: View::whole(1, rows, cols),
-    };
-    let (p, init) = nccl_plan(op, rows * GPUS, rows, cols);
+    let (rows, cols) = NCCL;
+    let (p, init) = reduce_scatter_plan();
     let out = be.run_host(&p, &init).expect("run");
     for r in 0..GPUS {
         let want: Vec<f32> = (0..rows * cols)
@@ -405,12 +454,7 @@ fn nccl_reduce_scatter_and_all_reduce() {
         let e = rel_err(&got, &want);
         assert!(e < 1e-2, "reduce-scatter rank {r}: {e}");
     }
-    // All-reduce in place on the send buffer.
-    let op = NcclOp::AllReduce {
-        send: View::whole(0, rows, cols),
-        recv: View::whole(0, rows, cols),
-    };
-    let (p, init) = nccl_plan(op, rows, rows, cols);
+    let (p, init) = all_reduce_in_place_plan();
     let out = be.run_host(&p, &init).expect("run");
     let want: Vec<f32> = (0..rows * cols)
         .map(|i| {
@@ -420,18 +464,15 @@ fn nccl_reduce_scatter_and_all_reduce() {
         })
         .collect();
     for r in 0..GPUS {
-        let got: Vec<f32> = out[r][0].iter().map(|&h| b2f(h)).collect();
+        let got: Vec<f32> = out[r][1].iter().map(|&h| b2f(h)).collect();
         assert!(rel_err(&got, &want) < 1e-2, "all-reduce rank {r}");
-        assert_eq!(out[r][0], out[0][0], "all-reduce ranks disagree");
+        assert_eq!(out[r][1], out[0][1], "all-reduce ranks disagree");
+        assert_eq!(out[r][0], init[r][0].clone().expect("s"), "input written");
     }
 }
 
-#[test]
-fn nccl_grouped_send_recv() {
-    let Some(mut g) = gpu("nccl_grouped_send_recv") else {
-        return;
-    };
-    let be = backend(&mut g);
+/// Each rank sends its buffer to the next rank and receives from it.
+fn send_recv_plan() -> (Plan, Init) {
     let (rows, cols) = (8, 256);
     let mut ranks = vec![];
     let mut init = vec![];
@@ -458,7 +499,15 @@ fn nccl_grouped_send_recv() {
         });
         init.push(vec![Some(rand(rows * cols, 400 + r as u64)), None]);
     }
-    let p = plan(Op::AgGemm, 2 * rows, cols, cols, ranks);
+    (plan(Op::AgGemm, 2 * rows, cols, cols, ranks), init)
+}
+
+#[test]
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn nccl_grouped_send_recv_2gpus() {
+    let mut g = gpu("nccl_grouped_send_recv_2gpus");
+    let be = backend(&mut g);
+    let (p, init) = send_recv_plan();
     let out = be.run_host(&p, &init).expect("run");
     for r in 0..GPUS {
         let peer = (r + 1) % GPUS;
@@ -466,52 +515,64 @@ fn nccl_grouped_send_recv() {
     }
 }
 
+/// (rows, cols, column offset) of the reduce: a vectorized shape, and a
+/// small unaligned one that takes the scalar path.
+const REDUCES: [(usize, usize, usize); 2] = [(32, 64, 0), (17, 13, 3)];
+
+/// Per rank one reduce of three strided sources (views at a column offset
+/// of buffers 5 columns wider still) into d. The third source is an input
+/// too (`InputX`): as scratch memory that no task writes, the validator
+/// refuses to let the reduce read it.
+fn reduce_plan(rows: usize, cols: usize, col_off: usize) -> (Plan, Init) {
+    let bc = cols + col_off + 5;
+    let mut ranks = vec![];
+    let mut init = vec![];
+    for r in 0..GPUS {
+        let srcs: Vec<View> = (0..3)
+            .map(|j| View {
+                buf: j,
+                row: 0,
+                col: col_off,
+                rows,
+                cols,
+            })
+            .collect();
+        ranks.push(RankPlan {
+            buffers: vec![
+                buf("s0", BufferRole::InputA, rows, bc),
+                buf("s1", BufferRole::InputB, rows, bc),
+                buf("s2", BufferRole::InputX, rows, bc),
+                buf("d", BufferRole::Output, rows, cols),
+            ],
+            streams: streams(),
+            tasks: vec![task(
+                "reduce",
+                0,
+                TaskKind::Reduce {
+                    srcs,
+                    dst: View::whole(3, rows, cols),
+                },
+                vec![],
+            )],
+        });
+        init.push(
+            (0..3)
+                .map(|j| Some(rand(rows * bc, 500 + 10 * r as u64 + j)))
+                .chain(std::iter::once(None))
+                .collect::<Vec<_>>(),
+        );
+    }
+    (plan(Op::GemmRs, 2 * rows, cols, cols, ranks), init)
+}
+
 #[test]
-fn reduce_kernel_vector_and_scalar_paths() {
-    let Some(mut g) = gpu("reduce_kernel_vector_and_scalar_paths") else {
-        return;
-    };
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn reduce_kernel_vector_and_scalar_paths_2gpus() {
+    let mut g = gpu("reduce_kernel_vector_and_scalar_paths_2gpus");
     let be = backend(&mut g);
-    for &(rows, cols, col_off) in &[(32usize, 64usize, 0usize), (17, 13, 3)] {
+    for (rows, cols, col_off) in REDUCES {
         let bc = cols + col_off + 5;
-        let mut ranks = vec![];
-        let mut init = vec![];
-        for r in 0..GPUS {
-            let srcs: Vec<View> = (0..3)
-                .map(|j| View {
-                    buf: j,
-                    row: 0,
-                    col: col_off,
-                    rows,
-                    cols,
-                })
-                .collect();
-            ranks.push(RankPlan {
-                buffers: vec![
-                    buf("s0", BufferRole::InputA, rows, bc),
-                    buf("s1", BufferRole::InputB, rows, bc),
-                    buf("s2", BufferRole::Scratch, rows, bc),
-                    buf("d", BufferRole::Output, rows, cols),
-                ],
-                streams: streams(),
-                tasks: vec![task(
-                    "reduce",
-                    0,
-                    TaskKind::Reduce {
-                        srcs,
-                        dst: View::whole(3, rows, cols),
-                    },
-                    vec![],
-                )],
-            });
-            init.push(
-                (0..3)
-                    .map(|j| Some(rand(rows * bc, 500 + 10 * r as u64 + j)))
-                    .chain(std::iter::once(None))
-                    .collect::<Vec<_>>(),
-            );
-        }
-        let p = plan(Op::GemmRs, 2 * rows, cols, cols, ranks);
+        let (p, init) = reduce_plan(rows, cols, col_off);
         let out = be.run_host(&p, &init).expect("run");
         for r in 0..GPUS {
             for i in 0..rows {
@@ -532,10 +593,9 @@ fn reduce_kernel_vector_and_scalar_paths() {
 
 /// Every enumerated schedule of small problems, checked against the sequential reference.
 #[test]
-fn every_enumerated_schedule_is_correct() {
-    let Some(mut g) = gpu("every_enumerated_schedule_is_correct") else {
-        return;
-    };
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn every_enumerated_schedule_is_correct_2gpus() {
+    let mut g = gpu("every_enumerated_schedule_is_correct_2gpus");
     let be = backend(&mut g);
     be.config.warmup = 1;
     be.config.iters = 2;
@@ -585,22 +645,77 @@ fn every_enumerated_schedule_is_correct() {
     assert!(failures.is_empty(), "wrong schedules: {failures:?}");
 }
 
-/// A plan that skips work must be reported wrong, not timed as if right.
+/// `seq` of ag-gemm without its all-gather: each rank copies its own shard
+/// into every slot of the gathered A and multiplies that. A valid plan
+/// (every read ordered after its write, the output fully written) that
+/// skips the communication, so its output is wrong wherever the shards
+/// differ. (A plan that leaves its output unwritten, such as `seq` without
+/// its GEMM, the validator refuses before anything runs.)
+fn without_the_all_gather(seq: &Plan) -> Plan {
+    let mut bad = seq.clone();
+    bad.name = "seq without its all-gather".into();
+    bad.schedule = None;
+    let p = seq.problem.gpus;
+    for (r, rp) in bad.ranks.iter_mut().enumerate() {
+        let gather = rp.tasks.remove(0);
+        let TaskKind::Nccl {
+            op: NcclOp::AllGather { send, recv },
+            ..
+        } = gather.kind
+        else {
+            panic!("ag-gemm seq starts with its all-gather: {:?}", gather.kind);
+        };
+        let copies: Vec<Task> = (0..p)
+            .map(|q| {
+                let slot = View {
+                    row: recv.row + q * send.rows,
+                    rows: send.rows,
+                    ..recv
+                };
+                task(
+                    &format!("own shard to slot {q}"),
+                    gather.stream,
+                    TaskKind::Copy {
+                        src: RankView {
+                            rank: r,
+                            view: send,
+                        },
+                        dst: RankView {
+                            rank: r,
+                            view: slot,
+                        },
+                    },
+                    vec![],
+                )
+            })
+            .collect();
+        for t in &mut rp.tasks {
+            t.deps = (0..p).map(|i| TaskId { rank: r, index: i }).collect();
+        }
+        rp.tasks.splice(0..0, copies);
+    }
+    bad
+}
+
+/// The problem of [`a_wrong_plan_is_reported_incorrect_2gpus`].
+fn wrong_plan_problem() -> Problem {
+    Problem::new(Op::AgGemm, 512, 256, 384, GPUS).expect("problem")
+}
+
+/// A plan that skips work must be reported wrong, not timed as if right:
+/// [`without_the_all_gather`] runs, and the output check against the
+/// sequential reference catches it.
 #[test]
-fn a_wrong_plan_is_reported_incorrect() {
-    let Some(mut g) = gpu("a_wrong_plan_is_reported_incorrect") else {
-        return;
-    };
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn a_wrong_plan_is_reported_incorrect_2gpus() {
+    let mut g = gpu("a_wrong_plan_is_reported_incorrect_2gpus");
     let be = backend(&mut g);
     be.config.warmup = 1;
     be.config.iters = 1;
-    let problem = Problem::new(Op::AgGemm, 512, 256, 384, GPUS).expect("problem");
+    let problem = wrong_plan_problem();
     let seq = lower(&problem, &Schedule::SEQ).expect("seq");
     be.prepare(&seq).expect("prepare");
-    let mut bad = seq.clone();
-    for rp in &mut bad.ranks {
-        rp.tasks.pop(); // drop the GEMM: the output stays NaN
-    }
+    let bad = without_the_all_gather(&seq);
     let m = be.measure(&bad, true, false).expect("measure");
     be.config = Default::default();
     assert!(!m.correct, "a plan without its GEMM passed the check");
@@ -612,10 +727,9 @@ fn a_wrong_plan_is_reported_incorrect() {
 /// fresh random inputs with poisoned outputs (`measure` with `check`), and
 /// every time must be a positive, finite number.
 #[test]
-fn timing_probe() {
-    let Some(mut g) = gpu("timing_probe") else {
-        return;
-    };
+#[ignore = "needs 2 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn timing_probe_2gpus() {
+    let mut g = gpu("timing_probe_2gpus");
     let be = backend(&mut g);
     let tolerance = be.config.tolerance;
     let sane = |what: &str, ms: f64| {
@@ -706,10 +820,11 @@ fn timing_probe() {
 /// Opening the backend gives what the machine allows: without libraries a
 /// typed "library missing" error, without a device a typed "no GPU" error,
 /// with GPUs success for as many as there are and a typed "not enough GPUs"
-/// for more. Under `FICCO_REQUIRE_GPU=1` the first two fail the test.
+/// for more. It runs on every machine (not ignored: the first two are what
+/// a machine without a GPU checks); under `FICCO_REQUIRE_GPU=1` (the GPU
+/// machine) those two fail the test.
 #[test]
 fn open_matches_the_environment() {
-    let test = "open_matches_the_environment";
     let libs = ficco_cuda::Libraries::probe();
     if let Err(missing) = libs.require_all() {
         match GpuBackend::open(1) {
@@ -717,7 +832,7 @@ fn open_matches_the_environment() {
             Err(e) => panic!("libraries missing ({missing}) but open said: {e}"),
             Ok(_) => panic!("libraries missing ({missing}) but open succeeded"),
         }
-        no_gpu(test, &missing.to_string());
+        assert!(!gpu_required(), "FICCO_REQUIRE_GPU=1 but {missing}");
         return;
     }
     let found = ficco_cuda::info().gpus.len();
@@ -727,7 +842,10 @@ fn open_matches_the_environment() {
             Err(e) => panic!("no GPU listed but open said: {e}"),
             Ok(_) => panic!("no GPU listed but open succeeded"),
         }
-        no_gpu(test, "the driver lists no GPU");
+        assert!(
+            !gpu_required(),
+            "FICCO_REQUIRE_GPU=1 but the driver lists no GPU"
+        );
         return;
     }
     let b = GpuBackend::open(1).unwrap_or_else(|e| panic!("{found} GPUs but open(1) failed: {e}"));
@@ -744,5 +862,44 @@ fn open_matches_the_environment() {
     match GpuBackend::open(0) {
         Err(CudaError::NotEnoughGpus { .. }) => {}
         other => panic!("open(0): {:?}", other.map(|b| b.gpus())),
+    }
+}
+
+/// CPU: every hand-built plan of this file passes the validator that the
+/// executor runs before anything is issued, and the wrong plan of
+/// [`a_wrong_plan_is_reported_incorrect_2gpus`] is valid yet computes
+/// something else than the reference (exact interpreter, on a small shape;
+/// `seq` itself matches it), so that test checks the output check.
+#[test]
+fn hand_built_plans_are_valid() {
+    let mut plans = vec![
+        ("strided gemm", strided_gemm_plan().0),
+        ("copies", copy_plan().0),
+        ("all-gather", all_gather_plan().0),
+        ("reduce-scatter", reduce_scatter_plan().0),
+        ("all-reduce in place", all_reduce_in_place_plan().0),
+        ("send/recv", send_recv_plan().0),
+    ];
+    for (rows, cols, col_off) in REDUCES {
+        plans.push(("reduce", reduce_plan(rows, cols, col_off).0));
+    }
+    let seq = lower(&wrong_plan_problem(), &Schedule::SEQ).expect("seq");
+    plans.push(("seq without its all-gather", without_the_all_gather(&seq)));
+    for (name, p) in &plans {
+        validate(p).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let small = Problem::new(Op::AgGemm, 16, 8, 12, GPUS).expect("problem");
+    let seq = lower(&small, &Schedule::SEQ).expect("seq");
+    let inputs = Inputs::random(&small, 7);
+    let want = reference(&small, &inputs);
+    assert_eq!(interpret(&seq, &inputs).expect("seq runs"), want);
+    let bad = without_the_all_gather(&seq);
+    validate(&bad).expect("valid");
+    let got = interpret(&bad, &inputs).expect("the wrong plan runs");
+    for r in 0..GPUS {
+        assert_ne!(
+            got[r], want[r],
+            "rank {r}: skipping the all-gather went unnoticed"
+        );
     }
 }

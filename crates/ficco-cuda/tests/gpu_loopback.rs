@@ -6,9 +6,10 @@
 //! NCCL schedules are skipped with the loopback reason; every `tile`
 //! schedule (one persistent GEMM per rank, fed or drained by copy engines
 //! through flags) runs exactly on shapes it fits; a missing signal ends the
-//! run through the watchdog, also when a tile GEMM's kernel waits on it. Needs one GPU; without one each test prints
-//! `SKIPPED:` (or fails under `FICCO_REQUIRE_GPU=1`, see `common`). Run with
-//! `--test-threads=1 --nocapture`.
+//! run through the watchdog, also when a tile GEMM's kernel waits on it.
+//! Needs one GPU, so every test is `#[ignore]`d and fails where it runs
+//! without one (see `common` for the policy). Run with `--include-ignored
+//! --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
 #![allow(clippy::needless_range_loop)]
 
 mod common;
@@ -21,24 +22,18 @@ use ficco_core::space::{enumerate, Engine, Granularity, Schedule, SpaceOptions};
 use ficco_cuda::{CudaError, GpuBackend, MeasureConfig, RunOpts};
 use std::time::Instant;
 
-/// The loopback backend of `ranks` ranks, or None after the skip (a failure
-/// under `FICCO_REQUIRE_GPU=1`).
-fn open(test: &str, ranks: usize) -> Option<GpuBackend> {
+/// The loopback backend of `ranks` ranks; fails `test` where there is no
+/// usable GPU.
+fn open(test: &str, ranks: usize) -> GpuBackend {
     match GpuBackend::open_loopback(ranks) {
-        Ok(b) => Some(b),
+        Ok(b) => b,
         Err(
             e @ (CudaError::LibraryMissing { .. }
             | CudaError::LibraryUnusable { .. }
             | CudaError::NoGpu(_)
             | CudaError::DriverInit { .. }),
-        ) => {
-            no_gpu(test, &e.to_string());
-            None
-        }
-        Err(CudaError::NotEnoughGpus { .. }) => {
-            no_gpu(test, "no GPU found");
-            None
-        }
+        ) => no_gpu(test, &e.to_string()),
+        Err(CudaError::NotEnoughGpus { .. }) => no_gpu(test, "no GPU found"),
         Err(e) => panic!("{test}: open_loopback failed on a GPU machine: {e}"),
     }
 }
@@ -56,6 +51,7 @@ fn shape(op: Op, p: usize) -> (usize, usize, usize) {
 }
 
 #[test]
+#[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
 fn every_copy_schedule_is_exact_in_loopback() {
     let test = "every_copy_schedule_is_exact_in_loopback";
     let mut failures = vec![];
@@ -63,9 +59,7 @@ fn every_copy_schedule_is_exact_in_loopback() {
     // (fine8, [direct µs, graph µs]) per schedule.
     let mut launches: Vec<(bool, [f64; 2])> = vec![];
     for p in [2, 4] {
-        let Some(mut be) = open(test, p) else {
-            return;
-        };
+        let mut be = open(test, p);
         be.config = MeasureConfig {
             warmup: 2,
             iters: 5,
@@ -220,12 +214,11 @@ fn role(plan: &Plan, r: usize, role: BufferRole) -> usize {
 /// The loopback reference (the sequential plan with its collective as
 /// copies and reduces) matches a host computation of each operator.
 #[test]
+#[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
 fn copy_form_reference_matches_host() {
     let test = "copy_form_reference_matches_host";
     for p in [2, 4] {
-        let Some(mut be) = open(test, p) else {
-            return;
-        };
+        let mut be = open(test, p);
         for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
             let (m, k, n) = (p * 16, 64, 48);
             let problem = Problem::new(op, m, k, n, p).expect("problem");
@@ -284,11 +277,10 @@ fn copy_form_reference_matches_host() {
 /// watchdog bound with `Hang` naming the rank and point; the backend then
 /// runs the same plan correctly (nothing was left running).
 #[test]
+#[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
 fn watchdog_ends_a_missing_signal() {
     let test = "watchdog_ends_a_missing_signal";
-    let Some(mut be) = open(test, 2) else {
-        return;
-    };
+    let mut be = open(test, 2);
     // gemm-rs on copy engines: each rank pushes its partials into the
     // peer's slots, and the peer's reduce depends on those pushes.
     let problem = Problem::new(Op::GemmRs, 128, 64, 64, 2).expect("problem");
@@ -370,14 +362,13 @@ fn tile_schedules(op: Op) -> Vec<Schedule> {
 /// (the checked iteration is then a graph launch), exact against the
 /// copy-form sequential reference.
 #[test]
+#[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
 fn every_tile_schedule_is_exact_in_loopback() {
     let test = "every_tile_schedule_is_exact_in_loopback";
     let mut failures = vec![];
     let (mut passed, mut misfit, mut ran) = (0, 0, 0);
     for p in [2, 4] {
-        let Some(mut be) = open(test, p) else {
-            return;
-        };
+        let mut be = open(test, p);
         be.config = MeasureConfig {
             warmup: 2,
             iters: 3,
@@ -459,11 +450,10 @@ fn every_tile_schedule_is_exact_in_loopback() {
 /// kernel's wait reads the release value) and the backend runs the plan
 /// again correctly.
 #[test]
+#[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
 fn watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag() {
     let test = "watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag";
-    let Some(mut be) = open(test, 2) else {
-        return;
-    };
+    let mut be = open(test, 2);
     let problem = Problem::new(Op::AgGemm, 512, 256, 256, 2).expect("problem");
     let s: Schedule = "tile-copy-ring".parse().expect("schedule");
     let plan = lower(&problem, &s).expect("plan");

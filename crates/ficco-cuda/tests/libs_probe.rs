@@ -2,8 +2,8 @@
 //! compiler, opened by path in this process): every way a library can be
 //! present but unusable gives a typed reason naming the file and what is
 //! wrong, the probe picks the first candidate that loads (as cudarc does),
-//! and nothing panics. Needs no GPU and no CUDA; skips with a message when
-//! there is no C compiler.
+//! and nothing panics. Needs no GPU and no CUDA, but a C compiler: without
+//! one each test fails, saying so.
 
 mod fakelib;
 
@@ -14,13 +14,9 @@ use ficco_cuda::CudaError;
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
-/// The C compiler, or `None` after printing the skip.
-fn cc(test: &str) -> Option<String> {
-    let cc = fakelib::compiler();
-    if cc.is_none() {
-        eprintln!("SKIPPED: {test}: no C compiler (cc, gcc or $CC) to build fake libraries");
-    }
-    cc
+/// The C compiler; fails `test` without one.
+fn cc(test: &str) -> String {
+    fakelib::compiler_for(test)
 }
 
 fn probe(spec: &LibSpec, path: &Path) -> LibStatus {
@@ -36,9 +32,7 @@ fn real(p: &Path) -> String {
 
 #[test]
 fn complete_fakes_of_supported_versions_are_usable() {
-    let Some(cc) = cc("complete_fakes_of_supported_versions_are_usable") else {
-        return;
-    };
+    let cc = cc("complete_fakes_of_supported_versions_are_usable");
     let dir = fakelib::folder("complete");
     for (spec, file, version) in [
         (&CUDA, "libcuda.so.1", "13.0"),
@@ -60,9 +54,7 @@ fn complete_fakes_of_supported_versions_are_usable() {
 
 #[test]
 fn a_missing_symbol_is_named_with_the_file() {
-    let Some(cc) = cc("a_missing_symbol_is_named_with_the_file") else {
-        return;
-    };
+    let cc = cc("a_missing_symbol_is_named_with_the_file");
     let dir = fakelib::folder("nosym");
     let p = fakelib::fake(&cc, &dir, "libcuda.so.1", &CUDA, &["cuInit"], &[]);
     let s = probe(&CUDA, &p);
@@ -103,9 +95,7 @@ fn a_missing_symbol_is_named_with_the_file() {
 
 #[test]
 fn a_library_that_is_not_one_lists_how_many_functions_it_lacks() {
-    let Some(cc) = cc("a_library_that_is_not_one_lists_how_many_functions_it_lacks") else {
-        return;
-    };
+    let cc = cc("a_library_that_is_not_one_lists_how_many_functions_it_lacks");
     let dir = fakelib::folder("empty");
     let p = fakelib::build(
         &cc,
@@ -138,9 +128,7 @@ fn a_library_that_is_not_one_lists_how_many_functions_it_lacks() {
 
 #[test]
 fn wrong_versions_are_unusable_with_what_ficco_needs() {
-    let Some(cc) = cc("wrong_versions_are_unusable_with_what_ficco_needs") else {
-        return;
-    };
+    let cc = cc("wrong_versions_are_unusable_with_what_ficco_needs");
     let dir = fakelib::folder("version");
     let cases: [(&LibSpec, &str, &str, &str, &str); 4] = [
         (
@@ -195,9 +183,7 @@ fn wrong_versions_are_unusable_with_what_ficco_needs() {
 
 #[test]
 fn the_toolkit_stub_driver_is_recognised() {
-    let Some(cc) = cc("the_toolkit_stub_driver_is_recognised") else {
-        return;
-    };
+    let cc = cc("the_toolkit_stub_driver_is_recognised");
     let dir = fakelib::folder("stub");
     // The toolkit's stubs/libcuda.so exports everything and answers
     // CUDA_ERROR_STUB_LIBRARY (34) to every call.
@@ -240,9 +226,7 @@ fn the_toolkit_stub_driver_is_recognised() {
 
 #[test]
 fn files_the_loader_refuses_are_unusable_with_its_words() {
-    let Some(cc) = cc("files_the_loader_refuses_are_unusable_with_its_words") else {
-        return;
-    };
+    let cc = cc("files_the_loader_refuses_are_unusable_with_its_words");
     let dir = fakelib::folder("refused");
     // Not a shared object at all.
     let garbage = dir.join("libcublasLt.so");
@@ -297,9 +281,7 @@ fn files_the_loader_refuses_are_unusable_with_its_words() {
 
 #[test]
 fn the_first_candidate_that_loads_is_the_one_probed() {
-    let Some(cc) = cc("the_first_candidate_that_loads_is_the_one_probed") else {
-        return;
-    };
+    let cc = cc("the_first_candidate_that_loads_is_the_one_probed");
     let dir = fakelib::folder("order");
     let absent = dir.join("libcuda.so").display().to_string();
     let garbage = dir.join("libcuda64.so");
@@ -346,10 +328,7 @@ proptest! {
     /// usable exactly when none is missing.
     #[test]
     fn any_missing_subset_is_reported_exactly(mask in proptest::collection::vec(any::<bool>(), NCCL.symbols.len())) {
-        let Some(cc) = fakelib::compiler() else {
-            eprintln!("SKIPPED: any_missing_subset_is_reported_exactly: no C compiler");
-            return Ok(());
-        };
+        let cc = fakelib::compiler_for("any_missing_subset_is_reported_exactly");
         let omit: Vec<&str> = NCCL.symbols.iter().zip(&mask).filter(|(_, m)| **m).map(|(s, _)| *s).collect();
         let dir = fakelib::folder("subset");
         let file = format!("libnccl-{}.so", mask.iter().map(|m| if *m { '1' } else { '0' }).collect::<String>());

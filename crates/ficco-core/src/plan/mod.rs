@@ -22,6 +22,7 @@ pub mod interp;
 pub mod lower;
 pub mod shapes;
 pub mod signal;
+pub mod spin;
 pub mod tile;
 pub mod validate;
 

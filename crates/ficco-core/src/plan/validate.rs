@@ -16,6 +16,9 @@
 //!   signalled exactly once, to a rank that exists, and every signalled flag
 //!   is waited on; otherwise "wait on flag F of rank r is never signalled" and
 //!   the like, naming rank, task and flag.
+//! * A tile GEMM that waits inside the kernel has every producer of its
+//!   flags that needs its GPU's SMs ordered before its launch
+//!   ([`crate::plan::spin`]).
 //! * Every read of non-input memory is covered by writes ordered before it.
 //! * No two unordered tasks touch overlapping memory where either writes.
 
@@ -36,6 +39,7 @@ pub fn validate(plan: &Plan) -> Result<()> {
     if crate::plan::tile::has_tiles(plan) {
         // The tile-level graph first: its errors name the plan's own tasks.
         Graph::new(plan)?;
+        crate::plan::spin::check_spin_producers(plan)?;
         let expanded = crate::plan::tile::expand(plan);
         check_structure(&expanded)?;
         return validate_flat(&expanded);

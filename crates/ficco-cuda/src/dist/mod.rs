@@ -284,15 +284,30 @@ impl Rendezvous {
     }
 }
 
+/// Which GPUs the children of [`run_children`] see.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChildGpus {
+    /// Only the first GPU this process sees (`CUDA_VISIBLE_DEVICES`): for
+    /// ranks that all run on GPU 0, whose driver then starts on one GPU,
+    /// not on every GPU of the machine (on 4 GPUs each child otherwise pays
+    /// for the other three, e.g. `info`'s contexts).
+    First,
+    /// Every GPU this process sees (ranks on GPUs of their own).
+    All,
+}
+
 /// Runs this test binary again as the `world` ranks of a job on this
-/// machine: each child runs only test `test` (exact name) with the launcher
-/// variables and `child_var=1`; children still running after `limit` are
+/// machine: each child runs only test `test` (exact name, `--include-ignored`
+/// as GPU tests are ignored) with the launcher variables and `child_var=1`,
+/// seeing the GPUs `gpus` says; children still running after `limit` are
 /// killed. Returns the exit codes (`None`: killed or by a signal).
 #[cfg(test)]
 pub(crate) fn run_children(
     test: &str,
     world: usize,
     child_var: &str,
+    gpus: ChildGpus,
     limit: Duration,
 ) -> Vec<Option<i32>> {
     use std::process::{Command, Stdio};
@@ -303,15 +318,24 @@ pub(crate) fn run_children(
     let exe = std::env::current_exe().expect("test binary");
     let mut kids: Vec<_> = (0..world)
         .map(|r| {
-            Command::new(&exe)
-                .args([test, "--exact", "--nocapture", "--test-threads=1"])
-                .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port))
-                .env(child_var, "1")
-                .env("FICCO_DIST_TIMEOUT_MS", "30000")
-                .stdout(Stdio::inherit())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn a rank")
+            let mut c = Command::new(&exe);
+            c.args([
+                test,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port))
+            .env(child_var, "1")
+            .env("FICCO_DIST_TIMEOUT_MS", "30000")
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit());
+            if gpus == ChildGpus::First {
+                let (var, first) = crate::test_common::first_gpu_only();
+                c.env(var, first);
+            }
+            c.spawn().expect("spawn a rank")
         })
         .collect();
     let t0 = std::time::Instant::now();

@@ -26,9 +26,20 @@ pub(crate) mod dl;
 pub(crate) mod nccl;
 pub(crate) mod nvrtc;
 
-/// Whether NVRTC is usable (found, complete, version 13): the compile tests
-/// that need no GPU skip without it.
+/// Fails `test` unless NVRTC is usable (found, complete, version 13): the
+/// compile tests need it but no GPU. They are `#[ignore]`d, so a `cargo
+/// test` without NVRTC lists them as ignored; `.ci/run` (NVRTC from PyPI)
+/// and `bench/gpu-tests.sh` run them with `--include-ignored`.
 #[cfg(test)]
-pub(crate) fn nvrtc_present() -> bool {
-    crate::loader::Libraries::probe().nvrtc.usable
+pub(crate) fn require_nvrtc(test: &str) {
+    let nvrtc = crate::loader::Libraries::probe().nvrtc;
+    assert!(
+        nvrtc.usable,
+        "{test}: needs NVRTC, which is not usable here ({}): put libnvrtc.so.13 on \
+         LD_LIBRARY_PATH (.ci/run installs it from PyPI), or leave out --include-ignored",
+        nvrtc
+            .problem
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "not found".into())
+    );
 }

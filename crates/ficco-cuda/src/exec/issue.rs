@@ -351,9 +351,11 @@ fn plan_flag(sh: &Shared<'_>, rank: usize, flag: usize) -> Result<DevicePtr> {
 /// device's, or its green context's; [`Shared::tile_share`]): in loopback
 /// every rank's persistent GEMM must be resident at once, or one spinning on
 /// a flag whose producer GEMM cannot get an SM never ends (on 2 GPUs with
-/// `-acc` each rank's own blocks wait for the peer GEMM's pushed blocks).
-/// One CTA per SM each (the kernel's shared memory allows no more), so
-/// P GEMMs of SMs / P CTAs fit side by side.
+/// `-acc` each rank's own blocks wait for the peer GEMM's pushed blocks),
+/// and the copies between them (kernels there) need SMs of their own
+/// ([`super::run::tile_sm_cap`]). One CTA per SM each (the kernel's shared
+/// memory allows no more), so P GEMMs of (SMs - free) / P CTAs fit side by
+/// side.
 fn tile_gemm(
     rank: &Rank,
     sh: &Shared<'_>,
@@ -375,8 +377,8 @@ fn tile_gemm(
     let sms = rank
         .green_compute_sms(sh.plan.resources.green_sms)
         .map_or(kernel.sms(), |g| g.min(kernel.sms()));
-    let share = sh.tile_share.get(r).copied().unwrap_or(1).max(1) as u32;
-    let cap = sms / share;
+    let share = sh.tile_share.get(r).copied().unwrap_or(1).max(1);
+    let cap = super::run::tile_sm_cap(sms, share);
     if cap == 0 {
         return Err(CudaError::Plan(format!(
             "{share} persistent tile GEMMs share {sms} SMs: not every one can be resident"

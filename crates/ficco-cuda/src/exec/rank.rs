@@ -289,7 +289,7 @@ impl Rank {
                     let sms = self
                         .green_compute_sms(res.green_sms)
                         .map_or(g.sms(), |s| s.min(g.sms()));
-                    let cap = sms / tile_share.max(1) as u32;
+                    let cap = super::run::tile_sm_cap(sms, tile_share);
                     // Only which hooks are on matters to the schedule: the
                     // tuning runs them on its own scratch words.
                     let dummy = DevicePtr::NULL.offset(256);

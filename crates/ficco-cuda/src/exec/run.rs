@@ -226,10 +226,11 @@ impl Shared<'_> {
     /// green contexts (their streams belong to other contexts), and not for
     /// plans with a tile GEMM: its blocks spin inside the kernel on flags
     /// that copy streams set, an order no graph edge can express (an edge
-    /// could only follow the whole kernel), and a graph's launch may queue
-    /// the flag's write behind the spinning kernel: seen hanging on one H200
-    /// (ag-gemm `tile-copy-ring` at P=4 in loopback, 2 of 192 runs).
-    /// Issued directly, every stream has its own hardware queue.
+    /// could only follow the whole kernel): in a replay the driver may queue
+    /// a Wait on one of the kernel's counters ahead of the kernel's launch in
+    /// a shared hardware queue. (The loopback hang once blamed on graphs, 2
+    /// of 192 runs, fits the SM starvation that [`tile_sm_cap`] now rules
+    /// out; see `docs/signals.md`.)
     fn graphs(&self) -> bool {
         self.opts.graphs
             && self.plan.resources.green_sms.is_none()
@@ -459,6 +460,26 @@ pub(crate) fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
         }
     }
     Ok(out)
+}
+
+/// SMs that persistent tile GEMMs sharing one GPU leave free of their CTAs
+/// together. Sharing happens in loopback, where every copy between ranks is
+/// a copy within the GPU, which runs as a kernel on SMs
+/// (`bench/probe_sm_copy.py`): with every SM held by a spinning CTA, the
+/// copy a GEMM waits for would never run ([`ficco_core::plan::spin`]).
+pub(crate) const SHARED_GPU_FREE_SMS: u32 = 8;
+
+/// The most CTAs (one per SM) a tile GEMM may launch with when `share` tile
+/// GEMMs share `sms` SMs: all of them alone, else an equal part of all but
+/// [`SHARED_GPU_FREE_SMS`].
+pub(crate) fn tile_sm_cap(sms: u32, share: usize) -> u32 {
+    let share = share.max(1) as u32;
+    let free = if share > 1 {
+        SHARED_GPU_FREE_SMS.min(sms / 2)
+    } else {
+        0
+    };
+    (sms - free) / share
 }
 
 /// Per rank: the tile GEMM tasks on its device (every rank's in loopback).

@@ -1,12 +1,23 @@
 //! Helpers shared by the GPU tests (the integration tests here, and the
-//! crate's own GPU unit tests, which include this file): the skip policy,
-//! bf16 conversion, test data and the relative-error check.
+//! crate's own GPU unit tests, which include this file): the GPU test
+//! policy, bf16 conversion, test data and the relative-error check.
 //!
-//! Skip policy: a test that cannot run prints `SKIPPED: <test>: <reason>` to
-//! stderr. Where there is no usable GPU at all (no libraries, no device, the
-//! device does not open) and `FICCO_REQUIRE_GPU=1` is set (every device run
-//! sets it), the test fails instead. A machine with fewer GPUs than a test
-//! needs (but at least one) still skips: that is the machine, not a lost GPU.
+//! GPU test policy (honest counts):
+//! * Every test that needs a GPU is `#[ignore = "needs a GPU ..."]`, so a
+//!   `cargo test` without one lists it as *ignored*, never as passed. The
+//!   GPU machine runs them with `--include-ignored` (`bench/gpu-tests.sh`).
+//! * A test that needs N > 1 GPUs ends its name in `_Ngpus` (`_2gpus`,
+//!   `_4gpus`), and passes N to [`gate`], which checks the suffix. Where a
+//!   machine has fewer than N GPUs, `bench/gpu-tests.sh` passes
+//!   `--skip _Ngpus`, so libtest counts the test as *filtered out*.
+//! * A GPU test that runs where its GPUs are not there fails ([`gate`],
+//!   [`no_gpu`]) with a message saying what is missing and what to skip; it
+//!   never passes without having run. (`FICCO_REQUIRE_GPU=1`, set on the
+//!   GPU machine, matters only to the few tests that run everywhere and
+//!   check the machine they find, such as `open_matches_the_environment`.)
+//! * Tests that need NVRTC but no GPU (the crate's compile tests) are
+//!   ignored the same way and fail without NVRTC; `.ci/run` runs them with
+//!   NVRTC from PyPI.
 #![allow(dead_code)]
 
 /// Whether `FICCO_REQUIRE_GPU=1` is set.
@@ -23,28 +34,65 @@ pub enum GpuAvailability {
     Unusable(String),
 }
 
-/// Whether `test`, which needs `wanted` GPUs, can run. Prints the skip and
-/// returns false when it cannot; panics (test failure) when no GPU is usable
-/// and [`gpu_required`].
-pub fn gate(test: &str, wanted: usize, found: GpuAvailability) -> bool {
+/// The name suffix of a test that needs `wanted` GPUs (`_2gpus`); none for one.
+pub fn gpus_suffix(wanted: usize) -> Option<String> {
+    (wanted > 1).then(|| format!("_{wanted}gpus"))
+}
+
+/// Checks that `test` can run with `found`: returns where it can, and fails
+/// the test (panics) where it cannot, saying what is missing and what to
+/// skip. A test of `wanted` > 1 GPUs must be named `..._{wanted}gpus`
+/// (checked first, whatever the machine), so that the GPU test script can
+/// leave it out by name where there are fewer.
+pub fn gate(test: &str, wanted: usize, found: GpuAvailability) {
+    if let Some(suffix) = gpus_suffix(wanted) {
+        assert!(
+            test.ends_with(&suffix),
+            "{test} needs {wanted} GPUs, so its name must end in '{suffix}' \
+             (bench/gpu-tests.sh skips it by that name where there are fewer)"
+        );
+    }
     match found {
-        GpuAvailability::Found(n) if n >= wanted => true,
+        GpuAvailability::Found(n) if n >= wanted => {}
         GpuAvailability::Found(n) if n > 0 => {
-            eprintln!("SKIPPED: {test}: needs {wanted} GPUs, this machine has {n}");
-            false
+            let suffix = gpus_suffix(wanted).unwrap_or_default();
+            panic!(
+                "{test}: needs {wanted} GPUs, this machine has {n}: \
+                 leave it out with --skip {suffix} (bench/gpu-tests.sh does)"
+            )
         }
         GpuAvailability::Found(_) => no_gpu(test, "no GPU found"),
         GpuAvailability::Unusable(reason) => no_gpu(test, &reason),
     }
 }
 
-/// Skips `test` for lack of a usable GPU, or fails it under [`gpu_required`].
-pub fn no_gpu(test: &str, reason: &str) -> bool {
-    if gpu_required() {
-        panic!("{test}: FICCO_REQUIRE_GPU=1 but no usable GPU: {reason}");
-    }
-    eprintln!("SKIPPED: {test}: {reason}");
-    false
+/// Fails `test`, a GPU test that runs where no GPU is usable.
+pub fn no_gpu(test: &str, reason: &str) -> ! {
+    panic!(
+        "{test}: needs a GPU, and none is usable here: {reason}. GPU tests are \
+         #[ignore]d: run them on a GPU machine (bench/gpu-tests.sh), not with \
+         --include-ignored or --ignored here"
+    )
+}
+
+/// `CUDA_VISIBLE_DEVICES` for a child process that uses GPU 0 alone (every
+/// loopback rank): the first GPU this process sees. The child's driver then
+/// starts, and `ficco_cuda::info` opens a context, on one GPU instead of
+/// every GPU of the machine, so such tests take as long on 4 GPUs as on 1.
+pub fn first_gpu_only() -> (&'static str, String) {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    ("CUDA_VISIBLE_DEVICES", first_of(visible.as_deref()))
+}
+
+/// The first entry of a `CUDA_VISIBLE_DEVICES` value (index or UUID), or
+/// "0" where it is unset or empty.
+fn first_of(visible: Option<&str>) -> String {
+    visible
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("0")
+        .to_string()
 }
 
 /// f32 → bf16 bits, round to nearest even.
@@ -112,30 +160,67 @@ pub fn copy_schedules(op: ficco_core::problem::workload::Op) -> Vec<ficco_core::
 mod policy_tests {
     use super::*;
 
-    #[test]
-    fn enough_gpus_run_and_too_few_skip() {
-        assert!(gate("t", 1, GpuAvailability::Found(1)));
-        assert!(gate("t", 2, GpuAvailability::Found(8)));
-        // Fewer GPUs than needed is a skip even when a GPU is required.
-        assert!(!gate("t", 2, GpuAvailability::Found(1)));
+    fn fails(f: impl FnOnce() + std::panic::UnwindSafe) -> String {
+        let e = std::panic::catch_unwind(f).expect_err("the gate must fail the test");
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
     }
 
     #[test]
-    fn no_gpu_skips_or_fails_as_required() {
-        let r = std::panic::catch_unwind(|| {
+    fn enough_gpus_run() {
+        gate("t", 1, GpuAvailability::Found(1));
+        gate("t_2gpus", 2, GpuAvailability::Found(8));
+        gate("t_4gpus", 4, GpuAvailability::Found(4));
+    }
+
+    /// Too few GPUs fail, naming the filter that leaves the test out.
+    #[test]
+    fn too_few_gpus_fail_naming_what_to_skip() {
+        let m = fails(|| gate("t_2gpus", 2, GpuAvailability::Found(1)));
+        assert!(m.contains("needs 2 GPUs, this machine has 1"), "{m}");
+        assert!(m.contains("--skip _2gpus"), "{m}");
+        let m = fails(|| gate("t_4gpus", 4, GpuAvailability::Found(2)));
+        assert!(m.contains("--skip _4gpus"), "{m}");
+    }
+
+    /// No usable GPU fails with the reason, whatever `FICCO_REQUIRE_GPU` says.
+    #[test]
+    fn no_gpu_fails_with_the_reason() {
+        let m = fails(|| {
             gate(
                 "t",
                 1,
                 GpuAvailability::Unusable("simulated, policy test".into()),
             )
         });
-        if gpu_required() {
-            assert!(
-                r.is_err(),
-                "a missing GPU must fail under FICCO_REQUIRE_GPU=1"
-            );
-        } else {
-            assert!(!r.expect("no panic without FICCO_REQUIRE_GPU"));
-        }
+        assert!(
+            m.contains("simulated, policy test") && m.contains("#[ignore]"),
+            "{m}"
+        );
+        let m = fails(|| gate("t_2gpus", 2, GpuAvailability::Found(0)));
+        assert!(m.contains("no GPU found"), "{m}");
+    }
+
+    /// A multi-GPU test without its suffix fails on any machine, so that
+    /// the script's `--skip _Ngpus` cannot miss it.
+    #[test]
+    fn multi_gpu_tests_carry_their_suffix() {
+        let m = fails(|| gate("t", 2, GpuAvailability::Found(8)));
+        assert!(m.contains("must end in '_2gpus'"), "{m}");
+        let m = fails(|| gate("t_2gpus", 4, GpuAvailability::Found(8)));
+        assert!(m.contains("'_4gpus'"), "{m}");
+        assert_eq!(gpus_suffix(1), None);
+    }
+
+    #[test]
+    fn a_child_sees_the_first_visible_gpu() {
+        assert_eq!(first_of(None), "0");
+        assert_eq!(first_of(Some("")), "0");
+        assert_eq!(first_of(Some("3,1")), "3");
+        assert_eq!(first_of(Some(" 2 , 0")), "2");
+        assert_eq!(first_of(Some("GPU-8f2e,GPU-11aa")), "GPU-8f2e");
+        assert_eq!(first_gpu_only().0, "CUDA_VISIBLE_DEVICES");
     }
 }

@@ -16,6 +16,19 @@ use ficco_cuda::loader::LibSpec;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A C compiler that works here (`$CC`, `cc` or `gcc`); fails `test`
+/// without one. These tests need no GPU, so they are not ignored: a machine
+/// that builds Rust has `cc` (Rust's linker) almost always, CI has gcc, and
+/// a test that cannot build its fakes must not count as passed.
+pub fn compiler_for(test: &str) -> String {
+    compiler().unwrap_or_else(|| {
+        panic!(
+            "{test}: no C compiler (cc, gcc or $CC) to build fake libraries: install one \
+             (e.g. gcc), or leave this test out with --skip"
+        )
+    })
+}
+
 /// A C compiler that works here (`$CC`, `cc` or `gcc`), or `None`.
 pub fn compiler() -> Option<String> {
     let mut tried = vec![];

@@ -6,12 +6,17 @@
 //! holds chunk j of shard q (rows q·R + j·h ..).
 //!
 //! * **ag-gemm.** Each rank copies its own shard into the gathered A on a
-//!   `local` copy stream and pulls its peers' shards on the comm stream(s)
+//!   `local` stream and pulls its peers' shards on the comm stream(s)
 //!   (ring: peer r+1 first, one peer at a time; all: a stream per peer), each
 //!   chunk followed by a Signal of its block's flag on the own rank. One tile
 //!   GEMM over the gathered A waits per block on that flag and takes blocks
 //!   from its own shard on (the own shard lands first, then the peers in
-//!   ring order: the kernel's rotated M order).
+//!   ring order: the kernel's rotated M order). The GEMM is launched only
+//!   after the own shard's copies (a dependency, not only their flags): a
+//!   copy within one GPU runs on SMs, which the persistent GEMM's spinning
+//!   CTAs can hold (measured: it then never runs; see `docs/signals.md` and
+//!   [`crate::plan::spin`]). The pulls from peers run on copy engines, so
+//!   the GEMM may wait for them in flight.
 //! * **gemm-rs.** One tile GEMM computes every rank's partial into `part`,
 //!   starting with the block of peer r+1 (served first) and ending with the
 //!   own block; each block's counter is flag `b`. A comm stream waits on the
@@ -216,14 +221,21 @@ impl Tiler {
         push_task(&mut self.ranks, rank, stream, label, kind, deps)
     }
 
-    fn signal(&mut self, rank: usize, stream: usize, to_rank: usize, flag: usize, what: &str) {
+    fn signal(
+        &mut self,
+        rank: usize,
+        stream: usize,
+        to_rank: usize,
+        flag: usize,
+        what: &str,
+    ) -> TaskId {
         self.push(
             rank,
             stream,
             format!("signal r{to_rank}.f{flag} {what}"),
             TaskKind::Signal { to_rank, flag },
             vec![],
-        );
+        )
     }
 
     fn wait(&mut self, rank: usize, stream: usize, flag: usize, what: &str) {
@@ -240,13 +252,13 @@ impl Tiler {
         self.push(rank, stream, label, TaskKind::Copy { src, dst }, vec![]);
     }
 
-    fn tile_gemm(&mut self, rank: usize, label: &str, g: TileGemm) {
+    fn tile_gemm(&mut self, rank: usize, label: &str, deps: Vec<TaskId>, g: TileGemm) {
         self.push(
             rank,
             COMPUTE,
             label.to_string(),
             TaskKind::TileGemm(g),
-            vec![],
+            deps,
         );
     }
 
@@ -255,9 +267,24 @@ impl Tiler {
         let (a, b, out, ag) = (0, 1, 2, 3);
         let local = self.comm_streams + 1;
         for r in 0..self.gpus() {
+            let mut own_done = vec![];
+            for j in 0..self.c {
+                let src = RankView {
+                    rank: r,
+                    view: self.view(a, j * self.h, self.h),
+                };
+                let dst = RankView {
+                    rank: r,
+                    view: self.chunk(ag, r, j),
+                };
+                self.copy(r, local, format!("own c{j}"), src, dst);
+                let f = self.block(r, j);
+                own_done = vec![self.signal(r, local, r, f, &format!("< own c{j}"))];
+            }
             self.tile_gemm(
                 r,
                 "tile-gemm",
+                own_done,
                 TileGemm {
                     a: self.whole(ag),
                     b: self.whole(b),
@@ -271,19 +298,6 @@ impl Tiler {
                     sm_target: self.s.gemm_sm_target(),
                 },
             );
-            for j in 0..self.c {
-                let src = RankView {
-                    rank: r,
-                    view: self.view(a, j * self.h, self.h),
-                };
-                let dst = RankView {
-                    rank: r,
-                    view: self.chunk(ag, r, j),
-                };
-                self.copy(r, local, format!("own c{j}"), src, dst);
-                let f = self.block(r, j);
-                self.signal(r, local, r, f, &format!("< own c{j}"));
-            }
             for (s, j) in self.steps() {
                 let q = self.peer(r, s);
                 let cs = self.comm_stream(s);
@@ -340,6 +354,7 @@ impl Tiler {
             self.tile_gemm(
                 r,
                 if acc { "tile-gemm +=" } else { "tile-gemm" },
+                vec![],
                 TileGemm {
                     a: self.whole(a),
                     b: self.whole(b),
