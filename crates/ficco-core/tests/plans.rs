@@ -302,3 +302,40 @@ fn ring_and_all_shard_and_bulk_are_one_plan_exactly_when_there_is_one_peer() {
         }
     }
 }
+
+/// The work digest agrees with `same_work` on every pair of plans of the
+/// design space (twins share it; all others differ), with and without the
+/// controls, at 2, 4 and 8 GPUs.
+#[test]
+fn work_digests_agree_with_same_work() {
+    let mut twins = 0;
+    for gpus in [2, 4, 8] {
+        for op in Op::ALL {
+            let p = Problem::new(op, 1024 * gpus, 512, 256, gpus).unwrap();
+            let opts = SpaceOptions {
+                controls: true,
+                ..SpaceOptions::default()
+            };
+            let plans: Vec<_> = enumerate(op, opts)
+                .iter()
+                .filter_map(|s| lower(&p, s).ok())
+                .collect();
+            let digests: Vec<u64> = plans.iter().map(|p| p.work_digest()).collect();
+            for i in 0..plans.len() {
+                for j in i + 1..plans.len() {
+                    let same = plans[i].same_work(&plans[j]);
+                    twins += usize::from(same);
+                    assert_eq!(
+                        digests[i] == digests[j],
+                        same,
+                        "{} {} vs {}",
+                        p.label(),
+                        plans[i].name,
+                        plans[j].name
+                    );
+                }
+            }
+        }
+    }
+    assert!(twins > 0, "no twins at P=2");
+}

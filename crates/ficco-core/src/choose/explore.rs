@@ -192,7 +192,25 @@ fn retime_contenders(
 }
 
 /// A schedule lowered, validated and predicted, or why it was skipped.
-type Prepared = std::result::Result<(Plan, Timeline), String>;
+struct Ready {
+    /// The plan, unless nothing after the prediction needs it (see
+    /// [`keeps_plans`]).
+    plan: Option<Plan>,
+    /// [`Plan::work_digest`], to find plans of the same work.
+    digest: u64,
+    pred: Timeline,
+}
+
+type Prepared = std::result::Result<Ready, String>;
+
+/// Whether the plans are needed after their prediction: to measure them
+/// (and re-time the contenders), or to draw the best's timeline. The
+/// simulator's measurement is its prediction: without traces, a plan is
+/// dropped once predicted, so memory holds a plan per thread, not the whole
+/// design space's.
+fn keeps_plans(opts: &ExploreOptions) -> bool {
+    !opts.measure_is_prediction || opts.timelines
+}
 
 /// Lowers, validates and predicts one schedule (pure: any thread may).
 fn prepare(
@@ -219,7 +237,11 @@ fn prepare(
         // large GPU counts each has tens of thousands of spans.
         pred.spans = Vec::new();
     }
-    Ok((plan, pred))
+    Ok(Ready {
+        digest: plan.work_digest(),
+        plan: keeps_plans(opts).then_some(plan),
+        pred,
+    })
 }
 
 /// [`prepare`] for every schedule but `seq`, spread over `opts.threads`
@@ -315,8 +337,10 @@ pub fn explore(
     let reference = Reference::new(seq_run.time_ms, comp.time_ms, comm.time_ms);
 
     let mut report = ScenarioReport::new(scenario, &name, &hardware, reference);
-    // Plans and predicted timelines of the rows that ran, by row index.
+    // Plans and predicted timelines of the rows that ran, by row index
+    // (where the plans are kept), and the digests of their work.
     let mut ran: Vec<Option<(Plan, Timeline, Option<Timeline>)>> = vec![];
+    let mut digests: Vec<Option<u64>> = vec![];
     let prepared = prepare_all(problem, schedules, predict, opts);
     for (schedule, prep) in schedules.iter().zip(prepared) {
         let sname = schedule.name();
@@ -334,37 +358,41 @@ pub fn explore(
                 seq_pred.clone(),
                 seq_run.timeline.clone(),
             )));
+            digests.push(Some(seq_plan.work_digest()));
             continue;
         };
-        let (plan, pred) = match prep {
+        let Ready { plan, digest, pred } = match prep {
             Ok(p) => p,
             Err(reason) => {
                 report
                     .schedules
                     .push(ScheduleResult::skipped(sname, reason));
                 ran.push(None);
+                digests.push(None);
                 continue;
             }
         };
         // Names that lower to one plan (e.g. `shard`/`bulk` and `ring`/`all`
         // with a single peer) are one schedule: measure it once, so run-to-run
-        // noise cannot rank a plan against itself.
-        let twin = ran
-            .iter()
-            .enumerate()
-            .find_map(|(i, r)| r.as_ref().filter(|(p, _, _)| p.same_work(&plan)).map(|_| i));
-        let mut measure = |plan: &Plan| {
-            if opts.measure_is_prediction {
-                Ok(Measured {
-                    time_ms: pred.total_ms,
-                    max_rel_err: None,
-                    correct: true,
-                    timeline: None,
-                    launch_us: None,
-                })
-            } else {
-                backend.measure(plan, true, false)
-            }
+        // noise cannot rank a plan against itself. Where both plans are kept
+        // they are compared in full; else their digests are.
+        let twin = (0..digests.len()).find(|&i| {
+            digests[i] == Some(digest)
+                && match (&ran[i], &plan) {
+                    (Some((p, _, _)), Some(plan)) => p.same_work(plan),
+                    _ => true,
+                }
+        });
+        // (A plan not kept is one whose measurement is its prediction.)
+        let mut measure = |plan: Option<&Plan>| match plan {
+            Some(plan) if !opts.measure_is_prediction => backend.measure(plan, true, false),
+            _ => Ok(Measured {
+                time_ms: pred.total_ms,
+                max_rel_err: None,
+                correct: true,
+                timeline: None,
+                launch_us: None,
+            }),
         };
         let row = match twin {
             Some(i) => {
@@ -375,7 +403,7 @@ pub fn explore(
                     ..first.clone()
                 }
             }
-            None => match measure(&plan) {
+            None => match measure(plan.as_ref()) {
                 Ok(Measured {
                     time_ms,
                     max_rel_err,
@@ -394,7 +422,8 @@ pub fn explore(
         };
         let ok = row.skipped.is_none();
         report.schedules.push(row);
-        ran.push(ok.then_some((plan, pred, None)));
+        ran.push(plan.filter(|_| ok).map(|p| (p, pred, None)));
+        digests.push(ok.then_some(digest));
     }
     if !backend.deterministic() {
         retime_contenders(backend, &mut report.schedules, &ran, opts.retime_rounds)

@@ -38,7 +38,7 @@ pub const MAX_REDUCE_SOURCES: usize = 8;
 pub type BufId = usize;
 
 /// What a buffer holds, and so how an executor fills and checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub enum BufferRole {
     /// Operand A of the rank (the shard for ag-gemm). Filled with input data.
     InputA,
@@ -53,7 +53,7 @@ pub enum BufferRole {
 }
 
 /// A 2-D bf16 buffer of one rank, row-major with leading dimension `cols`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub struct Buffer {
     pub name: String,
     pub role: BufferRole,
@@ -127,7 +127,7 @@ pub struct RankView {
 }
 
 /// An NCCL operation on this rank's communicator.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub enum NcclOp {
     /// `recv` (P x send elements, rank-major) = gather of every rank's `send`.
     AllGather { send: View, recv: View },
@@ -181,7 +181,7 @@ pub struct GemmGroup {
 }
 
 /// What a task does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub enum TaskKind {
     /// c = a @ b, or c = a @ b + c when `accumulate` (bf16 in, f32
     /// accumulate, bf16 out), all views of this rank.
@@ -254,7 +254,7 @@ pub enum TaskKind {
 /// dependencies are done) and their waits allow; the task is done when every
 /// block is. The validator and the interpreter see each block as its own task
 /// ([`tile::expand`]), so a block that reads rows before their flag is caught.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub struct TileGemm {
     pub a: View,
     pub b: View,
@@ -326,7 +326,7 @@ pub struct TaskId {
 }
 
 /// One unit of work on one stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub struct Task {
     /// Short human label for traces, e.g. "gemm s1.c0".
     pub label: String,
@@ -337,13 +337,13 @@ pub struct Task {
 }
 
 /// What a stream is for: compute kernels, NCCL, or copy-engine transfers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub enum StreamRole {
     Compute,
     Comm,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub struct StreamSpec {
     pub name: String,
     pub role: StreamRole,
@@ -351,7 +351,7 @@ pub struct StreamSpec {
 }
 
 /// Everything one rank does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub struct RankPlan {
     pub buffers: Vec<Buffer>,
     pub streams: Vec<StreamSpec>,
@@ -367,7 +367,7 @@ impl RankPlan {
 }
 
 /// Device resources a plan runs under, the same on every rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Hash, Eq, Default, Serialize, Deserialize)]
 pub struct Resources {
     /// Compute-role streams run on a green context of this many SMs, and
     /// communication-role streams on a green context of the remaining SMs.
@@ -380,7 +380,7 @@ pub struct Resources {
 }
 
 /// A lowered schedule: one `RankPlan` per rank (index = rank).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub problem: Problem,
     /// The schedule's canonical name, or a reference name ("gemm-only", "comm-only").
@@ -433,6 +433,30 @@ impl Plan {
         self.ranks.iter().map(|r| r.tasks.len()).sum()
     }
 
+    /// A 64-bit digest of what [`Plan::same_work`] compares: plans that do
+    /// the same work have the same digest, and two plans that differ have
+    /// the same one with probability about 2^-64. The explore driver keeps
+    /// digests instead of whole plans where it only needs to find twins (at
+    /// large GPU counts each plan has tens of thousands of tasks).
+    pub fn work_digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = DigestHasher::default();
+        self.problem.hash(&mut h);
+        self.resources.hash(&mut h);
+        self.ranks.len().hash(&mut h);
+        for rp in &self.ranks {
+            rp.buffers.hash(&mut h);
+            rp.streams.hash(&mut h);
+            rp.tasks.len().hash(&mut h);
+            for t in &rp.tasks {
+                t.stream.hash(&mut h);
+                t.kind.hash(&mut h);
+                t.deps.hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+
     /// The two plans do the same work in the same order on the same streams
     /// and resources: equal but for names and task labels (e.g. `shard` and
     /// `bulk` with one peer). An executor runs them identically.
@@ -449,5 +473,70 @@ impl Plan {
                         .zip(&b.tasks)
                         .all(|(x, y)| x.stream == y.stream && x.kind == y.kind && x.deps == y.deps)
             })
+    }
+}
+
+/// The hasher of [`Plan::work_digest`]: two lanes of folded 64x64->128-bit
+/// multiplies (the mixing of aHash's fallback), about five times faster
+/// than SipHash on a plan's millions of words. Not for untrusted input
+/// (no key): it only tells apart plans ficco lowered itself.
+#[derive(Debug, Clone, Copy)]
+struct DigestHasher {
+    a: u64,
+    b: u64,
+}
+
+impl Default for DigestHasher {
+    fn default() -> Self {
+        DigestHasher {
+            a: 0x243f_6a88_85a3_08d3,
+            b: 0x1319_8a2e_0370_7344,
+        }
+    }
+}
+
+impl DigestHasher {
+    fn fold(x: u64, y: u64) -> u64 {
+        let p = u128::from(x) * u128::from(y);
+        (p as u64) ^ ((p >> 64) as u64)
+    }
+
+    fn add(&mut self, x: u64) {
+        self.a = Self::fold(self.a ^ x, 0x5851_f42d_4c95_7f2d);
+        self.b = Self::fold(self.b.wrapping_add(x), 0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl std::hash::Hasher for DigestHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(w));
+        }
+        self.add(bytes.len() as u64);
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        Self::fold(
+            self.a ^ 0xa409_3822_299f_31d0,
+            self.b ^ 0x082e_fa98_ec4e_6c89,
+        )
     }
 }
