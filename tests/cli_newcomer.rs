@@ -427,3 +427,99 @@ fn a_size_the_gpus_do_not_divide_names_sizes_they_do() {
         "m = 65536 is not divisible by the GPU count 72: the nearest multiples of 72 are 65520 and 65592",
     );
 }
+
+// Item 7: the README shows what ficco prints.
+
+fn readme() -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md")
+}
+
+/// The code block of the README that starts with `first`.
+fn readme_block(first: &str) -> Vec<String> {
+    let text = readme();
+    let start = text
+        .find(&format!("```\n{first}"))
+        .unwrap_or_else(|| panic!("no README block starting with {first:?}"));
+    text[start + 4..]
+        .lines()
+        .take_while(|l| !l.starts_with("```"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every line of `shown` but `...` is a line of `got`, in the same order.
+fn shown_in_order(shown: &[String], got: &str) {
+    let mut lines = got.lines();
+    for want in shown.iter().filter(|l| l.trim() != "...") {
+        assert!(
+            lines.any(|l| l == want),
+            "README line not printed (or out of order): {want:?}\n--- printed:\n{got}"
+        );
+    }
+}
+
+#[test]
+fn the_readme_first_screen_is_what_the_main_job_prints() {
+    let text = readme();
+    let first_block = text.find("\n```\n").expect("an output block");
+    let first_screen: String = text[..first_block].lines().take(40).collect();
+    assert!(
+        first_screen.contains("explore --model llama3-70b --tokens 8192 --gpus 4"),
+        "the main job is on the first screen"
+    );
+    let o = ficco(&[
+        "explore",
+        "--model",
+        "llama3-70b",
+        "--tokens",
+        "8192",
+        "--gpus",
+        "4",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    if !stderr(&o).contains("no GPU backend available") {
+        eprintln!("SKIPPED: the README shows the simulator's output; this machine has GPUs");
+        return;
+    }
+    let shown = readme_block("ficco: no GPU backend available");
+    assert!(shown.len() > 20, "{shown:?}");
+    let got = format!("{}{}", stderr(&o), stdout(&o));
+    shown_in_order(&shown, &got);
+    // The block starts within the first 80 lines of the README.
+    let at = text[..text.find("```\nficco: no GPU backend").unwrap()]
+        .lines()
+        .count();
+    assert!(at < 80, "the output starts at line {at}");
+}
+
+#[test]
+fn the_readme_schedule_listing_is_what_schedules_prints() {
+    let shown = readme_block("# ");
+    let o = ficco(&["schedules", "--op", "ag-gemm", "--gpus", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let got = stdout(&o);
+    assert!(
+        shown[0].starts_with("# 43 schedules of ag-gemm on 4 GPUs"),
+        "{shown:?}"
+    );
+    for (want, got) in shown.iter().zip(got.lines()) {
+        assert_eq!(want, got);
+    }
+}
+
+#[test]
+fn shipped_files_cite_only_files_in_the_repository() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["suites", "examples"] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = e.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                !text.contains("MISSION.md"),
+                "{} cites MISSION.md, which is not in the repository",
+                path.display()
+            );
+        }
+    }
+}
