@@ -248,7 +248,21 @@ def main():
     args = parse_args()
     if "RANK" not in os.environ:
         sys.exit("run under torchrun: torchrun --nproc-per-node N examples/llama_tp_block.py ...")
+    if not torch.cuda.is_available():
+        # Before any CUDA call: PyTorch's own error would be a traceback.
+        sys.exit(
+            "llama_tp_block: no CUDA GPU here (torch.cuda.is_available() is False); the block "
+            "runs on GPUs (--loopback: every rank on one). Without a GPU, ficco's simulator "
+            "says which schedule each layer gets: "
+            "ficco explore --model llama3-70b --tokens 8192 --gpus 4"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not args.loopback and local_rank >= torch.cuda.device_count():
+        sys.exit(
+            f"llama_tp_block: rank {local_rank} of this node has no GPU of its own "
+            f"({torch.cuda.device_count()} visible); run as many processes per node as GPUs, "
+            "or --loopback to put every rank on cuda:0"
+        )
     dev = torch.device("cuda", 0 if args.loopback else local_rank)
     torch.cuda.set_device(dev)
     if args.loopback:

@@ -50,8 +50,18 @@ import threading
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ModuleNotFoundError as _e:
+    if _e.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "ficco.torch needs PyTorch, which is not installed in this Python: "
+        "pip install 'ficco[torch]' (or pip install torch). `import ficco` "
+        "alone (schedule names, version) works without it.",
+        name="torch",
+    ) from None
 
 import ficco
 from ficco import _native
@@ -155,6 +165,7 @@ def empty(*size, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     if not size or not all(isinstance(d, int) and d > 0 for d in size):
         raise ValueError(f"{fn}: size must be positive integers, got {size}")
     _check_initialised(fn)
+    _check_cuda(fn)
     s = _session(fn, _resolve(group))
     elems = 1
     for d in size:
@@ -178,6 +189,7 @@ def session(group: Optional[dist.ProcessGroup] = None) -> "_native.Session":
     of the group calls it)."""
     fn = "ficco.torch.session"
     _check_initialised(fn)
+    _check_cuda(fn)
     return _session(fn, _resolve(group))
 
 
@@ -390,6 +402,19 @@ def _check_initialised(fn: str) -> None:
             f"{fn}: torch.distributed is not initialised; call "
             "torch.distributed.init_process_group(...) first (under torchrun, "
             "init_process_group('nccl') reads the environment it sets)"
+        )
+
+
+def _check_cuda(fn: str) -> None:
+    """A ficco session drives this process's CUDA device: say so plainly
+    where PyTorch sees none (rather than PyTorch's "Found no NVIDIA
+    driver" from deep inside the session's set-up)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{fn}: no CUDA device: PyTorch sees none here (torch.cuda.is_available() "
+            "is False), and ficco's ops and shared tensors run on NVIDIA GPUs. Run on a "
+            "GPU machine; to see which schedule ficco picks without a GPU, use the "
+            "simulator: `ficco select` or `ficco explore --backend sim`"
         )
 
 

@@ -106,7 +106,9 @@ fn check_schedule(
 #[pyfunction]
 #[pyo3(signature = (op, gpus, controls=false))]
 fn schedules(op: &str, gpus: usize, controls: bool) -> PyResult<Vec<String>> {
-    let op = parse_op(op)?;
+    // Every operator, as `ficco schedules` lists them (not only the three
+    // with PyTorch ops).
+    let op: Op = op.parse().map_err(core_err)?;
     if gpus < 2 {
         return Err(core_err(ficco_core::Error::Shape(format!(
             "gpus must be at least 2 for a communication-dependent operator, got {gpus}"

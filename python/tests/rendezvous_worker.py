@@ -58,6 +58,7 @@ class FakeSession:
 def main():
     out_path = sys.argv[1]
     socket.gethostname = lambda: os.environ["FAKE_HOST"]
+    torch.cuda.is_available = lambda: True
     torch.cuda.current_device = lambda: int(os.environ["FAKE_DEV"])
     torch.cuda.get_device_properties = lambda d: types.SimpleNamespace(uuid=os.environ["FAKE_UUID"])
     ft._native.Session = FakeSession
