@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 use ficco_core::problem::models::{self, ModelSpec};
 use ficco_core::problem::routing::{MoeSpec, Skew, DEFAULT_SEED};
 use ficco_core::problem::workload::{check_gpu_count, Op, Problem, Scenario};
+use ficco_core::run::Iterations;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::Error;
 
@@ -26,6 +27,52 @@ pub struct GpuRunArgs {
     /// CUDA graph (graphs are the default where capture works).
     #[arg(long)]
     pub no_graph: bool,
+}
+
+/// `--iters` and `--warmup`: the iterations of each GPU measurement (as
+/// nccl-tests' `-n` and `-w`).
+#[derive(Args, Debug, Clone, Copy, Default)]
+#[command(allow_negative_numbers = true)]
+pub struct IterArgs {
+    /// Timed iterations of each GPU measurement (default 20): the table's time
+    /// is their median, min and max their range. The simulator does not iterate.
+    #[arg(long, value_name = "N")]
+    pub iters: Option<i64>,
+    /// Untimed warm-up iterations before them (default 5).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<i64>,
+}
+
+impl IterArgs {
+    /// The iterations asked for, when either flag was given (the other at
+    /// its default).
+    pub fn iterations(&self) -> Result<Option<Iterations>> {
+        if self.iters.is_none() && self.warmup.is_none() {
+            return Ok(None);
+        }
+        let timed = match self.iters.unwrap_or(20) {
+            n if n < 1 => bail!("--iters must be at least 1 (the timed iterations), got {n}"),
+            n => usize::try_from(n)?,
+        };
+        let warmup = match self.warmup.unwrap_or(5) {
+            w if w < 0 => bail!("--warmup must be zero or positive, got {w}"),
+            w => usize::try_from(w)?,
+        };
+        Ok(Some(Iterations { warmup, timed }))
+    }
+
+    /// Sets them on `backend`, saying on stderr where they do nothing.
+    pub fn apply(&self, backend: &mut dyn ficco_core::run::Backend) -> Result<()> {
+        if let Some(it) = self.iterations()? {
+            if !backend.set_iterations(it) {
+                eprintln!(
+                    "ficco: --iters and --warmup apply to GPU measurements; the simulator ({}) does not iterate",
+                    backend.name()
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The built-in hardware profile used when `--hw` is not given.

@@ -88,6 +88,8 @@ pub struct ExploreArgs {
     procs: Option<i64>,
     #[command(flatten)]
     pub gpu: GpuRunArgs,
+    #[command(flatten)]
+    pub iter: crate::args::IterArgs,
 }
 
 /// The scenarios the flags ask for, validated.
@@ -221,6 +223,7 @@ pub fn run(args: ExploreArgs) -> Result<()> {
     }
     let max_gpus = scenarios.iter().map(|s| s.problem.gpus).max().unwrap_or(0);
     let mut backend = open_backend(args.backend, max_gpus, &hw, job)?;
+    args.iter.apply(backend.as_mut())?;
     let space = space(args.controls, &hw);
     let sim = Simulator::new(hw.clone());
     let timelines = args.trace.is_some() || args.svg.is_some();

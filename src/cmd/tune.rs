@@ -30,6 +30,8 @@ pub struct TuneArgs {
     json: bool,
     #[command(flatten)]
     pub gpu: GpuRunArgs,
+    #[command(flatten)]
+    pub iter: crate::args::IterArgs,
 }
 
 pub fn run(args: TuneArgs) -> Result<()> {
@@ -58,6 +60,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
             )
         })?
         .backend;
+    args.iter.apply(m.as_mut())?;
     let (mut cache, warn) = TuneCache::load(&path);
     if let Some(w) = warn {
         eprintln!("ficco: warning: {w} (it will be rewritten)");

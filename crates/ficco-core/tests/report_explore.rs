@@ -63,6 +63,7 @@ impl<F: Fn(&Plan) -> Result<Timeline>> Backend for Predicted<F> {
             correct: true,
             timeline: timeline.then_some(tl),
             launch_us: None,
+            range_ms: None,
         })
     }
 }
@@ -113,6 +114,7 @@ impl Backend for Mock {
                 total_ms: time_ms,
             }),
             launch_us: Some(12.0),
+            range_ms: None,
         })
     }
 }
@@ -439,6 +441,7 @@ impl Backend for Drifting {
             correct: true,
             timeline: None,
             launch_us: None,
+            range_ms: None,
         })
     }
 }
@@ -556,4 +559,80 @@ fn the_simulator_backend_simulates_each_plan_once_on_any_thread_count() {
     for r in &reports {
         assert_eq!(r, &twice);
     }
+}
+
+/// Issue 31: a measurer's iteration range reaches the report, and a
+/// re-timed contender keeps the range of all its rounds.
+#[test]
+fn iteration_ranges_reach_the_report_and_span_every_round() {
+    struct Ranged {
+        calls: usize,
+    }
+    impl Backend for Ranged {
+        fn name(&self) -> &str {
+            "gpu"
+        }
+        fn device(&self) -> String {
+            "4x Ranged".into()
+        }
+        fn prepare(&mut self, _: &Plan) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn measure(&mut self, plan: &Plan, check: bool, _: bool) -> Result<Measured, BackendError> {
+            self.calls += 1;
+            let t = if plan.name == "seq" { 3.0 } else { 1.0 };
+            // Each call a little wider than the last.
+            let w = 0.01 * self.calls as f64;
+            Ok(Measured {
+                time_ms: t,
+                max_rel_err: check.then_some(1e-3),
+                correct: true,
+                timeline: None,
+                launch_us: None,
+                range_ms: Some((t - w, t + w)),
+            })
+        }
+    }
+    let schedules = vec![
+        Schedule::SEQ,
+        sched("shard-copy-all"),
+        sched("fine2-copy-all"),
+    ];
+    let predict = table_predict(HashMap::new());
+    let mut b = Ranged { calls: 0 };
+    let r = explore(
+        &scenario(),
+        &schedules,
+        &predict,
+        &mut b,
+        &ExploreOptions::default(),
+    )
+    .unwrap()
+    .report;
+    for row in &r.schedules {
+        let (lo, hi) = (row.min_ms.unwrap(), row.max_ms.unwrap());
+        assert!(
+            lo <= row.time_ms.unwrap() && row.time_ms.unwrap() <= hi,
+            "{row:?}"
+        );
+    }
+    // The two contenders were re-timed twice more: their range is the
+    // widest of their three measurements, wider than their first.
+    let width = |n: &str| r.row(n).unwrap().max_ms.unwrap() - r.row(n).unwrap().min_ms.unwrap();
+    assert!(
+        width("shard-copy-all") > 2.0 * 0.04,
+        "{:?}",
+        r.row("shard-copy-all")
+    );
+}
+
+#[test]
+fn the_simulator_does_not_take_iterations() {
+    use ficco_core::run::Iterations;
+    use ficco_core::sim::profile::HwProfile;
+    let mut sim = ficco_core::sim::Simulator::new(HwProfile::builtin("h200-nvlink").unwrap());
+    assert!(!sim.set_iterations(Iterations {
+        warmup: 1,
+        timed: 3
+    }));
 }

@@ -299,3 +299,65 @@ fn trace_and_svg_show_both_timelines() {
         "ticks in ms"
     );
 }
+
+/// Issue 31: measured rows show the range of their timed iterations beside
+/// the median; the simulator's and older saved reports have no range.
+#[test]
+fn measured_tables_show_the_iterations_range() {
+    let sc = Scenario {
+        name: "r".into(),
+        problem: Problem::new(Op::AgGemm, 64, 32, 16, 2).unwrap(),
+    };
+    let mut r = ScenarioReport::new(&sc, "gpu", "2x H200", Reference::new(2.0, 1.0, 0.5));
+    r.schedules.push(ScheduleResult {
+        min_ms: Some(1.9),
+        max_ms: Some(2.3),
+        ..ScheduleResult::ran("seq", 2.0, 2.1, Some(0.0), false)
+    });
+    r.schedules.push(ScheduleResult {
+        min_ms: Some(1.25),
+        max_ms: Some(1.5),
+        ..ScheduleResult::ran("shard-copy-all", 1.3, 1.1, Some(1e-3), false)
+    });
+    r.finish();
+    let t = r.table();
+    assert!(
+        t.contains("# time is the median of the timed iterations"),
+        "{t}"
+    );
+    let head = t.lines().find(|l| l.starts_with("# schedule")).unwrap();
+    assert_eq!(
+        head.split_whitespace().collect::<Vec<_>>(),
+        [
+            "#",
+            "schedule",
+            "time",
+            "min",
+            "max",
+            "predicted",
+            "speedup",
+            "E",
+            "rel_err",
+            "#wrong"
+        ]
+    );
+    let row = t
+        .lines()
+        .find(|l| l.starts_with("  shard-copy-all"))
+        .unwrap();
+    assert_eq!(
+        row.split_whitespace().take(5).collect::<Vec<_>>(),
+        ["shard-copy-all", "1.3000", "1.2500", "1.5000", "1.1000"]
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["schedules"][1]["min_ms"], 1.25);
+    // Without ranges (saved before they existed): the columns as before.
+    for row in &mut r.schedules {
+        row.min_ms = None;
+        row.max_ms = None;
+    }
+    let t = r.table();
+    assert!(!t.contains(" min ") && !t.contains("median"), "{t}");
+    let v = serde_json::to_value(&r).unwrap();
+    assert!(v["schedules"][1].get("min_ms").is_none());
+}

@@ -787,6 +787,12 @@ impl GpuBackend {
         let per_iter: Vec<f64> = (0..iters)
             .map(|k| times.iter().map(|t| t.iters[k]).fold(0.0, f64::max))
             .collect();
+        let range_ms = per_iter
+            .iter()
+            .copied()
+            .fold(None, |r: Option<(f64, f64)>, t| {
+                Some(r.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t))))
+            });
         let time_ms = median(per_iter);
         let host: Vec<f64> = (0..iters)
             .filter_map(|k| {
@@ -826,6 +832,7 @@ impl GpuBackend {
             correct,
             timeline,
             launch_us,
+            range_ms,
         })
     }
 
@@ -908,6 +915,12 @@ impl Backend for GpuBackend {
         timeline: bool,
     ) -> Result<Measured, BackendError> {
         self.measure_plan(plan, check, timeline).map_err(to_backend)
+    }
+
+    fn set_iterations(&mut self, it: ficco_core::run::Iterations) -> bool {
+        self.config.warmup = it.warmup;
+        self.config.iters = it.timed.max(1);
+        true
     }
 }
 

@@ -150,6 +150,10 @@ impl Backend for JobBackend {
         self.fits(plan)?;
         self.0.measure(plan, check, timeline)
     }
+
+    fn set_iterations(&mut self, it: ficco_core::run::Iterations) -> bool {
+        self.0.set_iterations(it)
+    }
 }
 
 /// The GPU backend for plans of any GPU count: one [`GpuBackend`] per count
@@ -161,6 +165,8 @@ pub struct GpuBackends {
     current: usize,
     /// Every count runs as that many ranks on GPU 0.
     loopback: bool,
+    /// Iterations set for every count, opened or to be opened.
+    iterations: Option<ficco_core::run::Iterations>,
 }
 
 impl GpuBackends {
@@ -189,6 +195,7 @@ impl GpuBackends {
             by_count,
             current: gpus,
             loopback,
+            iterations: None,
         })
     }
 
@@ -196,7 +203,13 @@ impl GpuBackends {
         self.current = gpus;
         Ok(match self.by_count.entry(gpus) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(Self::open_one(gpus, self.loopback)?),
+            Entry::Vacant(e) => {
+                let mut b = Self::open_one(gpus, self.loopback)?;
+                if let Some(it) = self.iterations {
+                    b.set_iterations(it);
+                }
+                e.insert(b)
+            }
         })
     }
 }
@@ -235,5 +248,13 @@ impl Backend for GpuBackends {
     ) -> Result<Measured, BackendError> {
         self.select(plan.problem.gpus)?
             .measure(plan, check, timeline)
+    }
+
+    fn set_iterations(&mut self, it: ficco_core::run::Iterations) -> bool {
+        self.iterations = Some(it);
+        for b in self.by_count.values_mut() {
+            b.set_iterations(it);
+        }
+        true
     }
 }

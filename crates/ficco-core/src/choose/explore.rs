@@ -171,11 +171,21 @@ fn retime_contenders(
         .iter()
         .map(|&i| time(&rows[i]).into_iter().collect())
         .collect();
+    // The range of every timed iteration of every round.
+    let mut ranges: Vec<Option<(f64, f64)>> = contenders
+        .iter()
+        .map(|&i| rows[i].min_ms.zip(rows[i].max_ms))
+        .collect();
     for round in 0..rounds {
         for j in 0..contenders.len() {
             let c = (round + j) % contenders.len();
             if let Some(Some((plan, _, _))) = ran.get(contenders[c]) {
-                times[c].push(m.measure(plan, false, false)?.time_ms);
+                let got = m.measure(plan, false, false)?;
+                times[c].push(got.time_ms);
+                ranges[c] = match (ranges[c], got.range_ms) {
+                    (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
+                    (a, b) => a.or(b),
+                };
             }
         }
     }
@@ -185,6 +195,8 @@ fn retime_contenders(
         for row in rows.iter_mut() {
             if row.name == name || row.same_plan_as.as_deref() == Some(name.as_str()) {
                 row.time_ms = Some(t);
+                row.min_ms = ranges[c].map(|r| r.0);
+                row.max_ms = ranges[c].map(|r| r.1);
             }
         }
     }
@@ -346,13 +358,17 @@ pub fn explore(
         let sname = schedule.name();
         let Some(prep) = prep else {
             // seq: measured above with the references.
-            report.schedules.push(ScheduleResult::ran(
-                sname,
-                seq_run.time_ms,
-                seq_pred.total_ms,
-                seq_run.max_rel_err,
-                !seq_run.correct,
-            ));
+            report.schedules.push(ScheduleResult {
+                min_ms: seq_run.range_ms.map(|r| r.0),
+                max_ms: seq_run.range_ms.map(|r| r.1),
+                ..ScheduleResult::ran(
+                    sname,
+                    seq_run.time_ms,
+                    seq_pred.total_ms,
+                    seq_run.max_rel_err,
+                    !seq_run.correct,
+                )
+            });
             ran.push(Some((
                 seq_plan.clone(),
                 seq_pred.clone(),
@@ -392,6 +408,7 @@ pub fn explore(
                 correct: true,
                 timeline: None,
                 launch_us: None,
+                range_ms: None,
             }),
         };
         let row = match twin {
@@ -409,9 +426,12 @@ pub fn explore(
                     max_rel_err,
                     correct,
                     launch_us,
+                    range_ms,
                     ..
                 }) => ScheduleResult {
                     launch_us,
+                    min_ms: range_ms.map(|r| r.0),
+                    max_ms: range_ms.map(|r| r.1),
                     ..ScheduleResult::ran(&sname, time_ms, pred.total_ms, max_rel_err, !correct)
                 },
                 Err(e) => match crate::run::skip_reason(&e) {

@@ -60,6 +60,12 @@ pub struct ScheduleResult {
     /// that name, and this row repeats that measurement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_plan_as: Option<String>,
+    /// The fastest and the slowest timed iteration (ms), beside the median
+    /// `time_ms`; measured backends only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<f64>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -80,6 +86,8 @@ impl ScheduleResult {
             wrong: false,
             launch_us: None,
             same_plan_as: None,
+            min_ms: None,
+            max_ms: None,
         }
     }
 
@@ -102,6 +110,8 @@ impl ScheduleResult {
             wrong,
             launch_us: None,
             same_plan_as: None,
+            min_ms: None,
+            max_ms: None,
         }
     }
 

@@ -25,6 +25,9 @@ impl ScenarioReport {
         // The simulator has nothing to compare its time with: the time is
         // the prediction, and nothing was checked.
         let sim = self.backend == "sim";
+        // Measurements with their iterations' range (reports saved before
+        // ranges existed have none: their table is as it was).
+        let ranged = !sim && self.schedules.iter().any(|r| r.min_ms.is_some());
         let _ = writeln!(
             s,
             "# backend: {}   hardware: {}   dtype: bf16",
@@ -67,6 +70,21 @@ impl ScenarioReport {
                 "schedule", "time", "speedup", "E"
             );
             let _ = writeln!(s, "# {:<w$} {:>10} {:>8} {:>7}", "", "(ms)", "(x)", "");
+        } else if ranged {
+            let _ = writeln!(
+                s,
+                "# time is the median of the timed iterations (each the slowest rank's); min and max their range"
+            );
+            let _ = writeln!(
+                s,
+                "# {:<w$} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7} {:>9}  #wrong",
+                "schedule", "time", "min", "max", "predicted", "speedup", "E", "rel_err"
+            );
+            let _ = writeln!(
+                s,
+                "# {:<w$} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7} {:>9}",
+                "", "(ms)", "(ms)", "(ms)", "(ms)", "(x)", "", ""
+            );
         } else {
             let _ = writeln!(
                 s,
@@ -100,10 +118,20 @@ impl ScenarioReport {
                 );
                 continue;
             }
+            let range = if ranged {
+                let r = if row.skipped.is_some() {
+                    ["-".to_string(), "-".to_string()]
+                } else {
+                    [opt(row.min_ms, ms), opt(row.max_ms, ms)]
+                };
+                format!(" {:>10} {:>10}", r[0], r[1])
+            } else {
+                String::new()
+            };
             if let Some(reason) = &row.skipped {
                 let _ = writeln!(
                     s,
-                    "  {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  skipped: {reason}",
+                    "  {:<w$} {:>10}{range} {:>10} {:>8} {:>7} {:>9}  skipped: {reason}",
                     row.name, "-", "-", "-", "-", ""
                 );
                 continue;
@@ -119,7 +147,7 @@ impl ScenarioReport {
             };
             let _ = writeln!(
                 s,
-                "  {:<w$} {:>10} {:>10} {:>8} {:>7} {:>9}  {}{twin}",
+                "  {:<w$} {:>10}{range} {:>10} {:>8} {:>7} {:>9}  {}{twin}",
                 row.name,
                 opt(row.time_ms, ms),
                 opt(row.predicted_ms, ms),

@@ -26,6 +26,19 @@ pub struct Measured {
     /// Host-side cost of launching the plan once, µs (median over timed
     /// iterations, maximum over ranks); `None` where nothing is launched.
     pub launch_us: Option<f64>,
+    /// The fastest and the slowest timed iteration (each the maximum over
+    /// ranks), in ms, beside the median `time_ms`; `None` where nothing
+    /// iterates (the simulator).
+    pub range_ms: Option<(f64, f64)>,
+}
+
+/// Warm-up and timed iterations of each measurement (`--warmup`, `--iters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Iterations {
+    /// Untimed iterations first.
+    pub warmup: usize,
+    /// Timed iterations (at least 1); the median is reported.
+    pub timed: usize,
 }
 
 /// Error type of backends (a backend's own typed error, boxed).
@@ -72,4 +85,9 @@ pub trait Backend {
         check: bool,
         timeline: bool,
     ) -> Result<Measured, BackendError>;
+    /// Sets the iterations of later measurements; a backend that does not
+    /// iterate (the simulator) ignores them, and says so by returning false.
+    fn set_iterations(&mut self, _iterations: Iterations) -> bool {
+        false
+    }
 }

@@ -64,6 +64,7 @@ impl Backend for Simulator {
             correct: true,
             timeline: timeline.then_some(tl),
             launch_us: None,
+            range_ms: None,
         })
     }
 }
