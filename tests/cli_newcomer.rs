@@ -523,3 +523,33 @@ fn shipped_files_cite_only_files_in_the_repository() {
         }
     }
 }
+
+// Item 5 (what nccl-tests and hyperfine users miss): iterations as flags.
+
+#[test]
+fn iterations_are_flags_of_explore_and_tune() {
+    for cmd in ["explore", "tune"] {
+        let h = help(cmd);
+        assert!(
+            h.contains("--iters <N>") && h.contains("--warmup <N>"),
+            "{cmd}:\n{h}"
+        );
+    }
+    assert_fails(
+        &strs(&explore(&["--iters", "0"])),
+        "--iters must be at least 1 (the timed iterations), got 0",
+    );
+    assert_fails(
+        &strs(&explore(&["--warmup", "-1"])),
+        "--warmup must be zero or positive, got -1",
+    );
+    let o = ficco(&strs(&explore(&["--iters", "50", "--warmup", "10"])));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "ficco: --iters and --warmup apply to GPU measurements; the simulator (sim) does not iterate"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
