@@ -129,18 +129,20 @@ pub fn run(args: SoakArgs) -> Result<()> {
         ..MeasureConfig::default()
     };
     let started = Instant::now();
-    let planned: usize = scenarios
+    // The schedules of each scenario, filtered by --only, listed once.
+    let wanted = |s: &Schedule| {
+        args.only.is_empty() || args.only.iter().any(|o| s.name().contains(o.as_str()))
+    };
+    let lists: Vec<Vec<Schedule>> = scenarios
         .iter()
-        .map(|s| {
-            soak_schedules(s.problem.op)
-                .iter()
-                .filter(|x| {
-                    args.only.is_empty() || args.only.iter().any(|o| x.name().contains(o.as_str()))
-                })
-                .count()
-                * modes.len()
+        .map(|sc| {
+            soak_schedules(sc.problem.op)
+                .into_iter()
+                .filter(wanted)
+                .collect()
         })
-        .sum();
+        .collect();
+    let planned: usize = lists.iter().map(|l| l.len() * modes.len()).sum();
     println!(
         "# soak on {} ({} scenarios, {planned} runs planned: every run is 1 checked + {warmup} warm-up + {iters} timed iterations; watchdog {} ms)",
         ficco_core::run::Backend::device(&gpu),
@@ -153,12 +155,9 @@ pub fn run(args: SoakArgs) -> Result<()> {
     );
     let mut c = Counts::default();
     let mut failures = vec![];
-    'all: for sc in &scenarios {
+    'all: for (sc, list) in scenarios.iter().zip(&lists) {
         let seq = lower(&sc.problem, &Schedule::SEQ)?;
-        let wanted = |s: &Schedule| {
-            args.only.is_empty() || args.only.iter().any(|o| s.name().contains(o.as_str()))
-        };
-        for s in soak_schedules(sc.problem.op).into_iter().filter(wanted) {
+        for &s in list {
             let plan = match lower(&sc.problem, &s) {
                 Ok(p) => p,
                 Err(e) => {
