@@ -51,6 +51,10 @@ pub struct SoakArgs {
     /// Write one JSON object per run to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Print each run's phases to stderr as they start, with the seconds
+    /// since the soak began (to find where a process stalls).
+    #[arg(long)]
+    trace: bool,
 }
 
 /// The default space of `op` plus the `-hi` and `-2s` variants of its
@@ -187,6 +191,17 @@ pub fn run(args: SoakArgs) -> Result<()> {
                 }
                 // Fresh inputs for every run (the seed advances per prepare); the
                 // checked run also poisons the outputs first.
+                let trace = |phase: &str| {
+                    if args.trace {
+                        eprintln!(
+                            "soak {:8.2}s {} {} graphs={graphs}: {phase}",
+                            started.elapsed().as_secs_f64(),
+                            sc.name,
+                            s.name()
+                        );
+                    }
+                };
+                trace("prepare");
                 if let Err(e) = gpu.prepare_plan(&seq) {
                     bail!(
                         "{}: preparing inputs failed: {}",
@@ -196,8 +211,10 @@ pub fn run(args: SoakArgs) -> Result<()> {
                 }
                 gpu.run_opts.graphs = graphs;
                 let t0 = Instant::now();
+                trace("measure");
                 let res = gpu.measure_plan(&plan, true, false);
                 let wall = t0.elapsed().as_secs_f64();
+                trace("done");
                 let graphed = gpu.last_graphed.unwrap_or(false);
                 let (result, ms, rel) = match &res {
                     Ok(m) if m.correct => {

@@ -143,20 +143,21 @@ fn find(plan: &Plan, rank: usize, pred: impl Fn(&str, &TaskKind) -> bool) -> usi
         .expect("task")
 }
 
-/// ag-gemm: the Signal of a pulled chunk moved before its copy lets the GEMM
-/// block read the rows before they arrive.
+/// ag-gemm: the Signal of a pushed chunk moved before its copy lets the
+/// receiver's GEMM block read the rows before they arrive.
 #[test]
 fn a_block_reading_before_its_flag_is_caught() {
     let (problem, mut p) = plan(Op::AgGemm, "tile-copy-ring", 4, 8);
-    let copy = find(&p, 1, |l, _| l == "pull q3.c1");
+    // Rank 3 pushes its chunk 1 to rank 1, whose block 7 reads it.
+    let copy = find(&p, 3, |l, _| l == "push r1.c1");
     assert!(matches!(
-        p.ranks[1].tasks[copy + 1].kind,
-        TaskKind::Signal { .. }
+        p.ranks[3].tasks[copy + 1].kind,
+        TaskKind::Signal { to_rank: 1, .. }
     ));
-    p.ranks[1].tasks.swap(copy, copy + 1);
+    p.ranks[3].tasks.swap(copy, copy + 1);
     let err = validate(&p).unwrap_err().to_string();
     assert!(
-        err.contains("race") && err.contains("pull q3.c1") && err.contains("tile-gemm b7"),
+        err.contains("race") && err.contains("push r1.c1") && err.contains("tile-gemm b7"),
         "{err}"
     );
     let inputs = Inputs::random(&problem, 1);

@@ -196,10 +196,10 @@ mod tests {
             "{err}"
         );
         assert!(crate::plan::validate::validate(&old).is_err());
-        // A pull from a peer runs on copy engines: not a starved producer.
-        let pull = old.ranks[0].tasks.iter().find(
-            |t| matches!(&t.kind, TaskKind::Copy { src: RankView { rank, .. }, .. } if *rank != 0),
+        // A push to a peer runs on copy engines: not a starved producer.
+        let push = old.ranks[0].tasks.iter().find(
+            |t| matches!(&t.kind, TaskKind::Copy { dst: RankView { rank, .. }, .. } if *rank != 0),
         );
-        assert!(pull.is_some_and(|t| !needs_sms(0, &t.kind)));
+        assert!(push.is_some_and(|t| !needs_sms(0, &t.kind)));
     }
 }

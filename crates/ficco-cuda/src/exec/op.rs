@@ -121,7 +121,7 @@ use super::rank::Rank;
 use super::run::{
     flag_preds, same_rank_events, tile_share, CommHandle, FlagPreds, RunOpts, RunSpec, Shared,
 };
-use super::watchdog::{on_side_stream, RELEASED};
+use super::watchdog::{on_side_stream, Issuing, RELEASED};
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::DevicePtr;
@@ -537,6 +537,7 @@ pub(crate) struct OpPlan {
     iss: RankIssue,
     start: std::sync::Barrier,
     abort: AtomicBool,
+    issuing: Issuing,
 }
 
 impl OpPlan {
@@ -570,6 +571,7 @@ impl OpPlan {
         let local = vec![r];
         let start = std::sync::Barrier::new(1);
         let abort = AtomicBool::new(false);
+        let issuing = Issuing::new(world);
         let empty: Vec<Vec<DevicePtr>> = plan
             .ranks
             .iter()
@@ -593,6 +595,7 @@ impl OpPlan {
             opts: FAST_OPTS,
             start: &start,
             abort: &abort,
+            issuing: &issuing,
         };
         // Events and flag operations, made once (they do not depend on
         // where the operands are).
@@ -613,6 +616,7 @@ impl OpPlan {
             iss,
             start,
             abort,
+            issuing,
         })
     }
 
@@ -640,6 +644,7 @@ impl OpPlan {
             opts: FAST_OPTS,
             start: &self.start,
             abort: &self.abort,
+            issuing: &self.issuing,
         }
     }
 }
@@ -1144,16 +1149,54 @@ mod tests {
             },
         ];
         let got = bind_operands(&p, 0, &uses, arena.clone(), &ops).expect("binds");
-        // The shard is read by the peer: copied in, after the first wait.
+        // Only this rank reads its shard (it pushes it to its peers): the
+        // caller's memory itself, no copy in. B is rank-local too.
         let a = rp.buffer_with(BufferRole::InputA).expect("a");
-        assert_eq!(
-            got.copy_in,
-            vec![(arena[0][a], DevicePtr(0xa000), ops[0].bytes)]
-        );
-        // B is rank-local: the caller's memory itself.
+        assert_eq!(got.ptrs[0][a], DevicePtr(0xa000));
+        assert!(got.copy_in.is_empty() && got.copy_out.is_empty());
         let b = rp.buffer_with(BufferRole::InputB).expect("b");
         assert_eq!(got.ptrs[0][b], DevicePtr(0xb000));
         assert!(!got.shared);
+        // gemm-ar on the copy engines: peers push into this rank's output,
+        // so the output is the plan's own buffer, copied out after the call.
+        let ar = plan(Op::GemmAr, 1024, "fine2-copy-all");
+        let ar_uses = ficco_core::plan::validate::buffer_use(&ar);
+        let out = ar.ranks[0].buffer_with(BufferRole::Output).expect("out");
+        let ar_arena: Vec<Vec<DevicePtr>> = ar
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(q, rp)| {
+                (0..rp.buffers.len())
+                    .map(|b| DevicePtr(0x1000_0000 * (q as u64 + 1) + 0x10_0000 * b as u64))
+                    .collect()
+            })
+            .collect();
+        let ar_bytes = |role| {
+            ar.ranks[0]
+                .buffer_with(role)
+                .map(|b| ar.ranks[0].buffers[b].bytes())
+                .expect("buffer")
+        };
+        let ar_ops: Vec<Operand> = [
+            (BufferRole::InputA, 0xa000),
+            (BufferRole::InputB, 0xb000),
+            (BufferRole::Output, 0xc000),
+        ]
+        .into_iter()
+        .map(|(role, addr)| Operand {
+            role,
+            addr,
+            bytes: ar_bytes(role),
+            shared: None,
+        })
+        .collect();
+        let got_ar =
+            bind_operands(&ar, 0, &ar_uses, ar_arena.clone(), &ar_ops).expect("binds");
+        assert_eq!(
+            got_ar.copy_out,
+            vec![(DevicePtr(0xc000), ar_arena[0][out], ar_ops[2].bytes)]
+        );
         // Shared operands: every rank's in place, and the call waits for
         // every peer's end before the caller's stream resumes.
         let mut shared = ops.clone();

@@ -585,17 +585,16 @@ mod tests {
     }
 
     /// Without the hand-offs (the fast path as first written) the model
-    /// finds exactly what the GPU showed: a peer pulls the shard before it
-    /// is copied in, or the output is copied out before a peer's push.
+    /// finds what the GPU showed: the output is copied out before a peer's
+    /// push.
     #[test]
     fn without_the_handoffs_the_model_finds_the_races_seen_on_the_gpu() {
         let none = |_: &Plan| Handoff::default();
+        // ag-gemm once pulled the peers' shards (the race the GPU showed);
+        // it pushes now: it reaches only scratch memory of its peers.
         let ag = plan(Op::AgGemm, AG, 2, "shard-copy-ring");
-        let e = run(&[&ag], false, none).expect_err("ag-gemm races");
-        assert!(
-            e.contains("race") && e.contains("CopyIn") && e.contains("pull"),
-            "{e}"
-        );
+        assert!(Handoff::of(&ag).ready_to.iter().all(Vec::is_empty));
+        run(&[&ag], false, none).expect("ag-gemm needs no hand-off");
         let ar = plan(Op::GemmAr, AR, 2, "fine2-copy-all");
         let e = run(&[&ar], false, none).expect_err("gemm-ar races");
         assert!(
@@ -613,10 +612,8 @@ mod tests {
             h
         });
         run(&[&rs], false, none).expect("gemm-rs needs no hand-off");
-        // In shared memory, the end of every peer is waited for, but the
-        // shard is still read before the caller's stream reached the call.
-        let e = run(&[&ag], true, none).expect_err("in place too");
-        assert!(e.contains("race"), "{e}");
+        // Nor in shared memory (the end of every peer is waited for).
+        run(&[&ag], true, none).expect("ag-gemm in place needs no hand-off");
     }
 
     /// Every fast-capable copy schedule of the three operators, on 2 and 4

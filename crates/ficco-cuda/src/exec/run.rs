@@ -10,7 +10,7 @@
 use super::check::precheck;
 use super::iter::{capture, CrossEvents, RankIssue};
 use super::rank::Rank;
-use super::watchdog::watchdog;
+use super::watchdog::{watchdog, Issuing};
 use crate::comm::{CommCache, CommSet, NcclLimits};
 use crate::dist::Rendezvous;
 use crate::driver::cuda as cu;
@@ -208,6 +208,8 @@ pub(crate) struct Shared<'a> {
     pub start: &'a std::sync::Barrier,
     /// Set by the watchdog: stop issuing iterations.
     pub abort: &'a AtomicBool,
+    /// Where each rank's issuing thread is (the watchdog's report).
+    pub issuing: &'a Issuing,
 }
 
 impl Shared<'_> {
@@ -368,13 +370,22 @@ pub(crate) fn run_rank(
         let timeline = spec.timeline && it + 1 == total;
         clock_start(&clock, spec, it, &iss.control)?;
         let t0 = Instant::now();
+        let at = |step| sh.issuing.set(r, it, step);
         match graphs.get(parity) {
-            Some(g) if !timeline => g.launch().map_err(drv("cuGraphLaunch"))?,
+            Some(g) if !timeline => {
+                at(Issuing::GRAPH);
+                g.launch().map_err(drv("cuGraphLaunch"))?
+            }
             _ => {
+                at(Issuing::BEGIN);
                 iss.begin(sh, parity)?;
                 for i in 0..n_tasks {
+                    at(i as u32);
                     iss.task(rank, sh, i, timeline, None)?;
+                    let s = &iss.streams[sh.plan.ranks[r].tasks[i].stream];
+                    sh.issuing.task_done(s.cu_stream(), r, i, it)?;
                 }
+                at(Issuing::END);
                 iss.end(sh, parity)?;
             }
         }
@@ -383,7 +394,9 @@ pub(crate) fn run_rank(
             host_us.push(took);
         }
         clock_end(sh, &clock, it, &iss.control, std::iter::once(r))?;
+        at(Issuing::ISSUED);
     }
+    sh.issuing.set(r, total, Issuing::SYNC);
     rank.synchronize()?;
     Ok(RankTimes {
         iters: clock.iters(spec.timed)?,
@@ -538,6 +551,7 @@ fn run_loopback(
     let (order, iss, clock, fork, joins) = prep?;
     let control = iss[0].control.clone();
     let whole = |ranks: &mut [Rank],
+                 it: usize,
                  parity: usize,
                  timeline: bool,
                  cross: Option<&CrossEvents>|
@@ -550,6 +564,9 @@ fn run_loopback(
             i.begin(sh, parity)?;
         }
         for &(r, t) in &order {
+            if cross.is_none() {
+                sh.issuing.set(r, it, t as u32);
+            }
             iss[r].task(&mut ranks[r], sh, t, timeline, cross)?;
         }
         for i in &iss {
@@ -584,7 +601,7 @@ fn run_loopback(
             })
             .collect::<Result<_>>()?;
         for parity in 0..2 {
-            match capture(&control, || whole(ranks, parity, false, Some(&cross))) {
+            match capture(&control, || whole(ranks, parity, parity, false, Some(&cross))) {
                 Ok(g) => graphs.push(g),
                 Err(e) => {
                     graphs.clear();
@@ -604,16 +621,22 @@ fn run_loopback(
         let timeline = spec.timeline && it + 1 == total;
         clock_start(&clock, spec, it, &control)?;
         let t0 = Instant::now();
+        let at = |step| (0..p).for_each(|r| sh.issuing.set(r, it, step));
         match graphs.get(parity) {
-            Some(g) if !timeline => g.launch().map_err(drv("cuGraphLaunch"))?,
-            _ => whole(ranks, parity, timeline, None)?,
+            Some(g) if !timeline => {
+                at(Issuing::GRAPH);
+                g.launch().map_err(drv("cuGraphLaunch"))?
+            }
+            _ => whole(ranks, it, parity, timeline, None)?,
         }
         let took = t0.elapsed().as_secs_f64() * 1e6 / p as f64;
         if it >= spec.warmup && it < spec.warmup + spec.timed {
             host_us.push(took);
         }
         clock_end(sh, &clock, it, &control, 0..p)?;
+        at(Issuing::ISSUED);
     }
+    (0..p).for_each(|r| sh.issuing.set(r, total, Issuing::SYNC));
     ranks[0].synchronize()?;
     let iters = clock.iters(spec.timed)?;
     iss.iter()
@@ -821,6 +844,7 @@ fn run_bound(
     let events = same_rank_events(plan);
     let flag_preds = flag_preds(plan)?;
     let abort = AtomicBool::new(false);
+    let issuing = Issuing::for_plan(plan)?;
     let sh = Shared {
         plan,
         ptrs,
@@ -839,6 +863,7 @@ fn run_bound(
         opts,
         start: &start,
         abort: &abort,
+        issuing: &issuing,
     };
     if let Some(j) = job {
         // Every rank's flags are reset before any rank may write them.

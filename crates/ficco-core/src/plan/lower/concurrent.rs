@@ -101,11 +101,12 @@ pub(crate) fn gemm_only(p: &Problem) -> Plan {
 fn skeleton(p: &Problem, streams: Vec<StreamSpec>, copy: bool, reduces: bool) -> Plan {
     let (in_rows, out_rows) = p.side_rows();
     let g = p.gemm_count();
+    // Every copy collective pushes (peers write `out` or `recv`, never read `x`).
     let peers_write_out = copy && p.collective() != Collective::ReduceScatter;
     let mut buffers = vec![
         buffer("a", BufferRole::InputA, p.m, p.k, false),
         buffer("b", BufferRole::InputB, p.k, p.n, false),
-        buffer("x", BufferRole::InputX, in_rows, p.n, copy),
+        buffer("x", BufferRole::InputX, in_rows, p.n, false),
         buffer(
             "out",
             BufferRole::Output,
@@ -224,16 +225,19 @@ fn copy_collective(plan: &mut Plan, p: &Problem, comm_streams: usize) {
                 let x = view(plan, X, 0, in_rows);
                 copy(plan, r, 1, "copy own".into(), rv(r, x), rv(r, own), vec![]);
             }
+            // At step s rank q pushes x to rank (q - s) mod P: each rank
+            // receives from (r + s) mod P (pushes, not pulls: see
+            // `docs/signals.md`).
             for step in 1..n {
-                for r in 0..n {
-                    let q = (r + step) % n;
+                for q in 0..n {
+                    let r = (q + n - step) % n;
                     let src = view(plan, X, 0, in_rows);
                     let dst = view(plan, OUT, base + q * in_rows, in_rows);
                     copy(
                         plan,
-                        r,
+                        q,
                         step,
-                        format!("pull q{q}"),
+                        format!("push d{r}"),
                         rv(q, src),
                         rv(r, dst),
                         vec![],

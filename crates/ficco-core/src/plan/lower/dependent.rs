@@ -86,11 +86,12 @@ impl Builder {
         let buffers = match p.op {
             // Lowered by crate::plan::lower::{concurrent, moe}; never built here.
             Op::Concurrent | Op::A2aGemm | Op::GemmA2a => vec![],
+            // Copies push each shard into the peers' gathered A.
             Op::AgGemm => vec![
-                buffer("a", BufferRole::InputA, r, k, copy),
+                buffer("a", BufferRole::InputA, r, k, false),
                 buffer("b", BufferRole::InputB, k, n, false),
                 buffer("c", BufferRole::Output, m, n, false),
-                buffer("ag", BufferRole::Scratch, m, k, false),
+                buffer("ag", BufferRole::Scratch, m, k, copy),
             ],
             Op::GemmRs | Op::GemmAr => {
                 let out_rows = if p.op == Op::GemmRs { r } else { m };
@@ -313,31 +314,48 @@ impl Builder {
         self.gemm(r, "gemm local".into(), a, c, vec![]);
     }
 
+    /// ag-gemm on the copy engines: at step s rank q pushes chunk j of its
+    /// shard into the gathered A of rank (q - s) mod P, so each rank receives
+    /// from (r + s) mod P at step s; the receiver's GEMM of that chunk waits
+    /// for the push (a flag). Pushes, not pulls: at P = 4, copy-engine pulls
+    /// from peers issued directly (not from a CUDA graph) stalled in most
+    /// runs on H100 while pushes never did (`docs/signals.md`).
     fn ag_copy(&mut self) {
         let bb = self.bufs;
-        let (sr, h) = (self.shard(), self.chunk());
-        for r in 0..self.gpus() {
+        let (p, sr, h) = (self.gpus(), self.shard(), self.chunk());
+        for r in 0..p {
             self.local_ag_gemm(r);
-            let mut arrived = vec![];
+        }
+        // pushed[r][(s, j)]: the push that brings rank r chunk j of (r + s) mod P.
+        let mut pushed = vec![std::collections::HashMap::new(); p];
+        for q in 0..p {
             for (s, j) in self.steps() {
-                let q = self.peer(r, s);
+                let r = (q + p - s) % p;
                 let src = RankView {
                     rank: q,
                     view: self.view(bb.a, j * h, h),
                 };
-                let dst_view = self.view(bb.work, q * sr + j * h, h);
                 let dst = RankView {
                     rank: r,
-                    view: dst_view,
+                    view: self.view(bb.work, q * sr + j * h, h),
                 };
                 let cs = self.comm_stream(s);
                 let t = self.push(
-                    r,
+                    q,
                     cs,
-                    format!("pull q{q}.c{j}"),
+                    format!("push r{r}.c{j}"),
                     TaskKind::Copy { src, dst },
                     vec![],
                 );
+                pushed[r].insert((s, j), t);
+            }
+        }
+        for r in 0..p {
+            let mut arrived = vec![];
+            for (s, j) in self.steps() {
+                let q = self.peer(r, s);
+                let t = pushed[r][&(s, j)];
+                let dst_view = self.view(bb.work, q * sr + j * h, h);
                 if self.bulk() {
                     arrived.push((dst_view.row, t));
                 } else {

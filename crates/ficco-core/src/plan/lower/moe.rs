@@ -266,11 +266,11 @@ impl Builder {
                 let (sent, recv) = (rt.sent(q), rt.received(q));
                 let buffers = if dispatch {
                     vec![
-                        // Peers pull their blocks out of it.
-                        buffer("a", BufferRole::InputA, sent, k, copy),
+                        buffer("a", BufferRole::InputA, sent, k, false),
                         buffer("b", BufferRole::InputB, l * k, n, false),
                         buffer("out", BufferRole::Output, recv, n, false),
-                        buffer("recv", BufferRole::Scratch, recv, k, false),
+                        // Peers push their blocks into it.
+                        buffer("recv", BufferRole::Scratch, recv, k, copy),
                     ]
                 } else {
                     vec![
@@ -503,9 +503,13 @@ impl Builder {
         // Per rank: transfers that bulk's one peer GEMM waits for.
         let mut arrived: Vec<Vec<TaskId>> = vec![vec![]; p];
         if self.s.engine == Engine::Copy {
-            for q in 0..p {
+            // At step s rank r pushes its block for q = (r - s) mod P, so q
+            // receives from (q + s) mod P at step s; q's GEMM of it waits for
+            // the push (pushes, not pulls: see `docs/signals.md`).
+            let mut pushed = std::collections::HashMap::new();
+            for r in 0..p {
                 for (s, j) in self.steps() {
-                    let r = (q + s) % p;
+                    let q = (r + p - s) % p;
                     let (lo, hi) = chunk(self.block(r, q), c, j);
                     if lo == hi {
                         continue;
@@ -520,12 +524,22 @@ impl Builder {
                     };
                     let cs = self.comm_stream(s);
                     let t = self.push(
-                        q,
+                        r,
                         cs,
-                        format!("pull q{r}.c{j}"),
+                        format!("push d{q}.c{j}"),
                         TaskKind::Copy { src, dst },
                         vec![],
                     );
+                    pushed.insert((q, s, j), t);
+                }
+            }
+            for q in 0..p {
+                for (s, j) in self.steps() {
+                    let r = (q + s) % p;
+                    let Some(&t) = pushed.get(&(q, s, j)) else {
+                        continue;
+                    };
+                    let (lo, hi) = chunk(self.block(r, q), c, j);
                     if self.bulk() {
                         arrived[q].push(t);
                     } else {

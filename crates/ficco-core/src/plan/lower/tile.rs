@@ -107,10 +107,10 @@ impl Tiler {
             Op::AgGemm => {
                 streams.push(stream("local", StreamRole::Comm, s.comm_priority));
                 vec![
-                    buffer("a", BufferRole::InputA, r, k, true),
+                    buffer("a", BufferRole::InputA, r, k, false),
                     buffer("b", BufferRole::InputB, k, n, false),
                     buffer("c", BufferRole::Output, m, n, false),
-                    buffer("ag", BufferRole::Scratch, m, k, false),
+                    buffer("ag", BufferRole::Scratch, m, k, true),
                 ]
             }
             _ => {
@@ -262,27 +262,31 @@ impl Tiler {
         );
     }
 
-    /// ag-gemm: flags 0..B are the blocks' arrival flags.
+    /// ag-gemm: flags 0..B are the blocks' arrival flags. Each rank copies
+    /// its own shard and launches its GEMM, then pushes its shard to every
+    /// peer and sets the peer's arrival flag (pushes, not pulls: see
+    /// `Builder::ag_copy` in `dependent.rs`).
     fn ag(&mut self) {
         let (a, b, out, ag) = (0, 1, 2, 3);
         let local = self.comm_streams + 1;
-        for r in 0..self.gpus() {
+        let p = self.gpus();
+        for q in 0..p {
             let mut own_done = vec![];
             for j in 0..self.c {
                 let src = RankView {
-                    rank: r,
+                    rank: q,
                     view: self.view(a, j * self.h, self.h),
                 };
                 let dst = RankView {
-                    rank: r,
-                    view: self.chunk(ag, r, j),
+                    rank: q,
+                    view: self.chunk(ag, q, j),
                 };
-                self.copy(r, local, format!("own c{j}"), src, dst);
-                let f = self.block(r, j);
-                own_done = vec![self.signal(r, local, r, f, &format!("< own c{j}"))];
+                self.copy(q, local, format!("own c{j}"), src, dst);
+                let f = self.block(q, j);
+                own_done = vec![self.signal(q, local, q, f, &format!("< own c{j}"))];
             }
             self.tile_gemm(
-                r,
+                q,
                 "tile-gemm",
                 own_done,
                 TileGemm {
@@ -290,7 +294,7 @@ impl Tiler {
                     b: self.whole(b),
                     c: self.whole(out),
                     block_rows: self.h,
-                    first_block: self.block(r, 0),
+                    first_block: self.block(q, 0),
                     wait: Some(0),
                     signal: None,
                     dest: vec![],
@@ -299,7 +303,7 @@ impl Tiler {
                 },
             );
             for (s, j) in self.steps() {
-                let q = self.peer(r, s);
+                let r = (q + p - s) % p;
                 let cs = self.comm_stream(s);
                 let src = RankView {
                     rank: q,
@@ -309,9 +313,9 @@ impl Tiler {
                     rank: r,
                     view: self.chunk(ag, q, j),
                 };
-                self.copy(r, cs, format!("pull q{q}.c{j}"), src, dst);
+                self.copy(q, cs, format!("push r{r}.c{j}"), src, dst);
                 let f = self.block(q, j);
-                self.signal(r, cs, r, f, &format!("< pull q{q}.c{j}"));
+                self.signal(q, cs, r, f, &format!("< push r{r}.c{j}"));
             }
         }
     }
