@@ -2,6 +2,7 @@
 
 use crate::dist::job::Job;
 use crate::error::{drv, CudaError, Result};
+use crate::exec::watchdog::trace;
 use crate::exec::{self, Rank, RunOpts, RunSpec};
 use crate::info::{self, SystemInfo};
 use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer, DevicePtr};
@@ -745,6 +746,8 @@ impl GpuBackend {
     fn measure_inner(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
+        let tr = |what: &str| trace(|| format!("measure {}: {what}", plan.name));
+        tr("bind");
         let ptrs = self.bind(plan)?;
         let mut max_rel_err = None;
         let mut correct = true;
@@ -756,8 +759,11 @@ impl GpuBackend {
             {
                 return Err(CudaError::NotPrepared(plan.problem.label()));
             }
+            tr("load inputs (checked run)");
             self.load_inputs(plan, &ptrs, true, true)?;
+            tr("checked run");
             self.run(plan, &ptrs, RunSpec::ONCE)?;
+            tr("check outputs");
             let (err, ok) = self.check_outputs(plan, &ptrs)?;
             let (err, ok) = match self.job.as_mut() {
                 Some(j) => j.gather_check(err, ok)?,
@@ -768,6 +774,7 @@ impl GpuBackend {
         } else {
             self.load_inputs(plan, &ptrs, false, false)?;
         }
+        tr("timed run");
         let times = self.run(
             plan,
             &ptrs,

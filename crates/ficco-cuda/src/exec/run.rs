@@ -10,7 +10,7 @@
 use super::check::precheck;
 use super::iter::{capture, CrossEvents, RankIssue};
 use super::rank::Rank;
-use super::watchdog::{watchdog, Issuing};
+use super::watchdog::{trace, watchdog, Issuing};
 use crate::comm::{CommCache, CommSet, NcclLimits};
 use crate::dist::Rendezvous;
 use crate::driver::cuda as cu;
@@ -779,6 +779,7 @@ fn run_bound(
     let local: Vec<usize> = ranks.iter().map(|r| r.rank).collect();
     for rank in ranks.iter_mut() {
         let r = rank.rank;
+        trace(|| format!("run {}: rank {r} streams, GEMM warm-up, flags", plan.name));
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
         rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
@@ -815,6 +816,7 @@ fn run_bound(
     // The communicators under the plan's NCCL limits (default limits when
     // the plan sets none): one set per limits, cached for the process and
     // warmed up at first use. None in loopback.
+    trace(|| format!("run {}: communicators", plan.name));
     let comms: Vec<Option<CommHandle>> = if let Some(j) = job {
         (0..world)
             .map(|q| if q == local[0] { j.comm } else { None })
@@ -876,6 +878,7 @@ fn run_bound(
             std::process::exit(3);
         }
     }
+    trace(|| format!("run {}: issuing threads start", plan.name));
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let mut hang: Option<CudaError> = None;
@@ -923,6 +926,7 @@ fn run_bound(
             })
             .collect()
     });
+    trace(|| format!("run {}: threads joined (hang: {})", plan.name, hang.is_some()));
     if let Some(h) = hang {
         return Err(h);
     }

@@ -141,6 +141,25 @@ impl Issuing {
     }
 }
 
+/// Environment variable: `1` prints the phases of every measurement and
+/// run to stderr as they start (to find where a process stalls outside the
+/// watchdog's reach).
+pub const TRACE_ENV: &str = "FICCO_TRACE";
+
+/// Prints `what` to stderr with the seconds since the first call, when
+/// [`TRACE_ENV`] is `1`.
+pub(crate) fn trace(what: impl FnOnce() -> String) {
+    static ON: std::sync::OnceLock<Option<Instant>> = std::sync::OnceLock::new();
+    let on = ON.get_or_init(|| {
+        std::env::var(TRACE_ENV)
+            .is_ok_and(|v| v.trim() == "1")
+            .then(Instant::now)
+    });
+    if let Some(t0) = on {
+        eprintln!("ficco trace {:9.3}s {}", t0.elapsed().as_secs_f64(), what());
+    }
+}
+
 /// Exit status of a process the watchdog ends (EX_SOFTWARE).
 pub const HANG_EXIT_CODE: i32 = 70;
 
