@@ -457,14 +457,14 @@ fn watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag() {
     let problem = Problem::new(Op::AgGemm, 512, 256, 256, 2).expect("problem");
     let s: Schedule = "tile-copy-ring".parse().expect("schedule");
     let plan = lower(&problem, &s).expect("plan");
-    // Rank 0's Signal after its pull of rank 1's shard (rank 0: the
-    // watchdog reads ranks in order, and a finished rank's cleared flags
-    // read as unset).
-    let dropped = plan.ranks[0]
+    // Rank 1's Signal to rank 0 after its push of its shard into rank 0
+    // (the waiter is rank 0: the watchdog reads ranks in order, and a
+    // finished rank's cleared flags read as unset).
+    let dropped = plan.ranks[1]
         .tasks
         .iter()
-        .position(|t| t.kind.short() == "signal" && t.label.contains("pull"))
-        .expect("a pull's signal");
+        .position(|t| t.kind.short() == "signal" && t.label.contains("push r0"))
+        .expect("a push's signal");
     let init: Vec<Vec<Option<Vec<u16>>>> = plan
         .ranks
         .iter()
@@ -474,7 +474,7 @@ fn watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag() {
     for graphs in [false, true] {
         be.run_opts = RunOpts {
             watchdog_ms: bound_ms,
-            drop_signal: Some((0, dropped)),
+            drop_signal: Some((1, dropped)),
             graphs,
         };
         let t0 = Instant::now();
