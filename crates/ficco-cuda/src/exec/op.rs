@@ -1191,8 +1191,7 @@ mod tests {
             shared: None,
         })
         .collect();
-        let got_ar =
-            bind_operands(&ar, 0, &ar_uses, ar_arena.clone(), &ar_ops).expect("binds");
+        let got_ar = bind_operands(&ar, 0, &ar_uses, ar_arena.clone(), &ar_ops).expect("binds");
         assert_eq!(
             got_ar.copy_out,
             vec![(DevicePtr(0xc000), ar_arena[0][out], ar_ops[2].bytes)]

@@ -601,7 +601,9 @@ fn run_loopback(
             })
             .collect::<Result<_>>()?;
         for parity in 0..2 {
-            match capture(&control, || whole(ranks, parity, parity, false, Some(&cross))) {
+            match capture(&control, || {
+                whole(ranks, parity, parity, false, Some(&cross))
+            }) {
                 Ok(g) => graphs.push(g),
                 Err(e) => {
                     graphs.clear();
@@ -926,7 +928,13 @@ fn run_bound(
             })
             .collect()
     });
-    trace(|| format!("run {}: threads joined (hang: {})", plan.name, hang.is_some()));
+    trace(|| {
+        format!(
+            "run {}: threads joined (hang: {})",
+            plan.name,
+            hang.is_some()
+        )
+    });
     if let Some(h) = hang {
         return Err(h);
     }

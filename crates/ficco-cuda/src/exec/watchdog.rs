@@ -85,7 +85,10 @@ impl Issuing {
 
     pub fn set(&self, rank: usize, iteration: usize, step: u32) {
         if let Some(w) = self.at.get(rank) {
-            w.store(((iteration as u64) << 32) | u64::from(step), Ordering::Release);
+            w.store(
+                ((iteration as u64) << 32) | u64::from(step),
+                Ordering::Release,
+            );
         }
     }
 
@@ -101,7 +104,13 @@ impl Issuing {
             return Ok(());
         };
         // SAFETY: the word is inside the live mapped host allocation.
-        unsafe { cu::stream_write_value32(stream, words.device(base[rank] + index), iteration as u32 + 1) }
+        unsafe {
+            cu::stream_write_value32(
+                stream,
+                words.device(base[rank] + index),
+                iteration as u32 + 1,
+            )
+        }
     }
 
     /// The tasks of `rank` its device has not finished in `iteration` (1-based).
@@ -115,7 +124,10 @@ impl Issuing {
             .filter(|(i, _)| words.get(base[rank] + i) < iteration)
             .map(|(i, t)| format!("{i} '{}' (stream {})", t.label, t.stream))
             .collect();
-        Some(format!("unfinished tasks of iteration {iteration}: {}", open.join(", ")))
+        Some(format!(
+            "unfinished tasks of iteration {iteration}: {}",
+            open.join(", ")
+        ))
     }
 
     fn describe(&self, sh: &Shared<'_>, rank: usize) -> String {

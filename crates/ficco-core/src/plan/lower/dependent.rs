@@ -350,11 +350,11 @@ impl Builder {
                 pushed[r].insert((s, j), t);
             }
         }
-        for r in 0..p {
+        for (r, pushed) in pushed.iter().enumerate() {
             let mut arrived = vec![];
             for (s, j) in self.steps() {
                 let q = self.peer(r, s);
-                let t = pushed[r][&(s, j)];
+                let t = pushed[&(s, j)];
                 let dst_view = self.view(bb.work, q * sr + j * h, h);
                 if self.bulk() {
                     arrived.push((dst_view.row, t));
