@@ -11,8 +11,8 @@
 //! * `seq`: the GEMMs, then the collective after the last one (back to back).
 //! * `shard-nccl-ring`: one NCCL collective on its own stream, issued first
 //!   so its kernel is resident before the GEMMs fill the SMs.
-//! * `shard-copy-ring|all`: the collective on copy engines. all-gather pulls
-//!   every peer's block; reduce-scatter pushes block d of the input to rank
+//! * `shard-copy-ring|all`: the collective on copy engines. all-gather pushes
+//!   its block to every peer; reduce-scatter pushes block d of the input to rank
 //!   d's receive slot, then a reduce kernel (high priority, on a
 //!   communication stream) sums the P blocks; all-reduce is that
 //!   reduce-scatter followed by pushing the reduced block to every peer.

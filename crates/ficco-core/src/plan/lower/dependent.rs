@@ -293,7 +293,7 @@ impl Builder {
         }
     }
 
-    /// Peer order of step s for rank r: pull from / push to (r + s) mod P.
+    /// Peer order of step s for rank r: receive from / push to (r + s) mod P.
     fn peer(&self, r: usize, s: usize) -> usize {
         (r + s) % self.gpus()
     }

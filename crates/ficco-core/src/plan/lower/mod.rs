@@ -6,7 +6,7 @@
 //!
 //! * `ag-gemm`: the local shard's GEMM runs first, straight from the input,
 //!   while peers' chunks arrive in the gathered buffer `ag`; each arriving
-//!   chunk gets its own GEMM. Copy engines pull from the peer's input shard.
+//!   chunk gets its own GEMM. Each rank's copy engines push its shard to every peer.
 //! * `gemm-rs`: each rank computes its partial for peer d's rows and sends it
 //!   (copy engines push into d's `recv` slot for this rank), computes its own
 //!   block last, then sums the P slots per chunk with a reduce kernel. NCCL

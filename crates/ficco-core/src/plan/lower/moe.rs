@@ -29,7 +29,7 @@
 //!   the transfers); combine computes every peer block in one grouped GEMM
 //!   first, then sends the blocks and computes its own.
 //! * Engines and orders as for the tensor-parallel operators: copy engines
-//!   pull (dispatch) or push (combine) each block, on one stream (`ring`,
+//!   push each block (dispatch and combine), on one stream (`ring`,
 //!   peer (q + s) mod P at step s) or one stream per peer (`all`); NCCL makes
 //!   one grouped send/recv per step (`ring`) or per chunk with every peer
 //!   (`all`), on every rank even where its lists are empty, so that every

@@ -6,17 +6,18 @@
 //! holds chunk j of shard q (rows q·R + j·h ..).
 //!
 //! * **ag-gemm.** Each rank copies its own shard into the gathered A on a
-//!   `local` stream and pulls its peers' shards on the comm stream(s)
-//!   (ring: peer r+1 first, one peer at a time; all: a stream per peer), each
-//!   chunk followed by a Signal of its block's flag on the own rank. One tile
+//!   `local` stream and pushes its shard to its peers on the comm stream(s)
+//!   (ring: rank r receives from peer r+1 first, one peer at a time; all: a
+//!   stream per peer), each chunk followed by a Signal of its block's flag
+//!   on the receiving rank. One tile
 //!   GEMM over the gathered A waits per block on that flag and takes blocks
 //!   from its own shard on (the own shard lands first, then the peers in
 //!   ring order: the kernel's rotated M order). The GEMM is launched only
 //!   after the own shard's copies (a dependency, not only their flags): a
 //!   copy within one GPU runs on SMs, which the persistent GEMM's spinning
 //!   CTAs can hold (measured: it then never runs; see `docs/signals.md` and
-//!   [`crate::plan::spin`]). The pulls from peers run on copy engines, so
-//!   the GEMM may wait for them in flight.
+//!   [`crate::plan::spin`]). The pushes from peers run on their copy
+//!   engines, so the GEMM may wait for them in flight.
 //! * **gemm-rs.** One tile GEMM computes every rank's partial into `part`,
 //!   starting with the block of peer r+1 (served first) and ending with the
 //!   own block; each block's counter is flag `b`. A comm stream waits on the
