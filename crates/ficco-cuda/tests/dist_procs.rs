@@ -6,7 +6,7 @@
 //! with an error naming the cause within the bound, not a hang.
 
 use ficco_cuda::dist::{fdpass, DistError, LaunchEnv, Rendezvous};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
@@ -21,10 +21,20 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Runs `world` ranks of `role` as child processes; their exit codes and
-/// how long the slowest took. Children still running after `limit` are
-/// killed (their code is then None: a hang).
-fn run_job(role: &str, world: usize, limit: Duration) -> (Vec<Option<i32>>, Duration) {
+/// What a job of child ranks did.
+struct Job {
+    /// Each rank's exit code (None: killed after the limit, a hang).
+    codes: Vec<Option<i32>>,
+    /// How long the slowest took.
+    took: Duration,
+    /// Every rank's stderr, for the failure message (not printed otherwise:
+    /// a passing test prints nothing).
+    stderr: String,
+}
+
+/// Runs `world` ranks of `role` as child processes. Children still running
+/// after `limit` are killed.
+fn run_job(role: &str, world: usize, limit: Duration) -> Job {
     let port = free_port();
     let exe = std::env::current_exe().expect("test binary");
     let t0 = Instant::now();
@@ -36,7 +46,7 @@ fn run_job(role: &str, world: usize, limit: Duration) -> (Vec<Option<i32>>, Dura
                 .env(ROLE, role)
                 .env("FICCO_DIST_TIMEOUT_MS", "5000")
                 .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
+                .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn a rank")
         })
@@ -50,14 +60,22 @@ fn run_job(role: &str, world: usize, limit: Duration) -> (Vec<Option<i32>>, Dura
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for k in kids.iter_mut() {
+    let took = t0.elapsed();
+    let mut stderr = String::new();
+    for (r, k) in kids.iter_mut().enumerate() {
         let _ = k.kill();
         let _ = k.wait();
+        let mut text = String::new();
+        if let Some(mut e) = k.stderr.take() {
+            let _ = e.read_to_string(&mut text);
+        }
+        stderr.push_str(&format!("--- rank {r} stderr:\n{text}"));
     }
-    (
-        codes.into_iter().map(|c| c.flatten()).collect(),
-        t0.elapsed(),
-    )
+    Job {
+        codes: codes.into_iter().map(|c| c.flatten()).collect(),
+        took,
+        stderr,
+    }
 }
 
 /// Exit codes a child uses to say what it saw.
@@ -156,32 +174,36 @@ fn tempfile(text: &str) -> std::fs::File {
 
 #[test]
 fn four_processes_exchange_bytes_and_descriptors_exactly() {
-    let (codes, _) = run_job("exchange", 4, Duration::from_secs(60));
-    assert_eq!(codes, vec![Some(OK); 4]);
+    let job = run_job("exchange", 4, Duration::from_secs(60));
+    assert_eq!(job.codes, vec![Some(OK); 4], "{}", job.stderr);
 }
 
 #[test]
 fn a_rank_that_dies_ends_every_other_rank_with_an_error_naming_it() {
-    let (codes, took) = run_job("rank2-dies", 4, Duration::from_secs(60));
+    let job = run_job("rank2-dies", 4, Duration::from_secs(60));
     assert_eq!(
-        codes,
+        job.codes,
         vec![
             Some(SAW_PEER_LOST),
             Some(SAW_PEER_LOST),
             Some(DIED),
             Some(SAW_PEER_LOST)
-        ]
+        ],
+        "{}",
+        job.stderr
     );
     // Detected on the connection's close, well inside the 5 s wait bound.
-    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(job.took < Duration::from_secs(5), "{:?}", job.took);
 }
 
 #[test]
 fn rank_zero_dying_ends_every_other_rank_with_store_lost() {
-    let (codes, took) = run_job("rank0-dies", 3, Duration::from_secs(60));
+    let job = run_job("rank0-dies", 3, Duration::from_secs(60));
     assert_eq!(
-        codes,
-        vec![Some(DIED), Some(SAW_STORE_LOST), Some(SAW_STORE_LOST)]
+        job.codes,
+        vec![Some(DIED), Some(SAW_STORE_LOST), Some(SAW_STORE_LOST)],
+        "{}",
+        job.stderr
     );
-    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(job.took < Duration::from_secs(5), "{:?}", job.took);
 }
