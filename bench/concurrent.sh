@@ -14,7 +14,7 @@ timeout 150 .bin/ficco explore --backend gpu --suite suites/concurrent.toml >"$o
 echo "concurrent suite: exit $?"
 timeout 110 .bin/ficco explore --backend gpu --suite suites/concurrent.toml --json >"$out/concurrent.json" 2>>"$out/device.log"
 echo "concurrent json: exit $?"
-# 2. Controls on the dependent operators (MISSION.md's P=4 anchor shapes with NCCL variants).
+# 2. Controls on the dependent operators (the project's P=4 anchor shapes with NCCL variants).
 for shape in "ag-gemm 8192 8192 2560" "gemm-rs 8192 2048 8192" "gemm-ar 16384 2048 8192" "ag-gemm 16384 8192 14336"; do
   set -- $shape
   timeout 45 .bin/ficco explore --backend gpu --controls --op "$1" --m "$2" --k "$3" --n "$4" --gpus 4 --json \
