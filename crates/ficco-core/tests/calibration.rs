@@ -435,7 +435,7 @@ mod characterize {
         let mut d = victim_durations(&tl, 0);
         d.sort_by(f64::total_cmp);
         assert_eq!(d, vec![2.0, 3.0, 5.0]);
-        assert_eq!(median(&d), 3.0);
+        assert_eq!(ficco_core::stats::median(&d), Some(3.0));
     }
 
     #[test]

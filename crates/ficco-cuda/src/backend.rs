@@ -94,18 +94,9 @@ fn hardware_queues() {
     }
 }
 
-/// Median of a non-empty list (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// Median of a list (0 when empty).
+fn median(v: Vec<f64>) -> f64 {
+    ficco_core::stats::median(&v).unwrap_or(0.0)
 }
 
 impl GpuBackend {

@@ -14,7 +14,7 @@ use ficco_core::sim::calibrate::plans::{
     alone_plan, contention_plan, curve_plan, decomp_cuts, decomp_plan, pull_bytes, pull_plan,
 };
 use ficco_core::sim::calibrate::{
-    jobs, median, victim_durations, CharOptions, Characterization, ContentionPoint, CurvePoint,
+    jobs, victim_durations, CharOptions, Characterization, ContentionPoint, CurvePoint,
     DecompShape, DecompSplit, Job, SplitDim, Traffic, Victim,
 };
 use std::collections::HashMap;
@@ -46,7 +46,8 @@ impl Runner<'_> {
             .timeline
             .ok_or_else(|| CudaError::Plan("no timeline measured".into()))?;
         let d = victim_durations(&tl, stream);
-        Ok((median(&d), d.len()))
+        // NaN when no victim task ran (the caller reports the count).
+        Ok((ficco_core::stats::median(&d).unwrap_or(f64::NAN), d.len()))
     }
 
     fn decomp(&mut self, shape: (usize, usize, usize)) -> Result<DecompShape> {

@@ -224,6 +224,11 @@ pub const MAX_OWN_STAGES: usize = 4;
 /// Chunk counts of `fine(c)` in the enumerated space.
 pub const FINE_CHUNKS: [usize; 3] = [2, 4, 8];
 
+/// Rows of one M-block of ficco's Hopper GEMM: `tile` chunks are whole
+/// blocks, so no GEMM tile straddles two flags (a shard must hold whole
+/// blocks for `tile` to fit a problem).
+pub const TILE_BLOCK_ROWS: usize = 128;
+
 impl Schedule {
     /// The sequential reference schedule.
     pub const SEQ: Schedule = Schedule {
@@ -527,7 +532,7 @@ impl Schedule {
         }
         let p = problem.gpus;
         if self.granularity == Granularity::Tile {
-            let rows = crate::plan::lower::TILE_BLOCK_ROWS;
+            let rows = TILE_BLOCK_ROWS;
             if problem.m % (p * rows) != 0 {
                 return Some(format!(
                     "tile needs shards of whole {rows}-row GEMM blocks: m = {} is not divisible by gpus x {rows} = {}",

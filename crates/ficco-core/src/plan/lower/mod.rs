@@ -33,7 +33,8 @@ mod parts;
 pub mod probe;
 mod tile;
 
-pub use tile::{tile_chunks, TILE_BLOCK_ROWS, TILE_MAX_CHUNKS, TILE_MIN_CHUNK_ROWS};
+pub use crate::space::TILE_BLOCK_ROWS;
+pub use tile::{tile_chunks, TILE_MAX_CHUNKS, TILE_MIN_CHUNK_ROWS};
 
 use crate::error::{Error, Result};
 use crate::plan::{BufferRole, Plan, RankPlan, Resources, StreamRole, Task, TaskKind, View};

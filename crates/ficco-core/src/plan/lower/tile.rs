@@ -41,11 +41,7 @@ use crate::plan::{
     BufferRole, Plan, RankPlan, RankView, StreamRole, TaskId, TaskKind, TileGemm, View,
 };
 use crate::problem::workload::{Op, Problem};
-use crate::space::{Order, Priority, Schedule};
-
-/// Rows of one M-block of ficco's Hopper GEMM: `tile` chunks are whole
-/// blocks, so no GEMM tile straddles two flags.
-pub const TILE_BLOCK_ROWS: usize = 128;
+use crate::space::{Order, Priority, Schedule, TILE_BLOCK_ROWS};
 
 /// Fewest rows of a `tile` chunk: 512 rows are 8 MiB of bf16 at K or N =
 /// 8192, about 21 µs on one copy engine, so the copy's fixed cost (7-12 µs

@@ -6,6 +6,7 @@
 use super::{Characterization, CurvePoint, DecompShape, Traffic, Victim};
 use crate::sim::cost;
 use crate::sim::profile::{CollectiveParams, Contention, HwProfile};
+use crate::stats::median;
 use serde::{Deserialize, Serialize};
 
 /// `time = latency + x / bw`, fitted.
@@ -190,21 +191,6 @@ pub fn fit_gemm(base: &HwProfile, samples: &[GemmSample]) -> Option<GemmFit> {
     })
 }
 
-/// Median of a list (NaN when empty).
-pub fn median(v: &[f64]) -> f64 {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// One fitted line of a communication curve.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CurveFit {
@@ -358,7 +344,7 @@ pub fn fit_profile(base: &HwProfile, ch: &Characterization, name: &str) -> (HwPr
             .filter(|c| c.victim == victim && (c.traffic != Traffic::Copy) == nccl)
             .map(|c| c.slowdown)
             .collect();
-        (!v.is_empty()).then(|| median(&v))
+        median(&v)
     };
     // The simulator runs a GEMM beside NCCL on sm_count - nccl_sms SMs and
     // then applies gemm_slowdown_nccl: take the SM loss out of the measured ratio.
@@ -375,10 +361,7 @@ pub fn fit_profile(base: &HwProfile, ch: &Characterization, name: &str) -> (HwPr
         .collect();
     let at_least_1 = |v: Option<f64>, dflt: f64| round(v.unwrap_or(dflt).max(1.0), 3);
     let contention = Contention {
-        gemm_slowdown_nccl: at_least_1(
-            (!net.is_empty()).then(|| median(&net)),
-            hw.contention.gemm_slowdown_nccl,
-        ),
+        gemm_slowdown_nccl: at_least_1(median(&net), hw.contention.gemm_slowdown_nccl),
         gemm_slowdown_copy: at_least_1(raw(Victim::Gemm, false), hw.contention.gemm_slowdown_copy),
         nccl_slowdown_gemm: at_least_1(raw(Victim::Comm, true), hw.contention.nccl_slowdown_gemm),
         copy_slowdown_gemm: at_least_1(raw(Victim::Comm, false), hw.contention.copy_slowdown_gemm),

@@ -38,7 +38,7 @@ pub mod tables;
 pub use crate::plan::lower::probe::{SplitDim, Traffic};
 pub use fit::{
     fit_curve, fit_curves, fit_gemm, fit_linear, fit_profile, gemm_rms_log_err, gemm_samples,
-    median, CurveFit, FitSummary, GemmFit, GemmSample, LinearFit,
+    CurveFit, FitSummary, GemmFit, GemmSample, LinearFit,
 };
 pub use plans::{jobs, steps, victim_durations, Job};
 pub use profile_out::profile_toml;
