@@ -568,6 +568,10 @@ fn run_loopback(
                 sh.issuing.set(r, it, t as u32);
             }
             iss[r].task(&mut ranks[r], sh, t, timeline, cross)?;
+            if cross.is_none() {
+                let s = &iss[r].streams[sh.plan.ranks[r].tasks[t].stream];
+                sh.issuing.task_done(s.cu_stream(), r, t, it)?;
+            }
         }
         for i in &iss {
             i.end(sh, parity)?;
