@@ -2,7 +2,7 @@
 
 use crate::dist::job::Job;
 use crate::error::{drv, CudaError, Result};
-use crate::exec::watchdog::trace;
+use crate::exec::progress::trace;
 use crate::exec::{self, Rank, RunOpts, RunSpec};
 use crate::info::{self, SystemInfo};
 use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer, DevicePtr};

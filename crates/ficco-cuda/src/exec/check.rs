@@ -1,40 +1,19 @@
 //! Host-side checks and the output comparison: every task of a plan is
-//! checked before anything is issued ([`precheck`]), view addresses are
-//! bounds-checked ([`view_addr`]), and outputs are poisoned, copied and
-//! compared on the device ([`poison`], [`copy_d2d`], [`compare`]).
+//! checked before anything is issued ([`precheck`]), and outputs are
+//! poisoned, copied and compared on the device ([`poison`], [`copy_d2d`],
+//! [`compare`]).
 
+use super::addr::view_addr;
 use super::rank::Rank;
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::{memset_d16_async, DevicePtr};
 use ficco_core::plan::validate::validate;
-use ficco_core::plan::{Buffer, Plan, TaskKind, View};
+use ficco_core::plan::{Plan, TaskKind};
 use ficco_core::problem::workload::ELEM_BYTES;
 
 /// bf16 quiet NaN, used to poison outputs before a checked run.
 pub const BF16_NAN: u16 = 0x7fc0;
-
-/// Bounds-checked device address of a view's first element, and its pitch in bytes.
-pub(crate) fn view_addr(
-    bufs: &[Buffer],
-    ptrs: &[DevicePtr],
-    v: &View,
-    what: &str,
-) -> Result<(DevicePtr, usize)> {
-    let b = bufs
-        .get(v.buf)
-        .ok_or_else(|| CudaError::Plan(format!("{what}: buffer {} does not exist", v.buf)))?;
-    if v.row + v.rows > b.rows || v.col + v.cols > b.cols {
-        return Err(CudaError::Plan(format!(
-            "{what}: view rows {}+{} cols {}+{} outside buffer '{}' [{} x {}]",
-            v.row, v.rows, v.col, v.cols, b.name, b.rows, b.cols
-        )));
-    }
-    Ok((
-        ptrs[v.buf].offset((v.row * b.cols + v.col) * ELEM_BYTES),
-        b.cols * ELEM_BYTES,
-    ))
-}
 
 /// Checks `plan` on the host before anything is issued: a task that fails
 /// to issue on one rank would leave its peers' NCCL kernels waiting forever

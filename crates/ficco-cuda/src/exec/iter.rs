@@ -8,7 +8,7 @@
 
 use super::issue::issue;
 use super::rank::Rank;
-use super::run::Shared;
+use super::shared::Shared;
 use crate::driver::cuda::{self as cu, MemOp};
 use crate::error::{drv, CudaError, Result};
 use crate::signal::{word, Point, SET};

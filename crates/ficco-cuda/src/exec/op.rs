@@ -117,11 +117,12 @@
 
 use super::check::precheck;
 use super::iter::RankIssue;
+use super::progress::Issuing;
 use super::rank::Rank;
-use super::run::{
+use super::shared::{
     flag_preds, same_rank_events, tile_share, CommHandle, FlagPreds, RunOpts, RunSpec, Shared,
 };
-use super::watchdog::{on_side_stream, Issuing, RELEASED};
+use super::watchdog::{on_side_stream, RELEASED};
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::DevicePtr;

@@ -21,7 +21,7 @@
 //! (not in the plans it is given).
 
 use super::op::{bind_operands, fast_steps, Handoff, Operand, Step};
-use super::run::flag_preds;
+use super::shared::flag_preds;
 use crate::dist::job::arena_layout;
 use crate::mem::DevicePtr;
 use ficco_core::plan::validate::{accesses, buffer_use};

@@ -4,8 +4,8 @@
 //! kernels. Allocation and kernel loading happen here, before rank threads
 //! start issuing (either can wait for the device to go idle).
 
-use super::check::view_addr;
-use super::issue::{own_gemm_args, own_grouped_args, tile_gemm_args, GroupedRoute, TileFlags};
+use super::addr::view_addr;
+use super::gemm_args::{own_gemm_args, own_grouped_args, tile_gemm_args, GroupedRoute, TileFlags};
 use crate::controls::RawStream;
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
@@ -231,7 +231,7 @@ impl Rank {
     /// ([`HopperGemm::autotune`]: timed once per shape, then from memory or
     /// the disk cache), here and never during the run, with the arguments
     /// the run will launch (`tile_share`: persistent tile GEMMs sharing this
-    /// rank's SMs, [`super::issue`]'s cap).
+    /// rank's SMs, [`super::shared::tile_sm_cap`]).
     ///
     /// Grouped GEMM tasks that the grouped kernel supports run on it (unless
     /// `FICCO_GROUPED=loop`, [`GroupedRoute`]), whatever the engine: their
@@ -289,7 +289,7 @@ impl Rank {
                     let sms = self
                         .green_compute_sms(res.green_sms)
                         .map_or(g.sms(), |s| s.min(g.sms()));
-                    let cap = super::run::tile_sm_cap(sms, tile_share);
+                    let cap = super::shared::tile_sm_cap(sms, tile_share);
                     // Only which hooks are on matters to the schedule: the
                     // tuning runs them on its own scratch words.
                     let dummy = DevicePtr::NULL.offset(256);

@@ -1,0 +1,255 @@
+//! What every part of a run shares: how to run ([`RunSpec`], [`RunOpts`]),
+//! the state the issuing threads and the watchdog read ([`Shared`]), and the
+//! facts derived from a plan once per run (same-rank events, the Signal
+//! tasks of each Wait, each tile GEMM's share of its GPU's SMs). It depends
+//! on no other file of the executor.
+
+use super::progress::Issuing;
+use crate::driver::nccl::RawComm;
+use crate::error::{CudaError, Result};
+use crate::mem::DevicePtr;
+use crate::signal::{HostWords, SignalLayout};
+use cudarc::driver::CudaContext;
+use ficco_core::plan::signal::flag_links;
+use ficco_core::plan::{Plan, TaskKind};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Default watchdog bound: a run in which no rank finishes an iteration for
+/// this long is ended with [`CudaError::Hang`]. `FICCO_WATCHDOG_MS` overrides it.
+pub const DEFAULT_WATCHDOG_MS: u64 = 10_000;
+
+/// The watchdog bound: `FICCO_WATCHDOG_MS` when set to a positive integer,
+/// else [`DEFAULT_WATCHDOG_MS`].
+pub(crate) fn watchdog_ms() -> u64 {
+    std::env::var("FICCO_WATCHDOG_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(DEFAULT_WATCHDOG_MS)
+}
+
+/// How to run a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunSpec {
+    /// Iterations run before the timed ones.
+    pub warmup: usize,
+    /// Timed iterations (0: run `warmup` iterations only, no timing).
+    pub timed: usize,
+    /// Record per-task events in one extra iteration after the timed ones.
+    pub timeline: bool,
+}
+
+impl RunSpec {
+    /// Run the plan once, untimed (reference runs and correctness checks).
+    pub const ONCE: RunSpec = RunSpec {
+        warmup: 1,
+        timed: 0,
+        timeline: false,
+    };
+}
+
+/// Run-wide options that are not about timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOpts {
+    /// Watchdog bound in ms (see [`watchdog_ms`]).
+    pub watchdog_ms: u64,
+    /// Test hook: the producer of this point never writes its signal flags
+    /// (or, a Signal task, is not issued), so its consumers wait forever
+    /// (the watchdog tests).
+    pub drop_signal: Option<(usize, usize)>,
+    /// Replay each iteration from a CUDA graph captured once per plan and
+    /// parity (where capture works: not under green contexts, whose streams
+    /// belong to other contexts). `--no-graph` turns it off.
+    pub graphs: bool,
+}
+
+/// Test hook for a whole process (the CLI hang test):
+/// `FICCO_TEST_DROP_SIGNAL=RANK,TASK` drops that task's signals in every run.
+fn drop_signal_hook() -> Option<(usize, usize)> {
+    let v = std::env::var("FICCO_TEST_DROP_SIGNAL").ok()?;
+    let (r, i) = v.split_once(',')?;
+    Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
+}
+
+/// Environment variable that turns CUDA graphs off when `0` (`--no-graph`).
+pub const GRAPHS_ENV: &str = "FICCO_GRAPHS";
+
+impl Default for RunOpts {
+    fn default() -> Self {
+        RunOpts {
+            watchdog_ms: watchdog_ms(),
+            drop_signal: drop_signal_hook(),
+            graphs: std::env::var(GRAPHS_ENV).map_or(true, |v| v.trim() != "0"),
+        }
+    }
+}
+
+/// Per rank per task: a task of another stream *of the same rank* waits for
+/// it, so it records an event (other ranks wait on signal flags).
+pub(crate) fn same_rank_events(plan: &Plan) -> Vec<Vec<bool>> {
+    plan.ranks
+        .iter()
+        .enumerate()
+        .map(|(r, rp)| {
+            let mut need = vec![false; rp.tasks.len()];
+            for t in &rp.tasks {
+                for d in t.deps.iter().filter(|d| d.rank == r) {
+                    if rp.tasks.get(d.index).is_some_and(|p| p.stream != t.stream) {
+                        need[d.index] = true;
+                    }
+                }
+            }
+            need
+        })
+        .collect()
+}
+
+/// The NCCL communicator a rank uses for one plan.
+#[derive(Clone, Copy)]
+pub(crate) struct CommHandle(pub(crate) RawComm);
+// SAFETY: each handle is used by its rank's thread only during a run.
+unsafe impl Send for CommHandle {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for CommHandle {}
+
+/// Everything the issuing threads share for one run.
+pub(crate) struct Shared<'a> {
+    pub plan: &'a Plan,
+    /// Base pointers per rank per buffer.
+    pub ptrs: &'a [Vec<DevicePtr>],
+    /// Raw context of each rank (peer copies name both).
+    pub ctxs: &'a [Arc<CudaContext>],
+    /// Each rank's communicator for this plan (its NCCL limits), by global
+    /// rank; `None` in loopback (no NCCL task runs there) and for ranks
+    /// other processes drive.
+    pub comms: &'a [Option<CommHandle>],
+    /// The global ranks this process drives (every rank, but in a job of
+    /// one process per GPU).
+    pub local: &'a [usize],
+    /// Where every signal flag is.
+    pub layout: &'a SignalLayout,
+    /// Base of each rank's flag buffer as this process sees it; NULL for a
+    /// rank on another node (no flag crosses nodes; see [`Shared::peers`]).
+    pub flags: &'a [DevicePtr],
+    /// Per rank, the iterations its control stream finished.
+    pub progress: &'a HostWords,
+    /// Where the watchdog reads a rank's flags (as many words as the largest rank's).
+    pub diag: &'a HostWords,
+    /// Per rank per task: another stream of the same rank waits for it.
+    pub events: &'a [Vec<bool>],
+    /// Per rank per task: for a Wait task, the Signal tasks (rank, index) of
+    /// its flag (graph edges of a loopback capture, see [`super::iter::CrossEvents`]).
+    pub flag_preds: &'a FlagPreds,
+    /// Per rank: the persistent tile GEMMs that share its device (in
+    /// loopback every rank's), each held to its share of the SMs.
+    pub tile_share: &'a [usize],
+    /// Per rank per task: a tile GEMM's destination table (one device
+    /// address per block), written before the run.
+    pub tables: &'a [Vec<Option<DevicePtr>>],
+    pub spec: RunSpec,
+    pub opts: RunOpts,
+    /// Every issuing thread passes it once its events and graphs exist.
+    pub start: &'a std::sync::Barrier,
+    /// Set by the watchdog: stop issuing iterations.
+    pub abort: &'a AtomicBool,
+    /// Where each rank's issuing thread is (the watchdog's report).
+    pub issuing: &'a Issuing,
+}
+
+impl Shared<'_> {
+    /// The ranks whose flags rank `r` writes and waits on at iteration
+    /// boundaries: every other rank of its node. Ranks of other nodes only
+    /// meet through NCCL, which orders itself.
+    pub(crate) fn peers(&self, r: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.flags.len()).filter(move |&q| q != r && !self.flags[q].is_null())
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        self.spec.warmup + self.spec.timed + usize::from(self.spec.timeline)
+    }
+
+    /// Whether iterations are replayed from graphs for this plan. Not under
+    /// green contexts (their streams belong to other contexts), and not for
+    /// plans with a tile GEMM: its blocks spin inside the kernel on flags
+    /// that copy streams set, an order no graph edge can express (an edge
+    /// could only follow the whole kernel): in a replay the driver may queue
+    /// a Wait on one of the kernel's counters ahead of the kernel's launch in
+    /// a shared hardware queue. (The loopback hang once blamed on graphs, 2
+    /// of 192 runs, fits the SM starvation that [`tile_sm_cap`] now rules
+    /// out; see `docs/signals.md`.)
+    pub(crate) fn graphs(&self) -> bool {
+        self.opts.graphs
+            && self.plan.resources.green_sms.is_none()
+            && !self.plan.ranks.iter().any(|rp| {
+                rp.tasks
+                    .iter()
+                    .any(|t| matches!(t.kind, TaskKind::TileGemm(..)))
+            })
+    }
+}
+
+/// Per rank per task: for a Wait task, the Signal tasks (rank, index) of its
+/// flag.
+pub(crate) type FlagPreds = Vec<Vec<Vec<(usize, usize)>>>;
+
+/// Per rank per task: for a Wait task, the Signal tasks of its flag (a tile
+/// GEMM's counters are left out, see [`super::iter::CrossEvents`]).
+pub(crate) fn flag_preds(plan: &Plan) -> Result<FlagPreds> {
+    let mut out: FlagPreds = plan
+        .ranks
+        .iter()
+        .map(|rp| vec![vec![]; rp.tasks.len()])
+        .collect();
+    let links = flag_links(plan).map_err(|e| CudaError::Plan(e.to_string()))?;
+    for l in links
+        .into_iter()
+        .filter(|l| l.signal_block.is_none() && l.wait_block.is_none())
+    {
+        if let Some(v) = out
+            .get_mut(l.wait.rank)
+            .and_then(|t| t.get_mut(l.wait.index))
+        {
+            v.push((l.signal.rank, l.signal.index));
+        }
+    }
+    Ok(out)
+}
+
+/// SMs that persistent tile GEMMs sharing one GPU leave free of their CTAs
+/// together. Sharing happens in loopback, where every copy between ranks is
+/// a copy within the GPU, which runs as a kernel on SMs
+/// (`bench/probe_sm_copy.py`): with every SM held by a spinning CTA, the
+/// copy a GEMM waits for would never run ([`ficco_core::plan::spin`]).
+pub(crate) const SHARED_GPU_FREE_SMS: u32 = 8;
+
+/// The most CTAs (one per SM) a tile GEMM may launch with when `share` tile
+/// GEMMs share `sms` SMs: all of them alone, else an equal part of all but
+/// [`SHARED_GPU_FREE_SMS`].
+pub(crate) fn tile_sm_cap(sms: u32, share: usize) -> u32 {
+    let share = share.max(1) as u32;
+    let free = if share > 1 {
+        SHARED_GPU_FREE_SMS.min(sms / 2)
+    } else {
+        0
+    };
+    (sms - free) / share
+}
+
+/// Per rank: the tile GEMM tasks on its device (every rank's in loopback).
+pub(crate) fn tile_share(plan: &Plan, loopback: bool) -> Vec<usize> {
+    let per: Vec<usize> = plan
+        .ranks
+        .iter()
+        .map(|rp| {
+            rp.tasks
+                .iter()
+                .filter(|t| matches!(t.kind, TaskKind::TileGemm(_)))
+                .count()
+        })
+        .collect();
+    let all: usize = per.iter().sum();
+    per.iter()
+        .map(|&n| if loopback { all } else { n })
+        .collect()
+}
