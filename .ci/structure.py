@@ -9,9 +9,10 @@ the files of one folder, `super::B` or `crate::<folder>::B` (a sibling file);
 Comments and `#[cfg(test)] mod` blocks are ignored (unit tests may use any
 module of their crate); grouped paths (`crate::{a, b::C}`) count every member.
 
-Crates in ENFORCED fail the check; the others are reported (ficco-cuda until
-its restructure lands, issue 27). Usage: python3 .ci/structure.py [--all]
-(`--all` enforces every crate).
+ENFORCED says which kinds of problem fail each crate; the others are
+reported (ficco-cuda's top level and long files, until its restructure
+lands: issue 27). Usage: python3 .ci/structure.py [--all] (`--all` enforces
+everything).
 """
 import os
 import re
@@ -24,7 +25,15 @@ CRATES = {
     "ficco (CLI)": "src",
     "ficco (Python)": "python/src",
 }
-ENFORCED = {"ficco-core", "ficco (CLI)", "ficco (Python)"}
+ALL = {"lines", "top", "folder"}
+# What each crate must pass; the rest is reported. ficco-cuda's folders are
+# clean, its top level and long files wait for the restructure (issue 27).
+ENFORCED = {
+    "ficco-core": ALL,
+    "ficco (CLI)": ALL,
+    "ficco (Python)": ALL,
+    "ficco-cuda": {"folder"},
+}
 MAX_LINES = 900
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -157,7 +166,7 @@ def check_crate(name, src, root=ROOT):
         texts[f] = strip_tests(strip_comments(raw))
         n = raw.count("\n")
         if n > MAX_LINES:
-            problems.append(f"{os.path.relpath(f, root)}: {n} lines (at most {MAX_LINES})")
+            problems.append(("lines", f"{os.path.relpath(f, root)}: {n} lines (at most {MAX_LINES})"))
     src_abs = os.path.join(root, src)
     top = {module_path(src_abs, f)[0] for f in files if module_path(src_abs, f)}
     # Top level: module A -> B for every crate::B named in A's files.
@@ -170,7 +179,7 @@ def check_crate(name, src, root=ROOT):
             if b != mp[0]:
                 edges.setdefault(mp[0], set()).add(b)
     for c in cycles(top, edges):
-        problems.append("top-level import circle: " + " <-> ".join(c))
+        problems.append(("top", "top-level import circle: " + " <-> ".join(c)))
     # Each folder: its files (not mod.rs) and the siblings they name.
     folders = {}
     for f in files:
@@ -193,7 +202,7 @@ def check_crate(name, src, root=ROOT):
                     fedges.setdefault(m, set()).add(b)
         where = "/".join(folder) or "(top)"
         for c in cycles(names, fedges):
-            problems.append(f"import circle among the files of {where}/: " + " <-> ".join(c))
+            problems.append(("folder", f"import circle among the files of {where}/: " + " <-> ".join(c)))
     return problems
 
 
@@ -218,7 +227,7 @@ def self_test():
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as fh:
                 fh.write(text)
-        got = check_crate("planted", "src", root=d)
+        got = [text for _, text in check_crate("planted", "src", root=d)]
     want = [
         "src/f/r.rs: 906 lines (at most 900)",
         "top-level import circle: a <-> b",
@@ -234,15 +243,18 @@ def main():
     failed = False
     for name, src in CRATES.items():
         problems = check_crate(name, src)
-        enforced = enforce_all or name in ENFORCED
+        enforced = ALL if enforce_all else ENFORCED.get(name, set())
         if not problems:
             print(f"structure: {name}: ok")
             continue
-        tag = "FAIL" if enforced else "known (issue 27)"
-        print(f"structure: {name}: {len(problems)} problem(s), {tag}")
-        for p in problems:
-            print(f"  {p}")
-        failed |= enforced
+        bad = [text for kind, text in problems if kind in enforced]
+        known = [text for kind, text in problems if kind not in enforced]
+        print(f"structure: {name}: {len(bad)} failing, {len(known)} known (issue 27)")
+        for text in bad:
+            print(f"  FAIL {text}")
+        for text in known:
+            print(f"  known {text}")
+        failed |= bool(bad)
     sys.exit(1 if failed else 0)
 
 

@@ -136,7 +136,7 @@
 //!   tiles split 5 ways instead of a third wave at 18% occupancy).
 //!
 //! `gemm-bench` times these in its hook rows, and every other tile width
-//! and K split on every shape ([`bench::schedule_variants`]).
+//! and K split on every shape ([`tune::schedule_variants`]).
 //!
 //! # Autotuning ([`tune`])
 //! [`HopperGemm::autotune`] times the chooser's schedule and the bench's
@@ -676,7 +676,7 @@ pub struct HopperGemm {
     workspace: crate::mem::DeviceBuffer,
     compile: CompileInfo,
     /// Schedules [`HopperGemm::autotune`] picked, per shape.
-    tuned: std::sync::Mutex<std::collections::HashMap<tune::TuneKey, bench::Schedule>>,
+    tuned: std::sync::Mutex<std::collections::HashMap<tune::TuneKey, tune::Schedule>>,
     /// Shapes timed by this instance (the rest came from memory or disk).
     timings: std::sync::atomic::AtomicU64,
 }

@@ -1,5 +1,5 @@
 //! Per-shape autotuning of ficco's own GEMM: time the schedules that
-//! `gemm-bench` sweeps ([`super::bench::schedule_variants`] plus the
+//! `gemm-bench` sweeps too ([`schedule_variants`] plus the
 //! chooser's own, [`super::auto_schedule`]) on scratch buffers, keep the
 //! fastest in memory and on disk next to the cubin cache, so that a shape
 //! is timed once per kernel source and device. [`HopperGemm::launch`]
@@ -12,8 +12,9 @@
 //! honours them). Pointers are not in the key: the tuned schedule is valid
 //! for any operands of the shape.
 
-use super::bench::{schedule_variants, Schedule};
-use super::{cache_key, cubin_cache_dir, Bf16, DevPtr, GemmArgs, HopperGemm, TileN, SOURCE};
+use super::{
+    cache_key, cubin_cache_dir, Bf16, DevPtr, GemmArgs, HopperGemm, TileN, BLOCK_M, SOURCE,
+};
 use crate::controls::{median, time_batched_ms};
 use crate::error::{check, CudaError, Result};
 use crate::mem::DeviceBuffer;
@@ -451,9 +452,130 @@ impl HopperGemm {
     }
 }
 
+/// One schedule of ficco's kernel: tile width, K splits, and whether only
+/// the last partial wave's tiles are split.
+pub type Schedule = (TileN, u32, bool);
+
+/// The label of a schedule in the table: "tile/splits", "t" appended when
+/// only the tail wave is split.
+pub fn schedule_label((tile, splits, tail): Schedule) -> String {
+    format!("{}/{splits}{}", tile.label(), if tail { "t" } else { "" })
+}
+
+/// The schedules the tuner and [`super::bench::Bench::shape`] time besides the chooser's: both tile widths, unsplit
+/// and split 2 to 16 ways, except `chosen` (the chooser's own, timed anyway),
+/// splits beyond the k-blocks or the split-K workspace, and splits whose
+/// units exceed 4 waves of `grid` CTAs (the tiles alone then fill the
+/// machine); and where the tiles leave a partial last wave, that wave's
+/// tiles split 2 to 16 ways (at most 2 waves of split units). The 64-row
+/// tiles ([`TileN::M64N256`], [`TileN::M64N128`]) are candidates too where M ≤ 1024 leaves the
+/// last 128-row block at most half full (M = 64, 192, ...) or M ≤ 512. The ping-pong
+/// tile ([`TileN::Pp128`], never split) is a candidate on every shape, and
+/// the cluster tiles ([`TileN::N256C2`], [`TileN::Pp128C2`], never split)
+/// on every shape of at least two M-blocks.
+pub fn schedule_variants(
+    m: usize,
+    n: usize,
+    k: usize,
+    grid: u32,
+    chosen: Schedule,
+) -> Vec<Schedule> {
+    let k_blocks = k.div_ceil(super::BLOCK_K) as u64;
+    let grid = grid.max(1) as u64;
+    let mut out = vec![];
+    let rem = m % BLOCK_M;
+    // 64-row tiles where the last 128-row block is at most half full, or the
+    // GEMM is so skinny (≤ 4 M-blocks) that twice the tiles fill the grid better.
+    let short_m = m <= 1024 && ((rem > 0 && rem <= 64) || m <= 512);
+    let mut whole = vec![TileN::Pp128];
+    if m > BLOCK_M {
+        whole.extend([TileN::N256C2, TileN::Pp128C2]);
+    }
+    for tile in whole {
+        if chosen != (tile, 1, false) {
+            out.push((tile, 1, false));
+        }
+    }
+    let tiles_of = [TileN::N256, TileN::N128, TileN::M64N256, TileN::M64N128];
+    for tile in tiles_of.into_iter().filter(|&t| !t.is_m64() || short_m) {
+        let tiles = (m.div_ceil(tile.rows()) * n.div_ceil(tile.cols())) as u64;
+        let tail = if tiles >= grid { tiles % grid } else { 0 };
+        for s in [1u32, 2, 3, 4, 6, 8, 12, 16] {
+            if s as u64 > k_blocks {
+                continue;
+            }
+            let units = tiles * s as u64;
+            let fits = s == 1 || (units <= tile.max_units() && units <= 4 * grid);
+            if fits && (tile, s, false) != chosen {
+                out.push((tile, s, false));
+            }
+            let tail_units = tail * s as u64;
+            let tail_fits =
+                s > 1 && tail > 0 && tail_units <= tile.max_units() && tail_units <= 2 * grid;
+            if tail_fits && (tile, s, true) != chosen {
+                out.push((tile, s, true));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variants_cover_both_tiles_and_useful_splits() {
+        // 2048 wide tiles = 15 full waves + 68; 4096 narrow = 31 + 4.
+        let v = schedule_variants(8192, 8192, 8192, 132, (TileN::N256, 1, false));
+        assert!(v.contains(&(TileN::N128, 1, false)));
+        assert!(v.iter().all(|&(_, s, t)| s == 1 || t), "{v:?}");
+        // 68 x 3 tail units fit 2 waves of 132, 68 x 4 do not.
+        assert!(v.contains(&(TileN::N256, 3, true)));
+        assert!(!v.contains(&(TileN::N256, 4, true)));
+        assert!(v.contains(&(TileN::N128, 8, true)));
+        // 1536 x 1536 x 4096: 72 wide / 144 narrow tiles, 64 k-blocks.
+        let v = schedule_variants(1536, 1536, 4096, 132, (TileN::N256, 1, false));
+        assert!(!v.contains(&(TileN::N256, 1, false)));
+        for want in [
+            (TileN::N256, 2),
+            (TileN::N256, 6),
+            (TileN::N128, 1),
+            (TileN::N128, 3),
+        ] {
+            assert!(v.contains(&(want.0, want.1, false)), "{want:?} in {v:?}");
+        }
+        // 144 narrow tiles x 4 = 576 units > 4 waves of 132.
+        assert!(!v.contains(&(TileN::N128, 4, false)));
+        // 72 wide tiles: no full wave, no tail variant; 144 narrow: 12 left.
+        assert!(!v.iter().any(|&(t, _, tail)| tail && t == TileN::N256));
+        assert!(v.contains(&(TileN::N128, 8, true)));
+        // K = 128: two k-blocks, at most two splits.
+        let v = schedule_variants(64, 4096, 128, 132, (TileN::N128, 2, false));
+        assert!(v.iter().all(|&(_, s, _)| s <= 2), "{v:?}");
+        assert!(v.contains(&(TileN::N256, 2, false)) && v.contains(&(TileN::N128, 1, false)));
+        assert_eq!(schedule_label((TileN::N128, 4, true)), "128/4t");
+        assert_eq!(schedule_label((TileN::M64N256, 2, false)), "64x256/2");
+        // 64-row tiles where the last 128-row block is at most half full.
+        let m64 = |m| {
+            schedule_variants(m, 4096, 3584, 132, (TileN::N256, 1, false))
+                .iter()
+                .any(|&(t, _, _)| t == TileN::M64N256)
+        };
+        assert!(m64(64) && m64(192) && m64(960));
+        // ... or the GEMM has at most 4 M-blocks.
+        assert!(m64(128) && m64(256) && m64(100) && m64(512));
+        assert!(!m64(640) && !m64(1000) && !m64(2112));
+        // Ping-pong on every shape, unsplit, once.
+        for (m, n, k) in [(8192, 8192, 8192), (64, 4096, 128), (16384, 4096, 1024)] {
+            let v = schedule_variants(m, n, k, 132, (TileN::N256, 1, false));
+            let pp: Vec<_> = v.iter().filter(|s| s.0 == TileN::Pp128).collect();
+            assert_eq!(pp, [&(TileN::Pp128, 1, false)], "{m}x{n}x{k}");
+        }
+        let v = schedule_variants(8192, 8192, 8192, 132, (TileN::Pp128, 1, false));
+        assert!(!v.iter().any(|s| s.0 == TileN::Pp128));
+        assert_eq!(schedule_label((TileN::Pp128, 1, false)), "128pp/1");
+    }
 
     #[test]
     fn schedules_round_trip_through_text() {
