@@ -1,6 +1,11 @@
-//! The one error type of the GPU backend. Every variant names what failed;
-//! library result codes are kept (cudarc's `NcclError` prints without its code).
+//! The error types of the GPU backend, below every other module: the one
+//! [`CudaError`], and the two it carries, [`LibProblem`] (why a library
+//! cannot be used, from the loader) and [`DistError`] (the job runtime).
+//! Every variant names what failed; library result codes are kept (cudarc's
+//! `NcclError` prints without its code).
 
+use serde::{Deserialize, Serialize};
+use std::fmt;
 use thiserror::Error;
 
 /// Errors of the GPU backend. Nothing the user or the hardware can trigger panics;
@@ -22,7 +27,7 @@ pub enum CudaError {
     #[error("{lib} unusable: {problem}")]
     LibraryUnusable {
         lib: &'static str,
-        problem: crate::loader::LibProblem,
+        problem: LibProblem,
     },
     /// The driver loaded but reports no device.
     #[error("no CUDA GPU found: {0}")]
@@ -83,7 +88,7 @@ pub enum CudaError {
     /// The rendezvous of one-process-per-GPU ranks failed (a rank missing,
     /// dead or disagreeing; the launcher environment).
     #[error(transparent)]
-    Dist(#[from] crate::dist::DistError),
+    Dist(#[from] DistError),
     /// A host thread driving a GPU died.
     #[error("GPU worker thread for rank {0} panicked")]
     Worker(usize),
@@ -154,4 +159,127 @@ pub fn nccl_meaning(code: cudarc::nccl::sys::ncclResult_t) -> &'static str {
 
 pub(crate) fn nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> CudaError {
     move |e| CudaError::Nccl { call, code: e.0 }
+}
+
+/// Why a library cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LibProblem {
+    /// No candidate file is on the loader's search path.
+    NotFound,
+    /// A candidate exists but the dynamic loader refused it (a missing
+    /// dependency, a wrong ELF class, not a shared object): `dlerror`'s text.
+    LoadFailed { error: String },
+    /// The file loaded but lacks functions ficco calls: `missing` (in
+    /// [`crate::loader::LibSpec::symbols`] order) of the `needed`.
+    MissingSymbols {
+        path: String,
+        missing: Vec<String>,
+        needed: usize,
+    },
+    /// The version function failed: `call` returned `code` (`meaning`, when known).
+    VersionUnreadable {
+        path: String,
+        call: String,
+        code: i32,
+        meaning: Option<String>,
+    },
+    /// The version is not one ficco's bindings support.
+    WrongVersion {
+        path: String,
+        found: String,
+        needs: String,
+    },
+}
+
+impl fmt::Display for LibProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LibProblem::NotFound => write!(f, "not found"),
+            LibProblem::LoadFailed { error } => write!(f, "cannot be loaded: {error}"),
+            LibProblem::MissingSymbols {
+                path,
+                missing,
+                needed,
+            } => {
+                let first = missing.first().map(String::as_str).unwrap_or("?");
+                write!(f, "{path} has no symbol {first}")?;
+                if missing.len() > 1 {
+                    write!(
+                        f,
+                        ", nor {} more of the {needed} functions ficco calls",
+                        missing.len() - 1
+                    )?;
+                }
+                Ok(())
+            }
+            LibProblem::VersionUnreadable {
+                path,
+                call,
+                code,
+                meaning,
+            } => {
+                write!(f, "{path}: {call} failed with code {code}")?;
+                if let Some(m) = meaning {
+                    write!(f, " ({m})")?;
+                }
+                Ok(())
+            }
+            LibProblem::WrongVersion { path, found, needs } => {
+                write!(f, "{path} is version {found}; ficco needs {needs}")
+            }
+        }
+    }
+}
+
+/// Errors of the rendezvous and of sharing memory between processes.
+#[derive(Debug, Error)]
+pub enum DistError {
+    #[error("launcher variable {var} is not set (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")]
+    MissingVar { var: &'static str },
+    #[error("launcher variable {var}={value:?} is invalid: {why}")]
+    InvalidVar {
+        var: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    #[error("cannot reach the rendezvous store at {addr} after {waited_ms} ms: {last}")]
+    StoreUnreachable {
+        addr: String,
+        waited_ms: u64,
+        last: String,
+    },
+    #[error("lost the rendezvous store at {addr} (rank 0 exited or died): {source}")]
+    StoreLost {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "rank {rank} disconnected without finishing (died?) while this rank waited for {key:?}"
+    )]
+    PeerLost { rank: usize, key: String },
+    /// Another rank gave up (its own error, passed through the store).
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed { rank: usize, reason: String },
+    #[error(
+        "waited {waited_ms} ms for {key:?} in the rendezvous store: {}",
+        timeout_hint(key)
+    )]
+    Timeout { key: String, waited_ms: u64 },
+    #[error("ranks disagree: {0}")]
+    Mismatch(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn timeout_hint(key: &str) -> String {
+    match key.strip_prefix("host/") {
+        Some(r) => format!("rank {r} never arrived"),
+        None => "a rank is late or stuck".into(),
+    }
 }

@@ -286,7 +286,7 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC (.ci/run and bench/gpu-tests.sh run it: --include-ignored)"]
     fn kernels_compile_for_sm90() {
-        crate::driver::require_nvrtc("kernels_compile_for_sm90");
+        crate::loader::require_nvrtc("kernels_compile_for_sm90");
         match crate::nvrtc::compile(
             "ficco kernels",
             super::SRC,

@@ -11,42 +11,10 @@
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
 use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, DeviceRepr};
+use cudarc::driver::CudaContext;
 use std::sync::Arc;
 
-/// A device address (`CUdeviceptr`). Only a typed value: holding one proves
-/// nothing; the `unsafe fn`s that take one state what it must point to.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct DevicePtr(pub u64);
-
-// SAFETY: `repr(transparent)` over u64, the kernel parameter type of a pointer.
-unsafe impl DeviceRepr for DevicePtr {}
-
-impl DevicePtr {
-    /// The null address (kernels read it as "absent", e.g. no bias).
-    pub const NULL: DevicePtr = DevicePtr(0);
-
-    /// Whether this is [`Self::NULL`] (e.g. memory of another node's rank).
-    pub fn is_null(self) -> bool {
-        self.0 == 0
-    }
-
-    /// The raw address, for the FFI layer and kernel parameter blocks.
-    pub fn raw(self) -> u64 {
-        self.0
-    }
-
-    /// The address `bytes` further on.
-    pub fn offset(self, bytes: usize) -> DevicePtr {
-        DevicePtr(self.0 + bytes as u64)
-    }
-
-    /// Whether the address is a multiple of `align` bytes.
-    pub fn is_aligned(self, align: u64) -> bool {
-        self.0 % align == 0
-    }
-}
+pub use crate::driver::DevicePtr;
 
 /// Device memory from `cuMemAlloc`, freed on drop.
 /// See [cuMemAlloc](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html#group__CUDA__MEM_1gb82d2a09844a58dd9e744dc31e8aa467).

@@ -353,7 +353,7 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC (.ci/run and bench/gpu-tests.sh run it: --include-ignored)"]
     fn compiles_for_sm90_and_sm90a() {
-        driver::require_nvrtc("compiles_for_sm90_and_sm90a");
+        crate::loader::require_nvrtc("compiles_for_sm90_and_sm90a");
         let src = r#"extern "C" __global__ void k(int* p) { p[threadIdx.x] = 1; }"#;
         for arch in ["sm_90", "sm_90a"] {
             let c = compile("k", src, &["-std=c++17", "-lineinfo"], arch).expect("compile");

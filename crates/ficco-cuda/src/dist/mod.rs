@@ -32,62 +32,11 @@ pub use session::{OpCall, OpDone, Session, SessionOpts};
 pub use store::{StoreClient, StoreServer};
 
 use std::time::Duration;
-use thiserror::Error;
 
 /// Default bound of every rendezvous wait (`FICCO_DIST_TIMEOUT_MS` overrides).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Errors of the rendezvous and of sharing memory between processes.
-#[derive(Debug, Error)]
-pub enum DistError {
-    #[error("launcher variable {var} is not set (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")]
-    MissingVar { var: &'static str },
-    #[error("launcher variable {var}={value:?} is invalid: {why}")]
-    InvalidVar {
-        var: &'static str,
-        value: String,
-        why: &'static str,
-    },
-    #[error("cannot reach the rendezvous store at {addr} after {waited_ms} ms: {last}")]
-    StoreUnreachable {
-        addr: String,
-        waited_ms: u64,
-        last: String,
-    },
-    #[error("lost the rendezvous store at {addr} (rank 0 exited or died): {source}")]
-    StoreLost {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "rank {rank} disconnected without finishing (died?) while this rank waited for {key:?}"
-    )]
-    PeerLost { rank: usize, key: String },
-    /// Another rank gave up (its own error, passed through the store).
-    #[error("rank {rank} failed: {reason}")]
-    PeerFailed { rank: usize, reason: String },
-    #[error(
-        "waited {waited_ms} ms for {key:?} in the rendezvous store: {}",
-        timeout_hint(key)
-    )]
-    Timeout { key: String, waited_ms: u64 },
-    #[error("ranks disagree: {0}")]
-    Mismatch(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-fn timeout_hint(key: &str) -> String {
-    match key.strip_prefix("host/") {
-        Some(r) => format!("rank {r} never arrived"),
-        None => "a rank is late or stuck".into(),
-    }
-}
+pub use crate::error::DistError;
 
 /// The bound of rendezvous waits: `FICCO_DIST_TIMEOUT_MS` or [`DEFAULT_TIMEOUT`].
 pub fn timeout_from_env() -> Duration {

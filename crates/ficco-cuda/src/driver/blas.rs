@@ -4,8 +4,8 @@
 //! handle, a descriptor or device memory are `unsafe`: the handle and
 //! descriptors must be live and the memory must hold what they describe.
 
+use super::DevicePtr;
 use crate::error::{blas, CudaError, Result};
-use crate::mem::DevicePtr;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::sys::CUstream;
 use std::ffi::c_void;

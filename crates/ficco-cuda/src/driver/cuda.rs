@@ -6,8 +6,8 @@
 //! `unsafe`: the handle must be live and the address must hold what the call
 //! reads or writes.
 
+use super::DevicePtr;
 use crate::error::{check, CudaError, Result};
-use crate::mem::DevicePtr;
 use cudarc::driver::sys;
 use std::ffi::{c_void, CStr};
 

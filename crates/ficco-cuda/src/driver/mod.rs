@@ -20,26 +20,44 @@
 //! cudarc panics on a call into a library or function that is missing, so
 //! the loader checks every library with it first.
 
+use cudarc::driver::DeviceRepr;
+
 pub(crate) mod blas;
 pub(crate) mod cuda;
 pub(crate) mod dl;
 pub(crate) mod nccl;
 pub(crate) mod nvrtc;
 
-/// Fails `test` unless NVRTC is usable (found, complete, version 13): the
-/// compile tests need it but no GPU. They are `#[ignore]`d, so a `cargo
-/// test` without NVRTC lists them as ignored; `.ci/run` (NVRTC from PyPI)
-/// and `bench/gpu-tests.sh` run them with `--include-ignored`.
-#[cfg(test)]
-pub(crate) fn require_nvrtc(test: &str) {
-    let nvrtc = crate::loader::Libraries::probe().nvrtc;
-    assert!(
-        nvrtc.usable,
-        "{test}: needs NVRTC, which is not usable here ({}): put libnvrtc.so.13 on \
-         LD_LIBRARY_PATH (.ci/run installs it from PyPI), or leave out --include-ignored",
-        nvrtc
-            .problem
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "not found".into())
-    );
+/// A device address (`CUdeviceptr`). Only a typed value: holding one proves
+/// nothing; the `unsafe fn`s that take one state what it must point to.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct DevicePtr(pub u64);
+
+// SAFETY: `repr(transparent)` over u64, the kernel parameter type of a pointer.
+unsafe impl DeviceRepr for DevicePtr {}
+
+impl DevicePtr {
+    /// The null address (kernels read it as "absent", e.g. no bias).
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// Whether this is [`Self::NULL`] (e.g. memory of another node's rank).
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The raw address, for the FFI layer and kernel parameter blocks.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0 + bytes as u64)
+    }
+
+    /// Whether the address is a multiple of `align` bytes.
+    pub fn is_aligned(self, align: u64) -> bool {
+        self.0 % align == 0
+    }
 }

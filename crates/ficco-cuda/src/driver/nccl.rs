@@ -6,8 +6,8 @@
 //! the communicator must be live and used by one host thread at a time, and
 //! the buffers must hold the counts given on the communicator's device.
 
+use super::DevicePtr;
 use crate::error::{nccl, Result};
-use crate::mem::DevicePtr;
 use cudarc::driver::sys::CUstream;
 use cudarc::nccl::{result as nr, sys as nsys};
 use std::ffi::c_void;

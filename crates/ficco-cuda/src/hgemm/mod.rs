@@ -2029,7 +2029,7 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC (.ci/run and bench/gpu-tests.sh run it: --include-ignored)"]
     fn compiles_for_sm90a() {
-        crate::driver::require_nvrtc("compiles_for_sm90a");
+        crate::loader::require_nvrtc("compiles_for_sm90a");
         match compile() {
             Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "not a CUBIN"),
             Err(e) => panic!("{e}"),
@@ -2042,7 +2042,7 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC (.ci/run and bench/gpu-tests.sh run it: --include-ignored)"]
     fn no_entry_spills_registers() {
-        crate::driver::require_nvrtc("no_entry_spills_registers");
+        crate::loader::require_nvrtc("no_entry_spills_registers");
         let (_, log) = match compile_with(&["--ptxas-options=-v"]) {
             Ok(x) => x,
             Err(e) => panic!("{e}"),

@@ -40,79 +40,9 @@ use crate::error::{CudaError, Result};
 use serde::{Deserialize, Serialize};
 use shim::with_nccl_note;
 use specs::{code_meaning, unsupported};
-use std::fmt;
 use std::sync::OnceLock;
 
-/// Why a library cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum LibProblem {
-    /// No candidate file is on the loader's search path.
-    NotFound,
-    /// A candidate exists but the dynamic loader refused it (a missing
-    /// dependency, a wrong ELF class, not a shared object): `dlerror`'s text.
-    LoadFailed { error: String },
-    /// The file loaded but lacks functions ficco calls: `missing` (in
-    /// [`LibSpec::symbols`] order) of the `needed`.
-    MissingSymbols {
-        path: String,
-        missing: Vec<String>,
-        needed: usize,
-    },
-    /// The version function failed: `call` returned `code` (`meaning`, when known).
-    VersionUnreadable {
-        path: String,
-        call: String,
-        code: i32,
-        meaning: Option<String>,
-    },
-    /// The version is not one ficco's bindings support.
-    WrongVersion {
-        path: String,
-        found: String,
-        needs: String,
-    },
-}
-
-impl fmt::Display for LibProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LibProblem::NotFound => write!(f, "not found"),
-            LibProblem::LoadFailed { error } => write!(f, "cannot be loaded: {error}"),
-            LibProblem::MissingSymbols {
-                path,
-                missing,
-                needed,
-            } => {
-                let first = missing.first().map(String::as_str).unwrap_or("?");
-                write!(f, "{path} has no symbol {first}")?;
-                if missing.len() > 1 {
-                    write!(
-                        f,
-                        ", nor {} more of the {needed} functions ficco calls",
-                        missing.len() - 1
-                    )?;
-                }
-                Ok(())
-            }
-            LibProblem::VersionUnreadable {
-                path,
-                call,
-                code,
-                meaning,
-            } => {
-                write!(f, "{path}: {call} failed with code {code}")?;
-                if let Some(m) = meaning {
-                    write!(f, " ({m})")?;
-                }
-                Ok(())
-            }
-            LibProblem::WrongVersion { path, found, needs } => {
-                write!(f, "{path} is version {found}; ficco needs {needs}")
-            }
-        }
-    }
-}
+pub use crate::error::LibProblem;
 
 /// One library: whether it was found, where, its version, and whether
 /// ficco can use it.
@@ -335,6 +265,24 @@ pub fn require() -> Result<Libraries> {
     let libs = Libraries::probe();
     libs.require_all()?;
     Ok(libs)
+}
+
+/// Fails `test` unless NVRTC is usable (found, complete, version 13): the
+/// compile tests need it but no GPU. They are `#[ignore]`d, so a `cargo
+/// test` without NVRTC lists them as ignored; `.ci/run` (NVRTC from PyPI)
+/// and `bench/gpu-tests.sh` run them with `--include-ignored`.
+#[cfg(test)]
+pub(crate) fn require_nvrtc(test: &str) {
+    let nvrtc = Libraries::probe().nvrtc;
+    assert!(
+        nvrtc.usable,
+        "{test}: needs NVRTC, which is not usable here ({}): put libnvrtc.so.13 on \
+         LD_LIBRARY_PATH (.ci/run installs it from PyPI), or leave out --include-ignored",
+        nvrtc
+            .problem
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "not found".into())
+    );
 }
 
 #[cfg(test)]
