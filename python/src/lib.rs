@@ -1,7 +1,7 @@
 //! `ficco._native`: the thin PyO3 layer between Python and the Rust library.
 //!
 //! It only converts: Python arguments into checked Rust values, calls into
-//! `ficco_cuda::dist::Session` (one process's rank of a job) and the core's
+//! `ficco_cuda::session::Session` (one process's rank of a job) and the core's
 //! schedule grammar, and Rust errors into Python exceptions. Tensors, process
 //! groups and the rendezvous through PyTorch's store are `ficco/torch.py`'s
 //! business; this module never imports torch.
@@ -16,7 +16,8 @@ use ficco_core::choose::explore::check_named;
 use ficco_core::problem::workload::Op;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::{enumerate, Schedule, SpaceOptions};
-use ficco_cuda::dist::{LaunchEnv, OpCall, Session, SessionOpts};
+use ficco_cuda::dist::LaunchEnv;
+use ficco_cuda::session::{OpCall, Session, SessionOpts};
 use ficco_cuda::CudaError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -209,7 +210,7 @@ fn timeout_from_secs(s: f64) -> PyResult<Duration> {
     Ok(Duration::from_secs_f64(s))
 }
 
-/// One process's rank of a ficco job (`ficco_cuda::dist::Session`).
+/// One process's rank of a ficco job (`ficco_cuda::session::Session`).
 ///
 /// Every rank of the job constructs one with the same `world`,
 /// `master_addr` and `port`; rank 0 hosts the rendezvous store on `port`.
@@ -280,7 +281,7 @@ impl PySession {
         })
     }
 
-    /// Runs one operator on device memory (see `ficco_cuda::dist::OpCall`):
+    /// Runs one operator on device memory (see `ficco_cuda::session::OpCall`):
     /// `a`, `b`, `out` are device addresses of bf16 row-major contiguous
     /// operands on this rank's device, `stream` the caller's `CUstream`.
     /// Every rank calls it with the same op, shapes and schedule. `schedule`

@@ -24,7 +24,8 @@
 //! | [`info`](mod@info) | GPUs, SMs, memory, copy engines, peer matrix, versions |
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`error`] | [`CudaError`] |
-//! | [`dist`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes, the rank runtime ([`dist::Session`]) |
+//! | [`dist`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes, a backend's rank of a job |
+//! | [`session`] | [`session::Session`]: one process's rank of a job, the runtime the Python ops and `--procs` call (measurements and single operator calls) |
 //! | `exec` | the executor: `exec::rank` resources, `exec::check` host checks and output comparison, `exec::issue` one function per task kind, `exec::run` the run loop |
 //! | `signal` | the cross-rank synchronisation seam: device signal flags, epochs, progress words |
 //! | `comm` | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |
@@ -50,6 +51,7 @@ pub mod loader;
 pub mod mem;
 pub(crate) mod nvrtc;
 pub mod open;
+pub mod session;
 pub(crate) mod signal;
 
 // The resource-control toolkit and the FFI layer are complete APIs of which

@@ -158,7 +158,7 @@ impl Job {
             comms: HashMap::new(),
             runs: 0,
             exchanges: 0,
-            op: OpRunner::new(crate::exec::op::sync_from_env()),
+            op: OpRunner::new(crate::exec::op::sync_from_env(), super::timeout_from_env()),
             quiets: 0,
         }
     }

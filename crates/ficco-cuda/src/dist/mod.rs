@@ -10,7 +10,6 @@
 //! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket) |
 //! | [`shared`] | VMM device memory exported as a POSIX fd, imported and mapped by the node's other ranks |
 //! | [`job`] | [`job::Job`]: a backend's rank of a job: shared arena and flags, its NCCL communicators, results exchanged |
-//! | [`session`] | [`Session`]: one process's rank of a job (measurements and single operator calls) |
 //!
 //! Design: nothing here waits without a bound. A rank that dies or never
 //! arrives ends every other rank's next store wait with an error naming it
@@ -23,12 +22,10 @@ pub mod env;
 pub mod fdpass;
 pub mod job;
 pub(crate) mod nccl;
-pub mod session;
 pub mod shared;
 pub mod store;
 
 pub use env::LaunchEnv;
-pub use session::{OpCall, OpDone, Session, SessionOpts};
 pub use store::{StoreClient, StoreServer};
 
 use std::time::Duration;

@@ -212,6 +212,26 @@ impl SymmetricMem {
     }
 }
 
+/// The executor reaches the job through this (barriers around a run, and a
+/// failure passed on to every rank).
+impl crate::exec::shared::JobLink for Rendezvous {
+    fn world_size(&self) -> usize {
+        self.env.world_size
+    }
+
+    fn rank(&self) -> usize {
+        self.env.rank
+    }
+
+    fn barrier(&self, tag: &str) -> crate::error::Result<()> {
+        Ok(Rendezvous::barrier(self, tag)?)
+    }
+
+    fn abort_on(&self, e: CudaError) -> CudaError {
+        abort_on(self, e)
+    }
+}
+
 /// Tells the other ranks about a failure of this one that is not already
 /// the store's business (those were passed on where they happened).
 pub(crate) fn abort_on(rv: &Rendezvous, e: CudaError) -> CudaError {

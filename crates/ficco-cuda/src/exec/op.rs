@@ -1,4 +1,4 @@
-//! The operator-call path ([`crate::dist::Session::run_op`], the Python
+//! The operator-call path ([`crate::session::Session::run_op`], the Python
 //! ops): one plan, one iteration, on this process's rank of a job, called
 //! again and again on the caller's tensors. Its steady state is
 //! stream-ordered and allocation-free: no flag reset, no store barrier, no
@@ -801,12 +801,14 @@ pub(crate) struct OpRunner {
 }
 
 impl OpRunner {
-    pub fn new(sync: bool) -> Self {
+    /// `peer_wait`: how long a peer may take before a call gives up on it
+    /// (the job's rendezvous bound).
+    pub fn new(sync: bool, peer_wait: Duration) -> Self {
         OpRunner {
             epoch: Epoch::default(),
             cache: OpCache::new(CACHE_SHAPES),
             sync,
-            peer_wait: crate::dist::timeout_from_env(),
+            peer_wait,
             watch: None,
             caller: None,
             done: None,

@@ -12,11 +12,10 @@ use super::iter::{capture, CrossEvents, RankIssue};
 use super::progress::{trace, Issuing};
 use super::rank::Rank;
 use super::shared::{
-    flag_preds, same_rank_events, tile_share, CommHandle, RunOpts, RunSpec, Shared,
+    flag_preds, same_rank_events, tile_share, CommHandle, JobLink, RunOpts, RunSpec, Shared,
 };
 use super::watchdog::watchdog;
 use crate::comm::{CommCache, CommSet, NcclLimits};
-use crate::dist::Rendezvous;
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::mem::DevicePtr;
@@ -450,10 +449,10 @@ pub fn run_plan_with(
 }
 
 /// How a run reaches the ranks other processes drive (one process per GPU,
-/// see [`crate::dist::Session`]): their flags mapped here, this rank's
+/// see [`crate::session::Session`]): their flags mapped here, this rank's
 /// communicator, and the job's barriers around the run.
 pub(crate) struct JobRun<'a> {
-    pub rv: &'a Rendezvous,
+    pub rv: &'a dyn JobLink,
     /// Every rank's flag memory as mapped here (NULL: a rank of another
     /// node), `flag_words` words each.
     pub flags: Vec<DevicePtr>,
@@ -481,7 +480,7 @@ pub(crate) fn run_plan_in(
     job: Option<&JobRun<'_>>,
 ) -> Result<Vec<RankTimes>> {
     let world = plan.ranks.len();
-    let expected = job.map_or(ranks.len(), |j| j.rv.env.world_size);
+    let expected = job.map_or(ranks.len(), |j| j.rv.world_size());
     if world != expected || ranks.is_empty() || ranks.iter().any(|r| r.rank >= world) {
         return Err(CudaError::Plan(format!(
             "plan has {world} ranks but the job has {expected} ({} driven here)",
@@ -503,7 +502,7 @@ pub(crate) fn run_plan_in(
             j.rv.barrier(&format!("run/{}/done", j.tag))?;
             Ok(t)
         }
-        Err(e) => Err(crate::dist::shared::abort_on(j.rv, e)),
+        Err(e) => Err(j.rv.abort_on(e)),
     }
 }
 
@@ -639,10 +638,10 @@ fn run_bound(
     if let Some(j) = job {
         // Every rank's flags are reset before any rank may write them.
         j.rv.barrier(&format!("run/{}/ready", j.tag))?;
-        if kill_hook() == Some(j.rv.env.rank) {
+        if kill_hook() == Some(j.rv.rank()) {
             eprintln!(
                 "ficco: rank {} exits now ({KILL_ENV}, a test of rank failure)",
-                j.rv.env.rank
+                j.rv.rank()
             );
             std::process::exit(3);
         }

@@ -105,6 +105,21 @@ pub(crate) fn same_rank_events(plan: &Plan) -> Vec<Vec<bool>> {
         .collect()
 }
 
+/// What a run needs of the job its ranks belong to (one process per GPU):
+/// the job runtime implements it ([`crate::dist::Rendezvous`]), so the
+/// executor does not depend on the runtime.
+pub(crate) trait JobLink {
+    /// Ranks in the job.
+    fn world_size(&self) -> usize;
+    /// This process's rank.
+    fn rank(&self) -> usize;
+    /// Returns once every rank of the job reached `tag`.
+    fn barrier(&self, tag: &str) -> Result<()>;
+    /// Tells every rank that this one failed with `e` (unless `e` came from
+    /// another rank or is a skip every rank decides alike); returns `e`.
+    fn abort_on(&self, e: CudaError) -> CudaError;
+}
+
 /// The NCCL communicator a rank uses for one plan.
 #[derive(Clone, Copy)]
 pub(crate) struct CommHandle(pub(crate) RawComm);

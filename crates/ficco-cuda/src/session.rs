@@ -6,9 +6,9 @@
 //! measurements ([`Session::backend`]) or one operator on the caller's
 //! device memory ([`Session::run_op`]).
 
-use super::job::{needs_one_node, Job};
-use super::shared::SymmetricMem;
 use crate::backend::{GpuBackend, Operand};
+use crate::dist::job::{needs_one_node, Job};
+use crate::dist::shared::SymmetricMem;
 use crate::error::{CudaError, Result};
 use crate::mem::DevicePtr;
 use ficco_core::choose::autotune::{self, Advice};
@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::LaunchEnv;
+use crate::dist::LaunchEnv;
 
 /// How a process joins its job.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ impl Default for SessionOpts {
         SessionOpts {
             loopback: None,
             device: None,
-            timeout: super::timeout_from_env(),
+            timeout: crate::dist::timeout_from_env(),
         }
     }
 }
