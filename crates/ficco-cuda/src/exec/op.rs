@@ -1111,12 +1111,9 @@ mod tests {
         assert!(!fast_capable(&plan(Op::AgGemm, 1024, "tile-copy-ring")));
     }
 
-    #[test]
-    fn operands_bind_in_place_or_copy_as_the_plan_uses_them() {
-        let p = plan(Op::AgGemm, 1024, "shard-copy-ring");
-        let uses = ficco_core::plan::validate::buffer_use(&p);
-        let arena: Vec<Vec<DevicePtr>> = p
-            .ranks
+    /// Distinct fake device addresses for every rank's plan buffers.
+    fn fake_arena(p: &Plan) -> Vec<Vec<DevicePtr>> {
+        p.ranks
             .iter()
             .enumerate()
             .map(|(q, rp)| {
@@ -1124,33 +1121,37 @@ mod tests {
                     .map(|b| DevicePtr(0x1000_0000 * (q as u64 + 1) + 0x10_0000 * b as u64))
                     .collect()
             })
-            .collect();
+            .collect()
+    }
+
+    /// Rank 0's A, B and output as caller memory at 0xa000, 0xb000, 0xc000.
+    fn caller_operands(p: &Plan) -> Vec<Operand> {
         let rp = &p.ranks[0];
-        let bytes = |role| {
-            rp.buffer_with(role)
+        [
+            (BufferRole::InputA, 0xa000),
+            (BufferRole::InputB, 0xb000),
+            (BufferRole::Output, 0xc000),
+        ]
+        .into_iter()
+        .map(|(role, addr)| Operand {
+            role,
+            addr,
+            bytes: rp
+                .buffer_with(role)
                 .map(|b| rp.buffers[b].bytes())
-                .expect("buffer")
-        };
-        let ops = [
-            Operand {
-                role: BufferRole::InputA,
-                addr: 0xa000,
-                bytes: bytes(BufferRole::InputA),
-                shared: None,
-            },
-            Operand {
-                role: BufferRole::InputB,
-                addr: 0xb000,
-                bytes: bytes(BufferRole::InputB),
-                shared: None,
-            },
-            Operand {
-                role: BufferRole::Output,
-                addr: 0xc000,
-                bytes: bytes(BufferRole::Output),
-                shared: None,
-            },
-        ];
+                .expect("buffer"),
+            shared: None,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn operands_bind_in_place_or_copy_as_the_plan_uses_them() {
+        let p = plan(Op::AgGemm, 1024, "shard-copy-ring");
+        let uses = ficco_core::plan::validate::buffer_use(&p);
+        let arena = fake_arena(&p);
+        let rp = &p.ranks[0];
+        let ops = caller_operands(&p);
         let got = bind_operands(&p, 0, &uses, arena.clone(), &ops).expect("binds");
         // Only this rank reads its shard (it pushes it to its peers): the
         // caller's memory itself, no copy in. B is rank-local too.
@@ -1165,35 +1166,8 @@ mod tests {
         let ar = plan(Op::GemmAr, 1024, "fine2-copy-all");
         let ar_uses = ficco_core::plan::validate::buffer_use(&ar);
         let out = ar.ranks[0].buffer_with(BufferRole::Output).expect("out");
-        let ar_arena: Vec<Vec<DevicePtr>> = ar
-            .ranks
-            .iter()
-            .enumerate()
-            .map(|(q, rp)| {
-                (0..rp.buffers.len())
-                    .map(|b| DevicePtr(0x1000_0000 * (q as u64 + 1) + 0x10_0000 * b as u64))
-                    .collect()
-            })
-            .collect();
-        let ar_bytes = |role| {
-            ar.ranks[0]
-                .buffer_with(role)
-                .map(|b| ar.ranks[0].buffers[b].bytes())
-                .expect("buffer")
-        };
-        let ar_ops: Vec<Operand> = [
-            (BufferRole::InputA, 0xa000),
-            (BufferRole::InputB, 0xb000),
-            (BufferRole::Output, 0xc000),
-        ]
-        .into_iter()
-        .map(|(role, addr)| Operand {
-            role,
-            addr,
-            bytes: ar_bytes(role),
-            shared: None,
-        })
-        .collect();
+        let ar_arena = fake_arena(&ar);
+        let ar_ops = caller_operands(&ar);
         let got_ar = bind_operands(&ar, 0, &ar_uses, ar_arena.clone(), &ar_ops).expect("binds");
         assert_eq!(
             got_ar.copy_out,
