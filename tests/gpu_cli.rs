@@ -7,7 +7,8 @@
 //! binary when the test executable runs on another machine than the one it
 //! was built on.
 //!
-//! Every rank here runs on GPU 0, so `ficco` sees only that GPU
+//! One test soaks schedules on 4 GPUs (`_4gpus`, left out where there are
+//! fewer). Every other rank here runs on GPU 0, so `ficco` sees only that GPU
 //! (`CUDA_VISIBLE_DEVICES`): on 4 GPUs each `ficco` process otherwise
 //! started the driver on all four and opened a context on each (`info`),
 //! and this binary took 175 s on 4 H100s against 60 s on one H200.
@@ -20,6 +21,11 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 fn ficco(args: &[&str], env: &[(&str, &str)]) -> Output {
+    ficco_on(args, env, true)
+}
+
+/// `ficco` with `args`; on GPU 0 only (`first_only`) or on every GPU.
+fn ficco_on(args: &[&str], env: &[(&str, &str)], first_only: bool) -> Output {
     let (bin, dir) = match std::env::var_os("FICCO_BIN") {
         Some(b) => (PathBuf::from(b), std::env::current_dir().expect("cwd")),
         None => (
@@ -28,8 +34,11 @@ fn ficco(args: &[&str], env: &[(&str, &str)]) -> Output {
         ),
     };
     let mut c = Command::new(bin);
-    let (var, first) = common::first_gpu_only();
-    c.args(args).current_dir(dir).env(var, first);
+    c.args(args).current_dir(dir);
+    if first_only {
+        let (var, first) = common::first_gpu_only();
+        c.env(var, first);
+    }
     for (k, v) in env {
         c.env(k, v);
     }
@@ -219,4 +228,51 @@ fn a_rank_that_dies_ends_the_job_within_the_bound() {
         "the launcher names the failure: {err}"
     );
     assert!(took.as_secs() < 60, "took {took:?}");
+}
+
+/// Issue 26, hang 3: on 4 GPUs, the first gemm-rs copy schedule with a fused
+/// reduce (`-acc`, an accumulating GEMM) issued directly stalled for good
+/// after the same shapes had run without it: cuBLASLt loaded the
+/// accumulating kernel inside the run, holding its lock while it waited for
+/// a device that waited for the other ranks' threads, which waited for the
+/// lock. Every form of every GEMM is now run once before the threads start.
+#[test]
+#[ignore = "needs 4 GPUs (bench/gpu-tests.sh runs it where there are: --include-ignored)"]
+fn a_direct_soak_of_the_ring_copy_schedules_ends_4gpus() {
+    let dir = std::env::temp_dir().join(format!("ficco-gpu-cli-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let out = dir.join("soak.jsonl");
+    let t0 = Instant::now();
+    let o = ficco_on(
+        &[
+            "soak",
+            "--gpus",
+            "4",
+            "--models",
+            "llama3-8b",
+            "--tokens",
+            "2048",
+            "--graphs",
+            "off",
+            "--only",
+            "copy-ring",
+            "--iters",
+            "3",
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        &[("FICCO_WATCHDOG_MS", "2000")],
+        false,
+    );
+    check_gpu("a_direct_soak_of_the_ring_copy_schedules_ends_4gpus", &o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let runs = std::fs::read_to_string(&out).expect("soak output");
+    let acc = runs.lines().filter(|l| l.contains("-acc\"")).count();
+    assert!(acc >= 2, "the -acc schedules ran: {runs}");
+    for l in runs.lines() {
+        assert!(l.contains("\"result\":\"ok\""), "{l}");
+    }
+    assert!(t0.elapsed().as_secs() < 100, "took {:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -48,8 +48,9 @@ pub struct Rank {
     pool: Vec<DeviceBuffer>,
     /// 2 f64 + 1 u64 for the check kernel.
     pub(super) check_acc: DeviceBuffer,
-    /// GEMM configurations already run once (their kernels are loaded).
-    warmed: HashSet<GemmKey>,
+    /// cuBLASLt GEMMs already run once, with whether they accumulated
+    /// (their kernels are loaded).
+    warmed: HashSet<(GemmKey, bool)>,
     /// ficco's own GEMM, one per plan stream index (its split-K workspace
     /// and tickets need stream-ordered launches), loaded when a plan
     /// first runs its GEMMs on it.
@@ -457,11 +458,15 @@ impl Rank {
         grouped_tasks(&self.ctx, rp, ptrs)
     }
 
-    /// Runs every GEMM configuration of `rp` not run before once, alone, into a
-    /// temporary output. CUDA loads kernels lazily, and loading one can wait for
-    /// the device to go idle: inside a running plan that can deadlock against an
-    /// NCCL kernel waiting for a peer. Call before the rank threads start.
-    /// Plans on ficco's own GEMM need none of it ([`Rank::prepare_own_gemm`]).
+    /// Runs every cuBLASLt GEMM of `rp` not run before once, alone, into a
+    /// temporary output, in each form the plan uses (c = a·b, and c += a·b:
+    /// cuBLASLt runs a different kernel when beta is not 0). A kernel's first
+    /// launch can load code (cuBLASLt loads its kernel libraries on demand),
+    /// and loading waits for the device to go idle while holding locks that
+    /// every other rank's thread then waits for: inside a running plan, where
+    /// this device waits for those threads' signals, that is a deadlock (hang
+    /// 3 of issue 26). Call before the rank threads start. Plans on ficco's
+    /// own GEMM need none of it ([`Rank::prepare_own_gemm`]).
     pub(super) fn prewarm_gemms(
         &mut self,
         rp: &RankPlan,
@@ -484,15 +489,20 @@ impl Rank {
             .enumerate()
             .flat_map(|(i, t)| match &t.kind {
                 TaskKind::Gemm {
-                    a, b, c, sm_target, ..
-                } => vec![(a, b, c, sm_target)],
+                    a,
+                    b,
+                    c,
+                    sm_target,
+                    accumulate,
+                    ..
+                } => vec![(a, b, c, sm_target, *accumulate)],
                 TaskKind::GroupedGemm { groups, sm_target } if !own_grouped.contains(&i) => groups
                     .iter()
-                    .map(|g| (&g.a, &g.b, &g.c, sm_target))
+                    .map(|g| (&g.a, &g.b, &g.c, sm_target, false))
                     .collect(),
                 _ => vec![],
             });
-        for (a, b, c, sm_target) in gemms {
+        for (a, b, c, sm_target, accumulate) in gemms {
             let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
             let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
             let (_, ldc) = view_addr(&rp.buffers, ptrs, c, "gemm c")?;
@@ -505,23 +515,30 @@ impl Rank {
                 ldc: ldc / ELEM_BYTES,
                 sm_target: *sm_target,
             };
-            if self.warmed.contains(&key) || a.cols != b.rows {
+            if self.warmed.contains(&(key, accumulate)) || a.cols != b.rows {
                 continue;
             }
-            let tmp = DeviceBuffer::alloc(&self.ctx, key.m * key.ldc * ELEM_BYTES)?;
+            let bytes = key.m * key.ldc * ELEM_BYTES;
+            let tmp = DeviceBuffer::alloc(&self.ctx, bytes)?;
             let ws = self
                 .workspaces
                 .first()
                 .map(|w| w.ptr())
                 .unwrap_or(DevicePtr::NULL);
-            // SAFETY: a and b are bounds-checked live views; tmp holds m rows at ldc.
+            let s = self.control.cu_stream();
+            // SAFETY: a and b are bounds-checked live views; tmp holds m rows
+            // at ldc (zeroed first: the accumulating form reads it).
             unsafe {
+                cu::memset_d8_async(tmp.ptr(), 0, bytes, s)?;
                 self.gemms.tune(key, pa, pb, tmp.ptr(), ws, &self.control)?;
+                // The chosen algorithm, in the form the run launches (tune
+                // runs nothing when cuBLASLt offers a single algorithm).
+                self.gemms.gemm(key, pa, pb, tmp.ptr(), accumulate, ws, s)?;
             }
             self.control
                 .synchronize()
                 .map_err(drv("cuStreamSynchronize"))?;
-            self.warmed.insert(key);
+            self.warmed.insert((key, accumulate));
         }
         Ok(())
     }

@@ -15,7 +15,10 @@
 //! When the device does not drain within another bound (a kernel or NCCL
 //! call that never ends), no thread can be joined: it prints the hang and
 //! ends the process with [`HANG_EXIT_CODE`]. Its own work never blocks on
-//! the device: every side operation is polled with a deadline.
+//! the device: every side operation is polled with a deadline. A driver
+//! call can still block on a lock another thread holds inside the driver;
+//! a deadman thread then ends the process, with where each rank's thread
+//! was (read from host memory), once steps 1 and 2 overrun their bound.
 
 use super::shared::Shared;
 use crate::driver::cuda as cu;
@@ -76,29 +79,42 @@ pub(crate) fn watchdog(
         if !stuck {
             continue;
         }
+        // Where every local rank is (finished iterations, its thread), read
+        // from host memory only: known even when the driver is not usable.
+        let threads_at: Vec<String> = sh
+            .local
+            .iter()
+            .map(|&r| {
+                let done = last.get(r).copied().unwrap_or(0);
+                let mut s = format!(
+                    "rank {r}: {done} done, thread {}",
+                    sh.issuing.describe(sh.plan, r)
+                );
+                if let Some(u) = sh.issuing.unfinished(sh.plan, r, done + 1) {
+                    s = format!("{s}, {u}");
+                }
+                s
+            })
+            .collect();
+        let threads_at = threads_at.join("; ");
+        // Everything below calls the driver, which a thread stuck inside it
+        // (a library loading code while its device waits) may hold locked.
+        let _deadman = Deadman::arm(
+            deadman_bound(bound, ctxs.len()),
+            format!(
+                "ficco: watchdog: the run on {} made no progress for {} ms [{threads_at}], \
+                 and the watchdog's own driver calls did not return (another thread \
+                 holds the driver); exiting",
+                sh.plan.name,
+                last_change.elapsed().as_millis()
+            ),
+        );
         if !failed.load(Ordering::Acquire) {
             let waited_ms = last_change.elapsed().as_millis() as u64;
-            let (rank, mut point) = diagnose(sh, ctxs, &last);
-            // Where every local rank is: finished iterations and its thread.
-            let threads: Vec<String> = sh
-                .local
-                .iter()
-                .map(|&r| {
-                    let done = last.get(r).copied().unwrap_or(0);
-                    let mut s = format!(
-                        "rank {r}: {done} done, thread {}",
-                        sh.issuing.describe(sh.plan, r)
-                    );
-                    if let Some(u) = sh.issuing.unfinished(sh.plan, r, done + 1) {
-                        s = format!("{s}, {u}");
-                    }
-                    s
-                })
-                .collect();
-            point = format!("{point} [{}]", threads.join("; "));
+            let (rank, point) = diagnose(sh, ctxs, &last);
             hang = Some(CudaError::Hang {
                 rank,
-                point,
+                point: format!("{point} [{threads_at}]"),
                 waited_ms,
             });
         }
@@ -133,6 +149,32 @@ fn drain(
             std::process::exit(HANG_EXIT_CODE);
         }
         std::thread::sleep(Duration::from_millis(RELEASE_EVERY_MS));
+    }
+}
+
+/// The most the watchdog's diagnosis and drain may take: a side read per
+/// rank, then [`drain`]'s bound, with a second to spare.
+fn deadman_bound(bound: Duration, ranks: usize) -> Duration {
+    Duration::from_millis(SIDE_WORK_MS) * (ranks as u32 + 1) + bound.max(Duration::from_secs(2))
+}
+
+/// Ends the process with [`HANG_EXIT_CODE`] and `message` unless dropped
+/// within `after`: the bound on work that may block inside the driver.
+struct Deadman {
+    _armed: std::sync::mpsc::Sender<()>,
+}
+
+impl Deadman {
+    fn arm(after: Duration, message: String) -> Deadman {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            // Dropping the sender disconnects: the watchdog finished in time.
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(after) {
+                eprintln!("{message}");
+                std::process::exit(HANG_EXIT_CODE);
+            }
+        });
+        Deadman { _armed: tx }
     }
 }
 
@@ -302,4 +344,51 @@ fn diagnose(sh: &Shared<'_>, ctxs: &[Arc<CudaContext>], progress: &[u32]) -> (us
             progress.get(r).copied().unwrap_or(0) + 1
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the child process of [`a_deadman_ends_the_process_unless_dropped`].
+    const CHILD_ENV: &str = "FICCO_TEST_DEADMAN_CHILD";
+
+    #[test]
+    fn a_deadman_ends_the_process_unless_dropped() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            // The child: stuck past the bound, as a watchdog blocked in a driver call.
+            let _d = Deadman::arm(Duration::from_millis(50), "deadman fired".into());
+            std::thread::sleep(Duration::from_secs(20));
+            return;
+        }
+        // Dropped in time: nothing happens to this process.
+        drop(Deadman::arm(
+            Duration::from_millis(50),
+            "must not fire".into(),
+        ));
+        std::thread::sleep(Duration::from_millis(200));
+        let exe = std::env::current_exe().unwrap();
+        let t0 = Instant::now();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "exec::watchdog::tests::a_deadman_ends_the_process_unless_dropped",
+                "--nocapture",
+            ])
+            .env(CHILD_ENV, "1")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(HANG_EXIT_CODE));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("deadman fired"));
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_deadman_bound_covers_the_diagnosis_and_the_drain() {
+        let b = deadman_bound(Duration::from_millis(500), 4);
+        // 4 side reads of a second each, plus the drain's 2 s floor.
+        assert!(b >= Duration::from_millis(4 * SIDE_WORK_MS + 2000));
+        assert!(b <= Duration::from_secs(10));
+        assert!(deadman_bound(Duration::from_secs(10), 4) > Duration::from_secs(14));
+    }
 }
