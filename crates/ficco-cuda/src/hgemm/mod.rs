@@ -2043,7 +2043,14 @@ mod tests {
     #[ignore = "needs NVRTC (.ci/run and bench/gpu-tests.sh run it: --include-ignored)"]
     fn no_entry_spills_registers() {
         crate::loader::require_nvrtc("no_entry_spills_registers");
-        let (_, log) = match compile_with(&["--ptxas-options=-v"]) {
+        // A define no other compile has: a second compile of the same
+        // source and options on one machine came back with an empty log
+        // (a cached result, ptxas not run), which has no report to read.
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let nonce = format!("-DFICCO_PTXAS_REPORT={nonce}");
+        let (_, log) = match compile_with(&["--ptxas-options=-v", &nonce]) {
             Ok(x) => x,
             Err(e) => panic!("{e}"),
         };
