@@ -145,6 +145,9 @@ fn run() -> Result<()> {
         // Read by the GPU executor's run options; set before any thread starts.
         std::env::set_var(ficco_cuda::GRAPHS_ENV, "0");
     }
+    // Every FICCO_* variable, read once, here: a bad value stops the command
+    // before any work, naming the variable.
+    ficco_core::settings::Settings::get()?;
     cmd::set_verbose(cli.verbose || flags.verbose.verbose);
     match cli.command {
         Command::Schedules(args) => cmd::schedules::run(args),

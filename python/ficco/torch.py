@@ -433,14 +433,9 @@ def _group_name(group) -> str:
 
 
 def _timeout() -> datetime.timedelta:
-    """ficco's rendezvous bound (``FICCO_DIST_TIMEOUT_MS``, default 60 s),
-    used for the wait on the group's store too."""
-    raw = os.environ.get("FICCO_DIST_TIMEOUT_MS", "").strip()
-    try:
-        ms = int(raw)
-    except ValueError:
-        ms = 0
-    return datetime.timedelta(milliseconds=ms if ms > 0 else 60_000)
+    """ficco's rendezvous bound (``FICCO_DIST_TIMEOUT_MS``, default 60 s, as
+    the Rust runtime parses it), used for the wait on the group's store too."""
+    return datetime.timedelta(milliseconds=_native.dist_timeout_ms())
 
 
 def _session(fn: str, group) -> "_native.Session":

@@ -137,6 +137,16 @@ fn free_port() -> PyResult<u16> {
         .map_err(|e| PyRuntimeError::new_err(format!("no free TCP port: {e}")))
 }
 
+/// ficco's rendezvous bound in ms: `FICCO_DIST_TIMEOUT_MS` as the Rust
+/// runtime parses it (read now, so a changed environment is seen; one
+/// parser for both languages). Raises `ValueError` naming a bad value.
+#[pyfunction]
+fn dist_timeout_ms() -> PyResult<u64> {
+    ficco_core::settings::Settings::from_env()
+        .map(|s| s.dist_timeout_ms)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The package version (the Rust crate's).
 #[pyfunction]
 fn version() -> &'static str {
@@ -467,5 +477,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schedules, m)?)?;
     m.add_function(wrap_pyfunction!(free_port, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(dist_timeout_ms, m)?)?;
     Ok(())
 }

@@ -356,7 +356,8 @@ def test_rendezvous_bound_follows_the_environment(monkeypatch):
     monkeypatch.setenv("FICCO_DIST_TIMEOUT_MS", "1500")
     assert ft._timeout().total_seconds() == 1.5
     monkeypatch.setenv("FICCO_DIST_TIMEOUT_MS", "junk")
-    assert ft._timeout().total_seconds() == 60
+    with pytest.raises(ValueError, match="FICCO_DIST_TIMEOUT_MS='junk' is not valid"):
+        ft._timeout()
     monkeypatch.delenv("FICCO_DIST_TIMEOUT_MS")
     assert ft._timeout().total_seconds() == 60
 

@@ -22,7 +22,8 @@
 //!           Chrome trace, SVG, ablation
 //! ```
 //!
-//! `stats` (median), `suggest` (did you mean) and `error` serve every stage.
+//! `stats` (median), `suggest` (did you mean), `error` and `settings` (every
+//! `FICCO_*` environment variable, parsed in one place) serve every stage.
 //!
 //! The GPU backend (`ficco-cuda`) is the other implementation of
 //! [`run::Backend`]; it executes the same plans and returns the same
@@ -34,6 +35,7 @@ pub mod plan;
 pub mod problem;
 pub mod report;
 pub mod run;
+pub mod settings;
 pub mod sim;
 pub mod space;
 pub mod stats;

@@ -84,14 +84,17 @@ impl std::fmt::Debug for GpuBackend {
 /// Likewise `CUDA_MODULE_LOADING=EAGER`: a lazily loaded kernel can wait for
 /// the device to go idle, which never happens while a stream waits on a
 /// signal the loading thread has yet to issue. Must run before the driver is
-/// initialised to take effect.
-fn hardware_queues() {
+/// initialised to take effect. Also reads ficco's own settings, so that a bad
+/// `FICCO_*` value is reported before any work.
+fn process_setup() -> Result<()> {
+    ficco_core::settings::Settings::get()?;
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     }
     if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
         std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
     }
+    Ok(())
 }
 
 /// Median of a list (0 when empty).
@@ -104,7 +107,7 @@ impl GpuBackend {
     /// access, compiles the kernels and creates the NCCL communicators.
     /// Fails with `LibraryMissing`, `NoGpu` or `NotEnoughGpus`; never panics.
     pub fn open(gpus: usize) -> Result<Self> {
-        hardware_queues();
+        process_setup()?;
         crate::loader::require()?;
         let found = info::device_count()?;
         if gpus == 0 || gpus > found {
@@ -149,7 +152,7 @@ impl GpuBackend {
     /// comm-only), which run in their copy form ([`exec::copy_reference`]).
     /// Reports name the device "1x <GPU> (loopback, P ranks)".
     pub fn open_loopback(ranks: usize) -> Result<Self> {
-        hardware_queues();
+        process_setup()?;
         crate::loader::require()?;
         let found = info::device_count()?;
         if found == 0 {
@@ -190,7 +193,7 @@ impl GpuBackend {
         device: Option<usize>,
         timeout: std::time::Duration,
     ) -> Result<Self> {
-        hardware_queues();
+        process_setup()?;
         crate::loader::require()?;
         let found = info::device_count()?;
         let rv = crate::dist::Rendezvous::join(env, timeout)?;

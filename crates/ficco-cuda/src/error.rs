@@ -92,6 +92,9 @@ pub enum CudaError {
     /// A host thread driving a GPU died.
     #[error("GPU worker thread for rank {0} panicked")]
     Worker(usize),
+    /// A `FICCO_*` environment variable has a value it does not take.
+    #[error(transparent)]
+    Settings(#[from] ficco_core::settings::SettingsError),
 }
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;

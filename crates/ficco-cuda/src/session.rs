@@ -245,9 +245,7 @@ impl Session {
             return Ok(*s);
         }
         let cache = self.cache.get_or_insert_with(|| {
-            let path = std::env::var_os("FICCO_TUNE_CACHE")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(tune::default_path);
+            let path = tune::default_path();
             TuneCache::load(&path).0
         });
         let here = crate::info::device_and_software(p.gpus);

@@ -26,6 +26,7 @@ use ficco_core::plan::{
     Buffer, BufferRole, GemmGroup, Plan, RankPlan, StreamRole, StreamSpec, Task, TaskKind, View,
 };
 use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::settings::Grouped as Route;
 use ficco_core::space::Priority;
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use ficco_cuda::hgemm::grouped::{Group, GroupedArgs};
@@ -396,12 +397,16 @@ fn executor_routes_grouped_gemm_to_the_grouped_kernel_or_the_loop() {
         };
         let reference = host.reference();
         let experts = rows.iter().filter(|&&m| m > 0).count();
-        for route in ["own", "loop", "auto"] {
-            std::env::set_var("FICCO_GROUPED", route);
+        for (route, grouped) in [
+            ("own", Route::Own),
+            ("loop", Route::Loop),
+            ("auto", Route::Auto),
+        ] {
+            be.run_opts.grouped = grouped;
             let before = be.grouped_launches();
             let out = be.run_host(&plan, &init);
             let launched = be.grouped_launches() - before;
-            std::env::remove_var("FICCO_GROUPED");
+            be.run_opts.grouped = Route::default();
             let out = out.expect("run the grouped plan");
             let y: Vec<f32> = out[0][2].iter().map(|&h| b2f(h)).collect();
             let err = rel_err(&y, &reference);

@@ -310,6 +310,7 @@ fn watchdog_ends_a_missing_signal() {
             watchdog_ms: bound_ms,
             drop_signal: Some(producer),
             graphs,
+            ..RunOpts::default()
         };
         let t0 = Instant::now();
         let res = be.run_host(&plan, &init);
@@ -476,6 +477,7 @@ fn watchdog_ends_a_tile_gemm_waiting_on_a_missing_flag() {
             watchdog_ms: bound_ms,
             drop_signal: Some((1, dropped)),
             graphs,
+            ..RunOpts::default()
         };
         let t0 = Instant::now();
         let res = be.run_host(&plan, &init);

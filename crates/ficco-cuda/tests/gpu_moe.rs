@@ -335,9 +335,9 @@ fn grouped_gemm_vs_cublaslt_loop_and_dense() {
     assert!(times[0] < 3.0 * times[2], "{times:?}");
     // The same task on the cuBLASLt loop, for comparison (the default route
     // above is ficco's grouped kernel on Hopper).
-    std::env::set_var("FICCO_GROUPED", "loop");
+    be.run_opts.grouped = ficco_core::settings::Grouped::Loop;
     let looped = be.measure(&grouped, false, false);
-    std::env::remove_var("FICCO_GROUPED");
+    be.run_opts.grouped = ficco_core::settings::Grouped::default();
     let t = looped.expect("grouped on the cuBLASLt loop").time_ms;
     eprintln!(
         "BENCH {:<12} {:.3} ms  {:.0} TFLOP/s",

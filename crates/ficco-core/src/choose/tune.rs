@@ -77,20 +77,11 @@ pub enum Lookup {
     Stale(String),
 }
 
-/// The default cache path: `$XDG_CACHE_HOME/ficco/tune.json`, else
-/// `$HOME/.cache/ficco/tune.json`, else `ficco-tune.json`.
+/// The cache path when none is given: `FICCO_TUNE_CACHE`, else
+/// `$XDG_CACHE_HOME/ficco/tune.json`, else `$HOME/.cache/ficco/tune.json`,
+/// else `ficco-tune.json` ([`crate::settings::tune_cache_path`]).
 pub fn default_path() -> PathBuf {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(x) = env("XDG_CACHE_HOME") {
-        return PathBuf::from(x).join("ficco").join("tune.json");
-    }
-    if let Some(h) = env("HOME") {
-        return PathBuf::from(h)
-            .join(".cache")
-            .join("ficco")
-            .join("tune.json");
-    }
-    PathBuf::from("ficco-tune.json")
+    crate::settings::tune_cache_path()
 }
 
 impl TuneCache {

@@ -73,7 +73,9 @@ impl LaunchEnv {
         };
         let agent_store = get("TORCHELASTIC_USE_AGENT_STORE")
             .is_some_and(|v| matches!(v.trim(), "True" | "true" | "1"));
-        let store_port = match get("FICCO_STORE_PORT").filter(|v| !v.trim().is_empty()) {
+        // Listed with ficco's other variables (ficco_core::settings); read
+        // here, beside the MASTER_PORT it is derived from.
+        let store_port = match get(ficco_core::settings::STORE_PORT).filter(|v| !v.trim().is_empty()) {
             Some(v) => match v.trim().parse::<u16>() {
                 Ok(p) if p > 0 => p,
                 _ => {

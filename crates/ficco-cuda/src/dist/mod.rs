@@ -31,18 +31,14 @@ pub use store::{StoreClient, StoreServer};
 use std::time::Duration;
 
 /// Default bound of every rendezvous wait (`FICCO_DIST_TIMEOUT_MS` overrides).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_TIMEOUT: Duration =
+    Duration::from_millis(ficco_core::settings::DEFAULT_DIST_TIMEOUT_MS);
 
 pub use crate::error::DistError;
 
 /// The bound of rendezvous waits: `FICCO_DIST_TIMEOUT_MS` or [`DEFAULT_TIMEOUT`].
 pub fn timeout_from_env() -> Duration {
-    std::env::var("FICCO_DIST_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_TIMEOUT)
+    Duration::from_millis(ficco_core::settings::Settings::current().dist_timeout_ms)
 }
 
 /// This machine's host name (the node identity of the rendezvous).

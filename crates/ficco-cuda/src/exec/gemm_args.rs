@@ -54,55 +54,22 @@ pub(crate) fn own_gemm_args(
     })
 }
 
-/// Environment variable choosing how `GroupedGemm` tasks run: `auto` (the
-/// default, see [`GroupedRoute::Auto`]), `own` (ficco's grouped kernel
-/// wherever it supports the groups) or `loop` (the loop of cuBLASLt calls
-/// always), to compare them in one run.
-pub const GROUPED_ENV: &str = "FICCO_GROUPED";
-
 /// Non-empty groups from which `auto` takes the grouped kernel: the core's
 /// threshold, so the simulator models the route the executor takes.
 pub const GROUPED_MIN_GROUPS: usize = ficco_core::sim::cost::GROUPED_KERNEL_MIN_GROUPS;
 
-/// How grouped GEMM tasks run ([`GROUPED_ENV`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupedRoute {
-    /// The grouped kernel for tasks of at least [`GROUPED_MIN_GROUPS`]
-    /// non-empty groups that it supports, else the cuBLASLt loop.
-    Auto,
-    /// One launch of ficco's grouped kernel where it supports the groups
-    /// ([`crate::hgemm::grouped`]), else the cuBLASLt loop.
-    Own,
-    /// A loop of cuBLASLt calls, one per group.
-    Loop,
-}
+/// How grouped GEMM tasks run: `FICCO_GROUPED` (`auto`, the default; `own`,
+/// ficco's grouped kernel wherever it supports the groups; or `loop`, the
+/// cuBLASLt loop always, to compare them in one run).
+pub use ficco_core::settings::Grouped as GroupedRoute;
 
-impl GroupedRoute {
-    /// The route a value of [`GROUPED_ENV`] names (unset or empty: `auto`).
-    pub fn parse(v: Option<&str>) -> Result<Self> {
-        match v.map(str::trim) {
-            None | Some("") | Some("auto") => Ok(GroupedRoute::Auto),
-            Some("own") => Ok(GroupedRoute::Own),
-            Some("loop") => Ok(GroupedRoute::Loop),
-            Some(x) => Err(CudaError::Plan(format!(
-                "{GROUPED_ENV} must be 'auto', 'own' or 'loop', got '{x}'"
-            ))),
-        }
-    }
-
-    /// Whether a supported task of `groups` groups, `non_empty` of them
-    /// with rows, runs on the grouped kernel under this route.
-    pub fn takes_kernel(self, non_empty: usize) -> bool {
-        match self {
-            GroupedRoute::Auto => non_empty >= GROUPED_MIN_GROUPS,
-            GroupedRoute::Own => true,
-            GroupedRoute::Loop => false,
-        }
-    }
-
-    /// The route of this process's environment.
-    pub fn from_env() -> Result<Self> {
-        Self::parse(std::env::var(GROUPED_ENV).ok().as_deref())
+/// Whether a supported task with `non_empty` non-empty groups runs on the
+/// grouped kernel under `route`.
+pub fn takes_kernel(route: GroupedRoute, non_empty: usize) -> bool {
+    match route {
+        GroupedRoute::Auto => non_empty >= GROUPED_MIN_GROUPS,
+        GroupedRoute::Own => true,
+        GroupedRoute::Loop => false,
     }
 }
 
@@ -239,24 +206,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grouped_route_from_the_environment_value() {
-        assert_eq!(GroupedRoute::parse(None).unwrap(), GroupedRoute::Auto);
-        assert_eq!(GroupedRoute::parse(Some("")).unwrap(), GroupedRoute::Auto);
-        assert_eq!(
-            GroupedRoute::parse(Some("auto")).unwrap(),
-            GroupedRoute::Auto
-        );
-        assert!(GroupedRoute::Auto.takes_kernel(GROUPED_MIN_GROUPS));
-        assert!(!GroupedRoute::Auto.takes_kernel(GROUPED_MIN_GROUPS - 1));
-        assert!(GroupedRoute::Own.takes_kernel(1));
-        assert!(!GroupedRoute::Loop.takes_kernel(128));
-        assert_eq!(GroupedRoute::parse(Some("own")).unwrap(), GroupedRoute::Own);
-        assert_eq!(
-            GroupedRoute::parse(Some(" loop ")).unwrap(),
-            GroupedRoute::Loop
-        );
-        let e = GroupedRoute::parse(Some("cublas")).unwrap_err().to_string();
-        assert!(e.contains("FICCO_GROUPED") && e.contains("cublas"), "{e}");
+    fn the_grouped_route_takes_the_kernel_from_its_threshold() {
+        assert!(takes_kernel(GroupedRoute::Auto, GROUPED_MIN_GROUPS));
+        assert!(!takes_kernel(GroupedRoute::Auto, GROUPED_MIN_GROUPS - 1));
+        assert!(takes_kernel(GroupedRoute::Own, 1));
+        assert!(!takes_kernel(GroupedRoute::Loop, 128));
     }
 
     #[test]

@@ -136,13 +136,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Environment variable: `1` makes every operator call take the full path
-/// (reset, barriers, host synchronize), as before the fast path existed.
-pub const SYNC_ENV: &str = "FICCO_OP_SYNC";
-
-/// Whether `FICCO_OP_SYNC` asks for the full path on every call.
+/// Whether `FICCO_OP_SYNC=1` asks for the full path on every call (reset,
+/// barriers, host synchronize), as before the fast path existed.
 pub fn sync_from_env() -> bool {
-    std::env::var(SYNC_ENV).is_ok_and(|v| v.trim() == "1")
+    ficco_core::settings::Settings::current().op_sync
 }
 
 /// Which path a call takes (see the module doc).
@@ -512,12 +509,16 @@ pub fn bind_operands(
 
 /// Run options of a fast call: issued directly (a graph per call shape
 /// would pay its capture once, but the operands' addresses change from call
-/// to call), no test hooks; its watchdog is the [`Watch`] thread.
-const FAST_OPTS: RunOpts = RunOpts {
-    watchdog_ms: 0,
-    drop_signal: None,
-    graphs: false,
-};
+/// to call), no test hooks; its watchdog is the [`Watch`] thread. The
+/// grouped route is the process's, as in the full call that prepared it.
+fn fast_opts() -> RunOpts {
+    RunOpts {
+        watchdog_ms: 0,
+        drop_signal: None,
+        graphs: false,
+        ..RunOpts::default()
+    }
+}
 
 /// What a fast call of one call shape reuses.
 pub(crate) struct OpPlan {
@@ -593,7 +594,7 @@ impl OpPlan {
             tile_share: &tile_share,
             tables: &tables,
             spec: RunSpec::ONCE,
-            opts: FAST_OPTS,
+            opts: fast_opts(),
             start: &start,
             abort: &abort,
             issuing: &issuing,
@@ -642,7 +643,7 @@ impl OpPlan {
             tile_share: &self.tile_share,
             tables: &self.tables,
             spec: RunSpec::ONCE,
-            opts: FAST_OPTS,
+            opts: fast_opts(),
             start: &self.start,
             abort: &self.abort,
             issuing: &self.issuing,

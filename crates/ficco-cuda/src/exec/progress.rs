@@ -1,7 +1,7 @@
 //! Where a run is, for reports of a stuck one: each rank's issuing
 //! position ([`Issuing`]), optionally a host word per task its stream sets
-//! when it passes the task ([`TASK_PROGRESS_ENV`]), and the phases of every
-//! measurement and run on stderr ([`TRACE_ENV`]).
+//! when it passes the task (`FICCO_TASK_PROGRESS=1`), and the phases of every
+//! measurement and run on stderr (`FICCO_TRACE=1`).
 
 use crate::driver::cuda as cu;
 use crate::error::Result;
@@ -16,15 +16,11 @@ use std::time::Instant;
 /// blocked host thread from a blocked device.
 pub(crate) struct Issuing {
     at: Vec<AtomicU64>,
-    /// With [`TASK_PROGRESS_ENV`]: per task of every rank, a mapped host
+    /// With `FICCO_TASK_PROGRESS=1`: per task of every rank, a mapped host
     /// word its stream sets to the iteration (1-based) after the task, so
     /// the report names the tasks the device has not finished.
     tasks: Option<(HostWords, Vec<usize>)>,
 }
-
-/// Environment variable: `1` makes directly issued runs write a word after
-/// every task (one stream write each), for the watchdog's report.
-pub const TASK_PROGRESS_ENV: &str = "FICCO_TASK_PROGRESS";
 
 impl Issuing {
     /// Not started (events and graphs are being made).
@@ -51,10 +47,10 @@ impl Issuing {
     }
 
     /// Positions for every rank of `plan`, with task words where
-    /// [`TASK_PROGRESS_ENV`] asks for them (a context must be current).
+    /// `FICCO_TASK_PROGRESS=1` asks for them (a context must be current).
     pub fn for_plan(plan: &Plan) -> Result<Self> {
         let mut me = Self::new(plan.ranks.len());
-        if std::env::var(TASK_PROGRESS_ENV).is_ok_and(|v| v.trim() == "1") {
+        if ficco_core::settings::Settings::current().task_progress {
             let mut base = vec![];
             let mut n = 0;
             for rp in &plan.ranks {
@@ -137,18 +133,13 @@ impl Issuing {
     }
 }
 
-/// Environment variable: `1` prints the phases of every measurement and
-/// run to stderr as they start (to find where a process stalls outside the
-/// watchdog's reach).
-pub const TRACE_ENV: &str = "FICCO_TRACE";
-
 /// Prints `what` to stderr with the seconds since the first call, when
-/// [`TRACE_ENV`] is `1`.
+/// `FICCO_TRACE=1` is `1`.
 pub(crate) fn trace(what: impl FnOnce() -> String) {
     static ON: std::sync::OnceLock<Option<Instant>> = std::sync::OnceLock::new();
     let on = ON.get_or_init(|| {
-        std::env::var(TRACE_ENV)
-            .is_ok_and(|v| v.trim() == "1")
+        ficco_core::settings::Settings::current()
+            .trace
             .then(Instant::now)
     });
     if let Some(t0) = on {

@@ -5,7 +5,9 @@
 //! start issuing (either can wait for the device to go idle).
 
 use super::addr::view_addr;
-use super::gemm_args::{own_gemm_args, own_grouped_args, tile_gemm_args, GroupedRoute, TileFlags};
+use super::gemm_args::{
+    own_gemm_args, own_grouped_args, takes_kernel, tile_gemm_args, GroupedRoute, TileFlags,
+};
 use crate::controls::RawStream;
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
@@ -243,9 +245,10 @@ impl Rank {
         res: &Resources,
         ptrs: &[DevicePtr],
         tile_share: usize,
+        route: GroupedRoute,
     ) -> Result<()> {
         self.grouped.clear();
-        let grouped = self.grouped_tasks(rp, ptrs)?;
+        let grouped = self.grouped_tasks(rp, ptrs, route)?;
         // Tile GEMMs run on it whatever the engine (cuBLASLt has no hooks).
         let wants = !grouped.is_empty()
             || rp.tasks.iter().any(|t| match t.kind {
@@ -454,8 +457,9 @@ impl Rank {
         &self,
         rp: &RankPlan,
         ptrs: &[DevicePtr],
+        route: GroupedRoute,
     ) -> Result<Vec<(usize, GroupedArgs)>> {
-        grouped_tasks(&self.ctx, rp, ptrs)
+        grouped_tasks(&self.ctx, rp, ptrs, route)
     }
 
     /// Runs every cuBLASLt GEMM of `rp` not run before once, alone, into a
@@ -472,6 +476,7 @@ impl Rank {
         rp: &RankPlan,
         res: &Resources,
         ptrs: &[DevicePtr],
+        route: GroupedRoute,
     ) -> Result<()> {
         if res.gemm == GemmEngine::Own {
             return Ok(());
@@ -479,7 +484,7 @@ impl Rank {
         // Every cuBLASLt GEMM: plain ones (not shaped) and each group of a
         // grouped one that does not run on ficco's grouped kernel.
         let own_grouped: HashSet<usize> = self
-            .grouped_tasks(rp, ptrs)?
+            .grouped_tasks(rp, ptrs, route)?
             .into_iter()
             .map(|(i, _)| i)
             .collect();
@@ -552,8 +557,8 @@ fn grouped_tasks(
     ctx: &Arc<CudaContext>,
     rp: &RankPlan,
     ptrs: &[DevicePtr],
+    route: GroupedRoute,
 ) -> Result<Vec<(usize, GroupedArgs)>> {
-    let route = GroupedRoute::from_env()?;
     if route == GroupedRoute::Loop
         || !rp
             .tasks
@@ -573,7 +578,7 @@ fn grouped_tasks(
         let TaskKind::GroupedGemm { groups, sm_target } = &t.kind else {
             continue;
         };
-        if !route.takes_kernel(groups.iter().filter(|g| g.a.rows > 0).count()) {
+        if !takes_kernel(route, groups.iter().filter(|g| g.a.rows > 0).count()) {
             continue;
         }
         let views = groups

@@ -29,12 +29,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Test hook of a job (the rank-failure tests): the rank it names exits
-/// abruptly once its first run started, leaving its peers waiting on it.
-const KILL_ENV: &str = "FICCO_TEST_KILL_RANK";
-
+/// Test hook of a job (the rank-failure tests, `FICCO_TEST_KILL_RANK`):
+/// the rank it names exits abruptly once its first run started, leaving its
+/// peers waiting on it. Off unless a test sets it.
 fn kill_hook() -> Option<usize> {
-    std::env::var(KILL_ENV).ok()?.trim().parse().ok()
+    ficco_core::settings::Settings::current().faults.kill_rank
 }
 
 /// What one rank's thread measured.
@@ -550,12 +549,13 @@ fn run_bound(
         trace(|| format!("run {}: rank {r} streams, GEMM warm-up, flags", plan.name));
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         all_streams.push(rank.plan_streams(&plan.ranks[r], &plan.resources)?);
-        rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r])?;
+        rank.prewarm_gemms(&plan.ranks[r], &plan.resources, &ptrs[r], opts.grouped)?;
         rank.prepare_own_gemm(
             &plan.ranks[r],
             &plan.resources,
             &ptrs[r],
             tile_share.get(r).copied().unwrap_or(1),
+            opts.grouped,
         )?;
         flags[r] = match job {
             None => rank.reset_flags(layout.words[r], layout.bank(r, 1))?,
@@ -640,8 +640,9 @@ fn run_bound(
         j.rv.barrier(&format!("run/{}/ready", j.tag))?;
         if kill_hook() == Some(j.rv.rank()) {
             eprintln!(
-                "ficco: rank {} exits now ({KILL_ENV}, a test of rank failure)",
-                j.rv.rank()
+                "ficco: rank {} exits now ({}, a test of rank failure)",
+                j.rv.rank(),
+                ficco_core::settings::TEST_KILL_RANK
             );
             std::process::exit(3);
         }

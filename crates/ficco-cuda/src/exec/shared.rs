@@ -12,22 +12,13 @@ use crate::signal::{HostWords, SignalLayout};
 use cudarc::driver::CudaContext;
 use ficco_core::plan::signal::flag_links;
 use ficco_core::plan::{Plan, TaskKind};
+use ficco_core::settings::Settings;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Default watchdog bound: a run in which no rank finishes an iteration for
 /// this long is ended with [`CudaError::Hang`]. `FICCO_WATCHDOG_MS` overrides it.
-pub const DEFAULT_WATCHDOG_MS: u64 = 10_000;
-
-/// The watchdog bound: `FICCO_WATCHDOG_MS` when set to a positive integer,
-/// else [`DEFAULT_WATCHDOG_MS`].
-pub(crate) fn watchdog_ms() -> u64 {
-    std::env::var("FICCO_WATCHDOG_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(DEFAULT_WATCHDOG_MS)
-}
+pub use ficco_core::settings::DEFAULT_WATCHDOG_MS;
 
 /// How to run a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +43,7 @@ impl RunSpec {
 /// Run-wide options that are not about timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunOpts {
-    /// Watchdog bound in ms (see [`watchdog_ms`]).
+    /// Watchdog bound in ms (`FICCO_WATCHDOG_MS`).
     pub watchdog_ms: u64,
     /// Test hook: the producer of this point never writes its signal flags
     /// (or, a Signal task, is not issued), so its consumers wait forever
@@ -62,25 +53,24 @@ pub struct RunOpts {
     /// parity (where capture works: not under green contexts, whose streams
     /// belong to other contexts). `--no-graph` turns it off.
     pub graphs: bool,
-}
-
-/// Test hook for a whole process (the CLI hang test):
-/// `FICCO_TEST_DROP_SIGNAL=RANK,TASK` drops that task's signals in every run.
-fn drop_signal_hook() -> Option<(usize, usize)> {
-    let v = std::env::var("FICCO_TEST_DROP_SIGNAL").ok()?;
-    let (r, i) = v.split_once(',')?;
-    Some((r.trim().parse().ok()?, i.trim().parse().ok()?))
+    /// How grouped GEMM tasks run (`FICCO_GROUPED`).
+    pub grouped: super::gemm_args::GroupedRoute,
 }
 
 /// Environment variable that turns CUDA graphs off when `0` (`--no-graph`).
-pub const GRAPHS_ENV: &str = "FICCO_GRAPHS";
+pub const GRAPHS_ENV: &str = ficco_core::settings::GRAPHS;
 
 impl Default for RunOpts {
+    /// From the process's settings ([`ficco_core::settings`]): the
+    /// watchdog bound, graphs, and the whole-process test hook
+    /// `FICCO_TEST_DROP_SIGNAL=RANK,TASK` (the CLI hang test).
     fn default() -> Self {
+        let s = Settings::current();
         RunOpts {
-            watchdog_ms: watchdog_ms(),
-            drop_signal: drop_signal_hook(),
-            graphs: std::env::var(GRAPHS_ENV).map_or(true, |v| v.trim() != "0"),
+            watchdog_ms: s.watchdog_ms,
+            drop_signal: s.faults.drop_signal,
+            graphs: s.graphs,
+            grouped: s.grouped,
         }
     }
 }
