@@ -22,6 +22,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CRATES = {
     "ficco-core": "crates/ficco-core/src",
     "ficco-cuda": "crates/ficco-cuda/src",
+    "ficco-testkit": "crates/ficco-testkit/src",
     "ficco (CLI)": "src",
     "ficco (Python)": "python/src",
 }
@@ -30,6 +31,7 @@ ALL = {"lines", "top", "folder"}
 # wait for the rest of its restructure (issue 27).
 ENFORCED = {
     "ficco-core": ALL,
+    "ficco-testkit": ALL,
     "ficco (CLI)": ALL,
     "ficco (Python)": ALL,
     "ficco-cuda": {"folder", "top"},

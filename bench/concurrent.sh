@@ -25,5 +25,5 @@ done
 # included) correct; control primitives.
 timeout 110 .bin/test-gpu --include-ignored --test-threads=1 --nocapture >"$out/tests.log" 2>&1
 echo "gpu tests: exit $?"
-timeout 40 .bin/test-ficco_cuda --include-ignored tests_gpu_controls --test-threads=1 --nocapture >>"$out/tests.log" 2>&1
+timeout 40 .bin/test-ficco_cuda --include-ignored controls::gpu_tests --test-threads=1 --nocapture >>"$out/tests.log" 2>&1
 echo "gpu control tests: exit $?"

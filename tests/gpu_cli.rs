@@ -2,7 +2,7 @@
 //! copy-engine schedules (labelled loopback, NCCL ones skipped), and a run
 //! with a missing signal ends within the watchdog bound with a non-zero exit
 //! and the stuck rank named. Every test needs a GPU, so it is `#[ignore]`d
-//! and fails where it runs without one (see `common` for the policy); run
+//! and fails where it runs without one (see `ficco_testkit` for the policy); run
 //! with `--include-ignored` (`bench/gpu-tests.sh`). `FICCO_BIN` names the
 //! binary when the test executable runs on another machine than the one it
 //! was built on.
@@ -13,8 +13,7 @@
 //! started the driver on all four and opened a context on each (`info`),
 //! and this binary took 175 s on 4 H100s against 60 s on one H200.
 
-#[path = "../crates/ficco-cuda/tests/common/mod.rs"]
-mod common;
+use ficco_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

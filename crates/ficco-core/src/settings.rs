@@ -288,6 +288,17 @@ impl Settings {
     }
 }
 
+/// With [`TRACE`] set to 1, prints `what` to stderr with the seconds since
+/// the first trace of the process (to find where a process stalls, and what
+/// its set-up costs); otherwise does nothing, and `what` is not called.
+pub fn trace(what: impl FnOnce() -> String) {
+    static ON: OnceLock<Option<std::time::Instant>> = OnceLock::new();
+    let on = ON.get_or_init(|| Settings::current().trace.then(std::time::Instant::now));
+    if let Some(t0) = on {
+        eprintln!("ficco trace {:9.3}s {}", t0.elapsed().as_secs_f64(), what());
+    }
+}
+
 /// The tuning cache file: [`TUNE_CACHE`] when set, else
 /// `$XDG_CACHE_HOME/ficco/tune.json`, else `$HOME/.cache/ficco/tune.json`,
 /// else `ficco-tune.json` in the working directory.

@@ -2,7 +2,6 @@
 
 use crate::dist::job::Job;
 use crate::error::{drv, CudaError, Result};
-use crate::exec::progress::trace;
 use crate::exec::{self, Rank, RunOpts, RunSpec};
 use crate::info::{self, SystemInfo};
 use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer, DevicePtr};
@@ -11,6 +10,7 @@ use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
 use ficco_core::run::timeline::{Span, Timeline};
 use ficco_core::run::{Backend, BackendError, Measured, Skip};
+use ficco_core::settings::trace;
 
 /// Iteration counts and tolerance of measurements.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -16,7 +16,7 @@
 
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
-use crate::nvrtc::{self, CompileStats};
+use crate::nvrtc;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 use std::ffi::{c_void, CString};
@@ -223,8 +223,6 @@ pub fn device_attribute(ctx: &Arc<CudaContext>, a: sys::CUdevice_attribute) -> R
 pub struct KernelLibrary {
     lib: sys::CUlibrary,
     ctx: Arc<CudaContext>,
-    /// How the CUBIN was obtained (compile time, cache).
-    pub compile: CompileStats,
 }
 
 // SAFETY: library and kernel handles are context-independent driver objects.
@@ -257,7 +255,6 @@ impl KernelLibrary {
         Ok(KernelLibrary {
             lib,
             ctx: ctx.clone(),
-            compile: cubin.stats,
         })
     }
 
@@ -391,3 +388,8 @@ mod tests {
         assert_eq!(median(&[1.0, 2.0, 3.0, 4.0]), 3.0);
     }
 }
+
+// GPU unit tests of the resource controls (they use crate-internal NCCL
+// calls, so they live beside the code, not under tests/).
+#[cfg(test)]
+mod gpu_tests;

@@ -135,6 +135,7 @@ impl Kernels {
             nvrtc::DEFAULT_OPTIONS,
             &nvrtc::arch_of(cc),
         )?;
+        ficco_core::settings::trace(|| format!("kernels: {}", cubin.stats));
         let module = ctx
             .load_module(Ptx::from_binary((*cubin.image).clone()))
             .map_err(drv("cuModuleLoadData"))?;

@@ -54,24 +54,13 @@ pub mod open;
 pub mod session;
 pub(crate) mod signal;
 
-// The resource-control toolkit and the FFI layer are complete APIs of which
-// the executor uses a part today; the rest (priority probes, SM-id probe,
-// NCCL introspection, event timing) is exercised by the GPU unit tests and
-// is what the next schedules build on.
-#[allow(dead_code)]
-pub(crate) mod comm;
-#[allow(dead_code)]
-pub(crate) mod controls;
-#[allow(dead_code)]
+// The resource-control toolkit (stream priorities, green-context SM
+// partitions, NCCL communicator limits): public, as schedules and users
+// outside the executor build on more of it than the executor uses today.
+pub mod comm;
+pub mod controls;
 pub(crate) mod driver;
-#[allow(dead_code)]
-pub(crate) mod green;
-
-#[cfg(test)]
-#[path = "../tests/common/mod.rs"]
-mod test_common;
-#[cfg(test)]
-mod tests_gpu_controls;
+pub mod green;
 
 pub use backend::{GpuBackend, MeasureConfig};
 pub use error::CudaError;

@@ -578,7 +578,7 @@ mod pick_tests {
 
 #[cfg(test)]
 mod tests {
-    //! GPU test (one GPU, `#[ignore]`d; see `tests/common` for the policy):
+    //! GPU test (one GPU, `#[ignore]`d; see `ficco-testkit` for the policy):
     //! the parent re-runs this test binary as 2 and 4 ranks on GPU 0
     //! (loopback); each rank calls the three operators on its own device
     //! memory and checks its output against a host reference of every
@@ -591,8 +591,8 @@ mod tests {
     //! pick's device lookup) created and destroyed a context on each.
     use super::*;
     use crate::mem::DeviceBuffer;
-    use crate::test_common::{b2f, gate, rand, rel_err, GpuAvailability};
     use cudarc::driver::CudaContext;
+    use ficco_testkit::{b2f, gate, rand, rel_err, GpuAvailability};
 
     const CHILD: &str = "FICCO_SESSION_CHILD";
     const TEST: &str = "dist::session::tests::operators_on_caller_memory_match_the_reference";

@@ -1,7 +1,7 @@
 //! GPU integration tests on 2 GPUs with CUDA, cuBLASLt, NCCL and NVRTC:
 //! each such test ends in `_2gpus` and is `#[ignore]`d, so `cargo test`
 //! without GPUs lists it as ignored; where it runs without 2 usable GPUs it
-//! fails (see `common` for the policy). Run on the device with
+//! fails (see `ficco_testkit` for the policy). Run on the device with
 //! `--include-ignored --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
 //!
 //! The hand-built plans are built by functions of their own, so that a CPU
@@ -10,7 +10,6 @@
 //! validator had come to refuse went unnoticed until they ran on 4.
 #![allow(clippy::needless_range_loop)]
 
-mod common;
 use common::{b2f, f2b, gate, gpu_required, rand, rel_err, GpuAvailability};
 use ficco_core::plan::interp::{interpret, reference, Inputs};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
@@ -23,6 +22,7 @@ use ficco_core::problem::workload::{Collective, Op, Problem};
 use ficco_core::run::Backend;
 use ficco_core::space::{enumerate, Priority, Schedule, SpaceOptions};
 use ficco_cuda::{CudaError, GpuBackend};
+use ficco_testkit as common;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const GPUS: usize = 2;

@@ -15,11 +15,10 @@
 //!   a multiple of 8) stay on the loop and are exact too.
 //!
 //! They need a Hopper GPU, so they are `#[ignore]`d and fail where they run
-//! without one (see `common` for the policy); `executor_test_plans_are_valid`
+//! without one (see `ficco_testkit` for the policy); `executor_test_plans_are_valid`
 //! runs on the CPU. The executor test sets `FICCO_GROUPED`: run with
 //! `--include-ignored --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
 
-mod common;
 use common::{b2f, no_gpu, rand, rel_err};
 use cudarc::driver::CudaContext;
 use ficco_core::plan::{
@@ -33,6 +32,7 @@ use ficco_cuda::hgemm::grouped::{Group, GroupedArgs};
 use ficco_cuda::hgemm::{Bf16, DevPtr, HopperGemm, TileN};
 use ficco_cuda::mem::DeviceBuffer;
 use ficco_cuda::{CudaError, GpuBackend};
+use ficco_testkit as common;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 const NAN: u16 = 0x7fc0;

@@ -1,10 +1,9 @@
 //! GPU exactness tests of ficco's Hopper GEMM ([`ficco_cuda::hgemm`]) and of
 //! each of its hooks. They need a Hopper GPU, so they are `#[ignore]`d and
-//! fail where they run without one (see `common` for the policy). Run on
+//! fail where they run without one (see `ficco_testkit` for the policy). Run on
 //! the device with `--include-ignored --test-threads=1 --nocapture`
 //! (`bench/gpu-tests.sh`).
 
-mod common;
 use common::{b2f, no_gpu, rand, rel_err};
 use cudarc::driver::{sys, CudaContext};
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
@@ -13,6 +12,7 @@ use ficco_cuda::hgemm::{
     TileN, WaitHook, BLOCK_M,
 };
 use ficco_cuda::mem::DeviceBuffer;
+use ficco_testkit as common;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 const NAN: u16 = 0x7fc0;

@@ -8,11 +8,10 @@
 //! through flags) runs exactly on shapes it fits; a missing signal ends the
 //! run through the watchdog, also when a tile GEMM's kernel waits on it.
 //! Needs one GPU, so every test is `#[ignore]`d and fails where it runs
-//! without one (see `common` for the policy). Run with `--include-ignored
+//! without one (see `ficco_testkit` for the policy). Run with `--include-ignored
 //! --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
 #![allow(clippy::needless_range_loop)]
 
-mod common;
 use common::{b2f, copy_schedules, no_gpu, rand, rel_err};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
 use ficco_core::plan::{BufferRole, Plan};
@@ -20,6 +19,7 @@ use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::run::{skip_reason, Backend};
 use ficco_core::space::{enumerate, Engine, Granularity, Schedule, SpaceOptions};
 use ficco_cuda::{CudaError, GpuBackend, MeasureConfig, RunOpts};
+use ficco_testkit as common;
 use std::time::Instant;
 
 /// The loopback backend of `ranks` ranks; fails `test` where there is no

@@ -15,11 +15,10 @@
 //!   separate GEMM tasks over two streams and one dense GEMM of all rows.
 //!
 //! Needs one GPU, so every test is `#[ignore]`d and fails where it runs
-//! without one (see `common` for the policy). Run with `--include-ignored
+//! without one (see `ficco_testkit` for the policy). Run with `--include-ignored
 //! --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
 #![allow(clippy::needless_range_loop)]
 
-mod common;
 use common::{b2f, copy_schedules, no_gpu, rand, rel_err};
 use ficco_core::plan::interp::{reference, Inputs, Matrix};
 use ficco_core::plan::lower::{comm_only, gemm_only, lower};
@@ -31,6 +30,7 @@ use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::run::{skip_reason, Backend};
 use ficco_core::space::{Priority, Schedule};
 use ficco_cuda::{CudaError, GpuBackend, MeasureConfig};
+use ficco_testkit as common;
 
 fn open_loopback(test: &str, ranks: usize) -> GpuBackend {
     match GpuBackend::open_loopback(ranks) {

@@ -5,16 +5,16 @@
 //! deep K make ficco's kernel split K, so two compute streams (`-2s`) would
 //! race on one split-K workspace if the executor shared it. Needs one Hopper
 //! GPU, so every test is `#[ignore]`d and fails where it runs without one
-//! (see `common` for the policy). Run with `--include-ignored
+//! (see `ficco_testkit` for the policy). Run with `--include-ignored
 //! --test-threads=1 --nocapture` (`bench/gpu-tests.sh`).
 
-mod common;
 use common::no_gpu;
 use ficco_core::plan::lower::lower;
 use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::run::{skip_reason, Backend};
 use ficco_core::space::{GemmEngine, Schedule};
 use ficco_cuda::{CudaError, GpuBackend, MeasureConfig};
+use ficco_testkit as common;
 
 fn open(test: &str, ranks: usize) -> GpuBackend {
     match GpuBackend::open_loopback(ranks) {

@@ -274,7 +274,7 @@ pub(crate) fn run_children(
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());
             if gpus == ChildGpus::First {
-                let (var, first) = crate::test_common::first_gpu_only();
+                let (var, first) = ficco_testkit::first_gpu_only();
                 c.env(var, first);
             }
             c.spawn().expect("spawn a rank")

@@ -53,13 +53,13 @@ pub(crate) fn communicator(
 #[cfg(test)]
 mod tests {
     //! Needs 2 GPUs (NCCL refuses two ranks on one GPU), so `#[ignore]`d and
-    //! named `_2gpus` (see `tests/common` for the policy): the test binary
+    //! named `_2gpus` (see `ficco-testkit` for the policy): the test binary
     //! re-runs itself as ranks 0 and 1 on GPUs 0 and 1.
     use super::*;
     use crate::dist::LaunchEnv;
     use crate::driver::cuda as cu;
     use crate::mem::DeviceBuffer;
-    use crate::test_common::{b2f, f2b, gate, GpuAvailability};
+    use ficco_testkit::{b2f, f2b, gate, GpuAvailability};
     use std::time::Duration;
 
     const CHILD: &str = "FICCO_DIST_NCCL_CHILD";

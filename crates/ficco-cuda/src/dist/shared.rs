@@ -245,14 +245,14 @@ pub(crate) fn abort_on(rv: &Rendezvous, e: CudaError) -> CudaError {
 
 #[cfg(test)]
 mod tests {
-    //! GPU tests, `#[ignore]`d (one GPU; see `tests/common` for the policy),
+    //! GPU tests, `#[ignore]`d (one GPU; see `ficco-testkit` for the policy),
     //! and one CPU test. The two- and four-process tests re-execute this test
     //! binary: the parent starts the ranks as children
     //! (`FICCO_DIST_GPU_CHILD=1` and the launcher variables), all on GPU 0,
     //! each seeing only that GPU, and checks they exit 0 in time.
     use super::*;
     use crate::dist::LaunchEnv;
-    use crate::test_common::{gate, GpuAvailability};
+    use ficco_testkit::{gate, GpuAvailability};
     use std::time::Duration;
 
     /// GPU 0's context; fails `test` where there is no usable GPU.

@@ -15,12 +15,6 @@ pub(crate) type MatmulDesc = sys::cublasLtMatmulDesc_t;
 pub(crate) type Layout = sys::cublasLtMatrixLayout_t;
 pub(crate) type Algo = sys::cublasLtMatmulAlgo_t;
 
-/// `cublasLtGetVersion`.
-pub(crate) fn version() -> usize {
-    // SAFETY: takes no arguments; callers checked that the library loads.
-    unsafe { sys::cublasLtGetVersion() }
-}
-
 /// A handle on the current device.
 pub(crate) fn create_handle() -> Result<Handle> {
     lt::create_handle().map_err(blas("cublasLtCreate"))

@@ -39,16 +39,6 @@ pub(crate) fn init_and_count() -> Result<usize> {
     Ok(n as usize)
 }
 
-/// `cuDriverGetVersion`, e.g. 13000.
-pub(crate) fn driver_version() -> Result<i32> {
-    let mut v = 0;
-    // SAFETY: valid out-pointer.
-    check("cuDriverGetVersion", unsafe {
-        sys::cuDriverGetVersion(&mut v)
-    })?;
-    Ok(v)
-}
-
 /// The device handle of an ordinal (`ordinal` < device count).
 pub(crate) fn device(ordinal: usize) -> Result<sys::CUdevice> {
     let mut dev: sys::CUdevice = 0;
@@ -270,6 +260,29 @@ pub(crate) unsafe fn memcpy_2d_async(
         Height: rows,
     };
     check("cuMemcpy2DAsync", sys::cuMemcpy2DAsync_v2(&p, stream))
+}
+
+/// Stream-ordered device-to-host copy.
+///
+/// # Safety
+/// `src` holds `dst.len()` bytes; `stream` is live; the host slice stays
+/// borrowed until the stream is synchronized.
+// Only the GPU unit tests read device memory back on a stream.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) unsafe fn memcpy_dtoh_async(
+    dst: &mut [u8],
+    src: DevicePtr,
+    stream: sys::CUstream,
+) -> Result<()> {
+    check(
+        "cuMemcpyDtoHAsync",
+        sys::cuMemcpyDtoHAsync_v2(
+            dst.as_mut_ptr() as *mut c_void,
+            src.raw(),
+            dst.len(),
+            stream,
+        ),
+    )
 }
 
 /// Stream-ordered fill of `count` bytes.
@@ -792,27 +805,6 @@ pub(crate) fn stream_create_nonblocking() -> Result<sys::CUstream> {
         sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
     })?;
     Ok(s)
-}
-
-/// Stream-ordered device-to-host copy.
-///
-/// # Safety
-/// `src` holds `dst.len()` bytes; `stream` is live; the host slice stays
-/// borrowed until the stream is synchronized.
-pub(crate) unsafe fn memcpy_dtoh_async(
-    dst: &mut [u8],
-    src: DevicePtr,
-    stream: sys::CUstream,
-) -> Result<()> {
-    check(
-        "cuMemcpyDtoHAsync",
-        sys::cuMemcpyDtoHAsync_v2(
-            dst.as_mut_ptr() as *mut c_void,
-            src.raw(),
-            dst.len(),
-            stream,
-        ),
-    )
 }
 
 /// Pinned host memory mapped into every context's address space

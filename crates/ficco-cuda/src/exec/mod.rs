@@ -36,8 +36,6 @@ pub(crate) mod gemm_args;
 pub(crate) mod issue;
 pub(crate) mod iter;
 pub(crate) mod op;
-#[cfg(test)]
-mod op_model;
 pub(crate) mod progress;
 pub(crate) mod rank;
 pub(crate) mod reference;

@@ -1,14 +1,14 @@
 //! Where a run is, for reports of a stuck one: each rank's issuing
 //! position ([`Issuing`]), optionally a host word per task its stream sets
-//! when it passes the task (`FICCO_TASK_PROGRESS=1`), and the phases of every
-//! measurement and run on stderr (`FICCO_TRACE=1`).
+//! when it passes the task (`FICCO_TASK_PROGRESS=1`). The phases of every
+//! measurement and run go to stderr through [`ficco_core::settings::trace`]
+//! (`FICCO_TRACE=1`).
 
 use crate::driver::cuda as cu;
 use crate::error::Result;
 use crate::signal::HostWords;
 use ficco_core::plan::Plan;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 /// Where each rank's issuing thread is: the iteration and the step it is
 /// issuing (a task index, or one of the `Issuing::*` steps). A thread stuck
@@ -130,19 +130,5 @@ impl Issuing {
                 format!("issuing task {i} '{label}' of iteration {it}")
             }
         }
-    }
-}
-
-/// Prints `what` to stderr with the seconds since the first call, when
-/// `FICCO_TRACE=1` is `1`.
-pub(crate) fn trace(what: impl FnOnce() -> String) {
-    static ON: std::sync::OnceLock<Option<Instant>> = std::sync::OnceLock::new();
-    let on = ON.get_or_init(|| {
-        ficco_core::settings::Settings::current()
-            .trace
-            .then(Instant::now)
-    });
-    if let Some(t0) = on {
-        eprintln!("ficco trace {:9.3}s {}", t0.elapsed().as_secs_f64(), what());
     }
 }

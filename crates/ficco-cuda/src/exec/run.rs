@@ -9,7 +9,7 @@
 
 use super::check::precheck;
 use super::iter::{capture, CrossEvents, RankIssue};
-use super::progress::{trace, Issuing};
+use super::progress::Issuing;
 use super::rank::Rank;
 use super::shared::{
     flag_preds, same_rank_events, tile_share, CommHandle, JobLink, RunOpts, RunSpec, Shared,
@@ -25,6 +25,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 use ficco_core::plan::graph::{topo, Graph};
 use ficco_core::plan::tile::{expand, expand_origins};
 use ficco_core::plan::{Plan, TaskKind};
+use ficco_core::settings::trace;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,6 +1,7 @@
-//! Helpers shared by the GPU tests (the integration tests here, and the
-//! crate's own GPU unit tests, which include this file): the GPU test
-//! policy, bf16 conversion, test data and the relative-error check.
+//! Test support for ficco's GPU tests, a dev-dependency of ficco-cuda (its
+//! unit and integration tests) and of the CLI's GPU tests; nothing of it is
+//! in a release build. The GPU test policy, bf16 conversion, test data and
+//! the relative-error check.
 //!
 //! GPU test policy (honest counts):
 //! * Every test that needs a GPU is `#[ignore = "needs a GPU ..."]`, so a
@@ -18,7 +19,6 @@
 //! * Tests that need NVRTC but no GPU (the crate's compile tests) are
 //!   ignored the same way and fail without NVRTC; `.ci/run` runs them with
 //!   NVRTC from PyPI.
-#![allow(dead_code)]
 
 /// Whether `FICCO_REQUIRE_GPU=1` is set.
 pub fn gpu_required() -> bool {

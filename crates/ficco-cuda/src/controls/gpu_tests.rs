@@ -2,7 +2,7 @@
 //! partitions and NCCL communicator limits (ficco's own GEMM's SM budget and
 //! occupancy hooks are tested in `tests/gpu_hgemm.rs`). Each test prints what it measures.
 //! They are unit tests (they use crate-internal modules), `#[ignore]`d as
-//! they need a GPU, and fail where they run without one (see `tests/common`
+//! they need a GPU, and fail where they run without one (see `ficco-testkit`
 //! for the policy). The NCCL test needs 2 GPUs (`_2gpus`). Run on the device
 //! with `--include-ignored --test-threads=1 --nocapture` and
 //! `NCCL_NVLS_ENABLE=0` (`bench/gpu-tests.sh` does).
@@ -11,9 +11,9 @@ use crate::comm::{CommCache, CommSet, CtaPolicy, NcclLimits};
 use crate::controls::{priority_stream, stream_priority, PriorityRange, StreamPriority};
 use crate::green::{device_sm_resource, distinct, GreenPartition, PartitionRequest, SmIdProbe};
 use crate::mem::DeviceBuffer;
-use crate::test_common::{gate, GpuAvailability};
 use crate::CudaError;
 use cudarc::driver::CudaContext;
+use ficco_testkit::{gate, GpuAvailability};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -20,9 +20,9 @@
 //! [`crate::signal`] and [`super::op`]), NCCL and tile or grouped GEMMs
 //! (not in the plans it is given).
 
-use super::op::{bind_operands, fast_steps, Handoff, Operand, Step};
-use super::shared::flag_preds;
+use super::{bind_operands, fast_steps, Handoff, Operand, Step};
 use crate::dist::job::arena_layout;
+use crate::exec::shared::flag_preds;
 use crate::mem::DevicePtr;
 use ficco_core::plan::validate::{accesses, buffer_use};
 use ficco_core::plan::{BufferRole, Plan, View};
@@ -230,7 +230,7 @@ impl Model {
 
     /// A full call: after every rank's device is idle, the whole run, and
     /// every rank idle again (its final barrier).
-    fn full(&mut self, c: usize, plan: &Plan, bound: &[super::op::Bound]) {
+    fn full(&mut self, c: usize, plan: &Plan, bound: &[super::Bound]) {
         let mut preds = self.caller.clone();
         preds.extend(&self.control);
         let mut acc = vec![];
@@ -253,7 +253,7 @@ impl Model {
     }
 
     /// A fast call: each rank's steps as the executor issues them.
-    fn fast(&mut self, c: usize, plan: &Plan, bound: &[super::op::Bound]) {
+    fn fast(&mut self, c: usize, plan: &Plan, bound: &[super::Bound]) {
         let world = plan.ranks.len();
         let h = (self.handoff)(plan);
         let preds_of_flags = flag_preds(plan).expect("flag links");

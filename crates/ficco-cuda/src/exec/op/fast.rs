@@ -1,0 +1,455 @@
+//! The fast, stream-ordered call: which plans can take it, how a call
+//! hands its operands and flags over ([`Handoff`], [`fast_steps`]), the
+//! per-shape plan cache and the operand binding.
+
+use crate::error::{drv, CudaError, Result};
+use crate::exec::iter::RankIssue;
+use crate::exec::progress::Issuing;
+use crate::exec::rank::Rank;
+use crate::exec::shared::{
+    flag_preds, same_rank_events, tile_share, CommHandle, FlagPreds, RunOpts, RunSpec, Shared,
+};
+use crate::mem::DevicePtr;
+use crate::signal::{HostWords, SignalLayout};
+use cudarc::driver::CudaContext;
+use ficco_core::plan::validate::BufferUse;
+use ficco_core::plan::{BufferRole, Plan, TaskKind};
+use ficco_core::problem::workload::Problem;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Whether `plan` can run on the fast path: no tile GEMM (its destination
+/// tables) and no grouped GEMM (its tensor-map tables) live in per-rank
+/// slots that the next plan's preparation overwrites while a call may be in
+/// flight.
+pub fn fast_capable(plan: &Plan) -> bool {
+    !plan.ranks.iter().any(|rp| {
+        rp.tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::TileGemm(_) | TaskKind::GroupedGemm { .. }))
+    })
+}
+
+/// Who tells whom around a fast call's tasks: what a multi-iteration run
+/// gets for free (its inputs are in place before its first barrier and
+/// stay; its outputs are read after its last barrier) but consecutive
+/// calls on new operands do not. Derived from the plan's copies, the only
+/// tasks that reach another rank's memory, so every rank derives the same
+/// pairs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handoff {
+    /// Per rank `r`: the peers whose tasks touch one of `r`'s operand
+    /// buffers (an input or the output): `r` sets its word of their *ready*
+    /// bank once its operands of the call are in place.
+    pub ready_to: Vec<Vec<usize>>,
+    /// Per rank `q`: the peers whose operand buffers `q`'s tasks touch;
+    /// `q` waits for their ready words before it forks its tasks.
+    pub ready_from: Vec<Vec<usize>>,
+    /// Per rank `q`: the peers whose output `q`'s tasks write: `q` sets its
+    /// word of their *landed* bank after its tasks.
+    pub landed_to: Vec<Vec<usize>>,
+    /// Per rank `r`: the peers that write `r`'s output; `r` waits for
+    /// their landed words before it copies its output out (no task of `r`
+    /// waits for those writes: in a run, the final barrier does).
+    pub landed_from: Vec<Vec<usize>>,
+}
+
+impl Handoff {
+    pub fn of(plan: &Plan) -> Self {
+        let p = plan.ranks.len();
+        let mut ready = vec![vec![false; p]; p];
+        let mut landed = vec![vec![false; p]; p];
+        for (t, rp) in plan.ranks.iter().enumerate() {
+            for task in &rp.tasks {
+                let TaskKind::Copy { src, dst } = &task.kind else {
+                    continue;
+                };
+                for (end, write) in [(src, false), (dst, true)] {
+                    let o = end.rank;
+                    if o == t || o >= p {
+                        continue;
+                    }
+                    let role = plan.ranks[o].buffers.get(end.view.buf).map(|b| b.role);
+                    if role.is_some_and(|r| r != BufferRole::Scratch) {
+                        ready[o][t] = true;
+                    }
+                    if write && role == Some(BufferRole::Output) {
+                        landed[t][o] = true;
+                    }
+                }
+            }
+        }
+        let list = |m: &Vec<Vec<bool>>, from: bool| -> Vec<Vec<usize>> {
+            (0..p)
+                .map(|a| {
+                    (0..p)
+                        .filter(|&b| if from { m[b][a] } else { m[a][b] })
+                        .collect()
+                })
+                .collect()
+        };
+        Handoff {
+            ready_to: list(&ready, false),
+            ready_from: list(&ready, true),
+            landed_to: list(&landed, false),
+            landed_from: list(&landed, true),
+        }
+    }
+}
+
+/// One step of a fast call on the control stream, in issue order
+/// ([`fast_steps`]; the module doc says why each is there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Wait for every peer's end of the previous call (bank `1 - parity`)
+    /// and clear it.
+    WaitPeers,
+    /// Copy the copied operands into the arena.
+    CopyIn,
+    /// Tell the peers that touch this rank's operands that they are in
+    /// place ([`Handoff::ready_to`]).
+    SignalReady,
+    /// Wait until the peers whose operands this rank's tasks touch have
+    /// theirs in place ([`Handoff::ready_from`]), and clear their words.
+    WaitReady,
+    /// Fork the plan's streams, the tasks with their flag waits and
+    /// signals, join.
+    Tasks,
+    /// Tell the peers whose output this rank wrote that the writes are done
+    /// ([`Handoff::landed_to`]).
+    SignalLanded,
+    /// Wait until every peer that writes this rank's output is done
+    /// ([`Handoff::landed_from`]), and clear their words.
+    WaitLanded,
+    /// Copy the output out of the arena.
+    CopyOut,
+    /// Clear this rank's task words; set this rank's word in every peer's
+    /// bank `parity`.
+    SignalEnd,
+    /// Wait for every peer's end of this call (operands in shared memory).
+    WaitAllEnded,
+}
+
+/// The steps of a fast call of rank `r`; `shared`: some operand is bound in
+/// place in shared memory. Hand-offs with nobody to tell or wait for are
+/// left out.
+pub fn fast_steps(h: &Handoff, r: usize, shared: bool) -> Vec<Step> {
+    let has = |v: &Vec<Vec<usize>>| v.get(r).is_some_and(|x| !x.is_empty());
+    let mut out = vec![Step::WaitPeers, Step::CopyIn];
+    if has(&h.ready_to) {
+        out.push(Step::SignalReady);
+    }
+    if has(&h.ready_from) {
+        out.push(Step::WaitReady);
+    }
+    out.push(Step::Tasks);
+    if has(&h.landed_to) {
+        out.push(Step::SignalLanded);
+    }
+    if has(&h.landed_from) {
+        out.push(Step::WaitLanded);
+    }
+    out.extend([Step::CopyOut, Step::SignalEnd]);
+    if shared {
+        out.push(Step::WaitAllEnded);
+    }
+    out
+}
+
+/// A call shape: what decides the plan of an operator call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OpKey {
+    pub problem: Problem,
+    /// The plan's name (its schedule's canonical name).
+    pub plan: String,
+}
+
+impl OpKey {
+    pub fn of(plan: &Plan) -> Self {
+        OpKey {
+            problem: plan.problem,
+            plan: plan.name.clone(),
+        }
+    }
+}
+
+/// Per-call-shape state, at most `cap` shapes: when a new one comes and the
+/// cache is full, every entry goes (alike on every rank: the same calls in
+/// the same order), and each shape's next call is full again.
+#[derive(Debug)]
+pub struct OpCache<V> {
+    pub(super) map: HashMap<OpKey, V>,
+    pub(super) cap: usize,
+}
+
+impl<V> OpCache<V> {
+    pub fn new(cap: usize) -> Self {
+        OpCache {
+            map: HashMap::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn get_mut(&mut self, k: &OpKey) -> Option<&mut V> {
+        self.map.get_mut(k)
+    }
+
+    #[cfg(test)]
+    pub(super) fn contains(&self, k: &OpKey) -> bool {
+        self.map.contains_key(k)
+    }
+
+    pub fn insert(&mut self, k: OpKey, v: V) {
+        if !self.map.contains_key(&k) && self.map.len() >= self.cap {
+            self.map.clear();
+        }
+        self.map.insert(k, v);
+    }
+
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// Call shapes kept at once (a model has a handful per layer type).
+pub const CACHE_SHAPES: usize = 64;
+
+/// One operand of a call as the plan sees it.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// The plan's buffers of every rank, with the operands bound in place.
+    pub ptrs: Vec<Vec<DevicePtr>>,
+    /// (arena buffer, caller address, bytes) to copy in before the tasks.
+    pub copy_in: Vec<(DevicePtr, DevicePtr, usize)>,
+    /// (caller address, arena buffer, bytes) to copy out after them.
+    pub copy_out: Vec<(DevicePtr, DevicePtr, usize)>,
+    /// Some operand lives in shared memory the peers use in place.
+    pub shared: bool,
+}
+
+/// One operand of an operator call on caller memory.
+#[derive(Debug, Clone)]
+pub struct Operand {
+    /// The plan buffer it fills (an input) or receives (the output).
+    pub role: BufferRole,
+    /// Its device address in this process, and its size.
+    pub addr: u64,
+    pub bytes: usize,
+    /// Every rank's address of its operand of this role, as mapped here,
+    /// when every rank's operand lives in shared memory at the same offset:
+    /// the plan then reads and writes it in place.
+    pub shared: Option<Vec<DevicePtr>>,
+}
+
+/// Binds `operands` of rank `r` into `ptrs` (the plan's arena binding):
+/// shared ones in place on every rank; a buffer no other rank's task
+/// touches, and (an input) no task writes, is the caller's memory itself
+/// (weights, rank-local activations), when aligned as TMA loads want; the
+/// others are copied.
+pub fn bind_operands(
+    plan: &Plan,
+    r: usize,
+    uses: &[Vec<BufferUse>],
+    mut ptrs: Vec<Vec<DevicePtr>>,
+    operands: &[Operand],
+) -> Result<Bound> {
+    let rp = plan
+        .ranks
+        .get(r)
+        .ok_or_else(|| CudaError::Plan(format!("the plan has no rank {r}")))?;
+    let mut copy_in = vec![];
+    let mut copy_out = vec![];
+    let mut shared = false;
+    for op in operands {
+        let b = rp.buffer_with(op.role).ok_or_else(|| {
+            CudaError::Plan(format!("the plan of rank {r} has no {:?} buffer", op.role))
+        })?;
+        let want = rp.buffers[b].bytes();
+        if want != op.bytes {
+            return Err(CudaError::Plan(format!(
+                "{:?} of rank {r} has {} bytes, the plan's buffer '{}' {want}",
+                op.role, op.bytes, rp.buffers[b].name
+            )));
+        }
+        let u = uses
+            .get(r)
+            .and_then(|v| v.get(b))
+            .copied()
+            .unwrap_or_default();
+        let local = !u.remote && (op.role == BufferRole::Output || !u.written) && op.addr % 16 == 0;
+        if let Some(all) = &op.shared {
+            for (q, (rq, &p)) in plan.ranks.iter().zip(all).enumerate() {
+                if let Some(bq) = rq.buffer_with(op.role) {
+                    ptrs[q][bq] = p;
+                }
+            }
+            shared = true;
+        } else if local {
+            ptrs[r][b] = DevicePtr(op.addr);
+        } else if op.role == BufferRole::Output {
+            copy_out.push((DevicePtr(op.addr), ptrs[r][b], op.bytes));
+        } else {
+            copy_in.push((ptrs[r][b], DevicePtr(op.addr), op.bytes));
+        }
+    }
+    Ok(Bound {
+        ptrs,
+        copy_in,
+        copy_out,
+        shared,
+    })
+}
+
+/// Run options of a fast call: issued directly (a graph per call shape
+/// would pay its capture once, but the operands' addresses change from call
+/// to call), no test hooks; its watchdog is the [`Watch`] thread. The
+/// grouped route is the process's, as in the full call that prepared it.
+pub(super) fn fast_opts() -> RunOpts {
+    RunOpts {
+        watchdog_ms: 0,
+        drop_signal: None,
+        graphs: false,
+        ..RunOpts::default()
+    }
+}
+
+/// What a fast call of one call shape reuses.
+pub(crate) struct OpPlan {
+    pub plan: Plan,
+    pub uses: Vec<Vec<BufferUse>>,
+    pub(super) layout: SignalLayout,
+    pub(super) handoff: Handoff,
+    pub(super) events: Vec<Vec<bool>>,
+    pub(super) flag_preds: FlagPreds,
+    pub(super) tile_share: Vec<usize>,
+    pub(super) tables: Vec<Vec<Option<DevicePtr>>>,
+    pub(super) ctxs: Vec<Arc<CudaContext>>,
+    pub(super) comms: Vec<Option<CommHandle>>,
+    pub(super) local: Vec<usize>,
+    /// Every rank's flag memory as it was when this state was made (the
+    /// issue's flag addresses are baked in: any change drops the cache).
+    pub flags: Vec<DevicePtr>,
+    pub(super) iss: RankIssue,
+    pub(super) start: std::sync::Barrier,
+    pub(super) abort: AtomicBool,
+    pub(super) issuing: Issuing,
+}
+
+impl OpPlan {
+    /// Makes the fast state of `plan` for `rank` (streams, events, the
+    /// signal layout), after a full call of it prepared its GEMMs.
+    pub(crate) fn new(
+        rank: &mut Rank,
+        plan: Plan,
+        flags: Vec<DevicePtr>,
+        comm: Option<CommHandle>,
+        diag: &HostWords,
+    ) -> Result<Self> {
+        let world = plan.ranks.len();
+        let r = rank.rank;
+        rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let streams = rank.plan_streams(&plan.ranks[r], &plan.resources)?;
+        let layout = SignalLayout::new(&plan);
+        let events = same_rank_events(&plan);
+        let flag_preds = flag_preds(&plan)?;
+        let tile_share = tile_share(&plan, false);
+        let uses = ficco_core::plan::validate::buffer_use(&plan);
+        let tables: Vec<Vec<Option<DevicePtr>>> = plan
+            .ranks
+            .iter()
+            .map(|rp| vec![None; rp.tasks.len()])
+            .collect();
+        let ctxs = vec![rank.ctx.clone(); world];
+        let comms: Vec<Option<CommHandle>> = (0..world)
+            .map(|q| if q == r { comm } else { None })
+            .collect();
+        let local = vec![r];
+        let start = std::sync::Barrier::new(1);
+        let abort = AtomicBool::new(false);
+        let issuing = Issuing::new(world);
+        let empty: Vec<Vec<DevicePtr>> = plan
+            .ranks
+            .iter()
+            .map(|rp| vec![DevicePtr::NULL; rp.buffers.len()])
+            .collect();
+        let sh = Shared {
+            plan: &plan,
+            ptrs: &empty,
+            ctxs: &ctxs,
+            comms: &comms,
+            local: &local,
+            layout: &layout,
+            flags: &flags,
+            progress: diag,
+            diag,
+            events: &events,
+            flag_preds: &flag_preds,
+            tile_share: &tile_share,
+            tables: &tables,
+            spec: RunSpec::ONCE,
+            opts: fast_opts(),
+            start: &start,
+            abort: &abort,
+            issuing: &issuing,
+        };
+        // Events and flag operations, made once (they do not depend on
+        // where the operands are).
+        let iss = RankIssue::new(rank, &sh, streams, false)?;
+        Ok(OpPlan {
+            handoff: Handoff::of(&plan),
+            plan,
+            uses,
+            layout,
+            events,
+            flag_preds,
+            tile_share,
+            tables,
+            ctxs,
+            comms,
+            local,
+            flags,
+            iss,
+            start,
+            abort,
+            issuing,
+        })
+    }
+
+    /// The most flag words a rank of the plan uses.
+    pub fn layout_words(&self) -> usize {
+        self.layout.words.iter().copied().max().unwrap_or(1)
+    }
+
+    pub(super) fn shared<'a>(
+        &'a self,
+        ptrs: &'a [Vec<DevicePtr>],
+        diag: &'a HostWords,
+    ) -> Shared<'a> {
+        Shared {
+            plan: &self.plan,
+            ptrs,
+            ctxs: &self.ctxs,
+            comms: &self.comms,
+            local: &self.local,
+            layout: &self.layout,
+            flags: &self.flags,
+            progress: diag,
+            diag,
+            events: &self.events,
+            flag_preds: &self.flag_preds,
+            tile_share: &self.tile_share,
+            tables: &self.tables,
+            spec: RunSpec::ONCE,
+            opts: fast_opts(),
+            start: &self.start,
+            abort: &self.abort,
+            issuing: &self.issuing,
+        }
+    }
+}

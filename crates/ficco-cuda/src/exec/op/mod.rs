@@ -1,0 +1,354 @@
+//! The operator-call path ([`crate::session::Session::run_op`], the Python
+//! ops): one plan, one iteration, on this process's rank of a job, called
+//! again and again on the caller's tensors. Its steady state is
+//! stream-ordered and allocation-free: no flag reset, no store barrier, no
+//! host synchronize.
+//!
+//! **Two paths.** A call takes one of them ([`Epoch::path`]), decided alike
+//! on every rank, because every rank makes the same calls in the same order
+//! and every input of the decision is a function of that sequence (and of
+//! `FICCO_OP_SYNC`, agreed when the session opens):
+//! * *full* ([`Path::Full`]): the run of [`super::run::run_plan_in`], which
+//!   synchronizes the caller's stream, resets every flag word, passes a
+//!   store barrier, runs, synchronizes the host and passes a second
+//!   barrier. Taken for the first call of a session, the first call of each
+//!   call shape (its streams, events and GEMMs are set up then, while
+//!   nothing runs), a call whose plan makes the shared arena or the flag
+//!   memory grow, any call after a failure, plans whose per-plan state lives
+//!   in [`super::Rank`] slots shared by every plan (tile and grouped GEMMs),
+//!   and every call under `FICCO_OP_SYNC=1`. When fast calls preceded it, it
+//!   first waits for this rank's device and passes one more barrier
+//!   (*quiet*): then no write of an earlier call is in flight on any rank
+//!   when the flags are reset.
+//! * *fast* ([`Path::Fast`]): on the control stream, after an event of the
+//!   caller's stream, the [`fast_steps`]: wait for every peer's end of the
+//!   previous call (barrier bank `1 - parity`) and clear it; copy the inputs
+//!   into the shared arena; tell the peers that touch this rank's operands
+//!   that they are in place, and wait until the peers whose operands this
+//!   rank touches said so (*ready*, [`Handoff`]); fork the plan's streams;
+//!   the tasks with their flag waits and signals; join; tell the peers whose
+//!   output this rank wrote, and wait for the peers that write its output
+//!   (*landed*); copy the output out; clear this rank's task words; set this
+//!   rank's word in every peer's bank `parity`; with operands bound in
+//!   shared memory, also wait for every peer's end of this call; then the
+//!   caller's stream waits for an event of the control stream. Everything
+//!   it uses (the plan, its signal layout and hand-offs, events, streams,
+//!   the tuned GEMMs) was made at the shape's first, full, call and is kept
+//!   in an [`OpCache`].
+//!   (What stays per call on the host: binding the operands, and, once the
+//!   session holds shared allocations, one store exchange that decides
+//!   which operands are in place: another rank's operand may lie elsewhere.)
+//!
+//! **Why skipping the reset and the barriers is safe.** The flag protocol
+//! of [`crate::signal`] already makes consecutive iterations of one run
+//! safe without either; a fast call is the next iteration of the same
+//! protocol, with the parity carried over from the previous call
+//! ([`Epoch`]), also when that call ran another plan:
+//! 1. *Every plan agrees on the barrier banks*: they are the first `2P`
+//!    words of every rank's flag memory, word `q` of bank `b` set by rank
+//!    `q` at the end of an iteration of parity `b` ([`SignalLayout::bank`]);
+//!    the ready and landed banks of point 5 follow at fixed words too
+//!    ([`crate::signal::FIXED_BANKS`]).
+//! 2. *Between two iterations every task word is 0*: a full call zeroes the
+//!    whole flag memory (bank 1 then preset, as if an iteration -1 had
+//!    ended); each consumer clears its own task words at the end of each
+//!    iteration, after its streams joined, so after every wait of the
+//!    iteration passed, i.e. after every producer's write of it landed;
+//!    words that another plan uses but this one does not stay 0. The only
+//!    words set between calls are the peers' end signals in bank `parity`
+//!    of the call just done; bank `1 - parity` is 0 (cleared at that call's
+//!    start), and so are the ready and landed words (each cleared by its
+//!    waiter before its end signal).
+//! 3. *No stale flag passes as a signal of this call*: a task word written
+//!    by this call's producer could only be stale if a producer wrote it in
+//!    an earlier call after the consumer cleared it; but a producer starts
+//!    a call only after seeing the consumer's end of the previous call (its
+//!    first wait, on bank `1 - parity`), and the consumer sets its end
+//!    signal after clearing its task words, on one stream, behind the
+//!    system-scope fence of `cuStreamWriteValue32`. A bank word of parity
+//!    `b` is set by rank `q` only at the end of its call of parity `b`; the
+//!    consumer clears it right after waiting on it, before it ends the call
+//!    that lets `q` start its next call of parity `b` (two calls later).
+//! 4. *No peer overwrites a buffer another rank still reads*: a rank issues
+//!    anything that reads or writes a peer's buffers, and copies new inputs
+//!    into its own arena buffers (which peers read), only after its first
+//!    wait: after every peer ended the previous call, and a peer ends a call
+//!    only after all its streams, hence all its reads and writes of that
+//!    call, are done. It copies its output out before its end signal, so
+//!    no peer's next call can overwrite the arena output first. Operands
+//!    bound in place in shared memory (`ficco.torch.empty`) belong to the
+//!    caller, who may overwrite them as soon as the call is done on its
+//!    stream: those calls also wait for every peer's end before the
+//!    caller's stream resumes.
+//! 5. *Every rank reads this call's operands, and copies out this call's
+//!    output*. Here a call is *not* the next iteration of a run: a run's
+//!    inputs are in place before its first barrier and stay, and its output
+//!    is read after its last barrier, so its plan has no dependency for
+//!    either, while a call brings new operands and copies its output out
+//!    right after its tasks. Hence the hand-offs ([`Handoff`], from the
+//!    plan's copies, alike on every rank): a rank whose tasks touch a
+//!    peer's operand buffer (its shard, pulled by ag-gemm; its output,
+//!    pushed into by gemm-ar) forks its tasks only after that peer's
+//!    *ready*, set once the peer's inputs are copied in (or, in shared
+//!    memory, once its caller's stream reached the call); a rank copies its
+//!    output out only after the *landed* of every peer that writes it, set
+//!    after that peer's tasks joined. Their words ([`SignalLayout::ready_slot`],
+//!    [`SignalLayout::landed_slot`]) are cleared by their waiter right after
+//!    the wait, before its end signal; the writer sets them again only in
+//!    its next call, after that end signal, so no stale word passes.
+//!    Without them, a peer pulls the previous call's shard, or the output
+//!    is copied out before a peer's push landed: exactly what the GPU
+//!    showed. `exec::op_model` checks points 4 and 5 on a CPU model of
+//!    call sequences built from the same steps (no race, no stale read, no
+//!    deadlock), and that without the hand-offs it finds those two races.
+//! 6. *Nothing is freed under a call in flight*: the arena and the flag
+//!    memory only grow in a full call, which first waits for this rank's
+//!    device and the quiet barrier; a shared allocation is freed only after
+//!    this rank's calls finished ([`OpRunner::synchronize`]).
+//!
+//! **Hangs.** A fast call returns before it ran, so the run's watchdog
+//! cannot guard it. The [`Watch`] thread does: when a call has not finished
+//! within the watchdog bound (`FICCO_WATCHDOG_MS`), a peer died or hung; it
+//! releases every flag of this rank (so its streams, and the caller's
+//! stream behind them, drain instead of hanging), and the next call (or
+//! [`OpRunner::synchronize`]) fails with the hang; the results of the calls
+//! since are not valid. The failure ends the job, like a failure in a full
+//! call.
+
+mod fast;
+#[cfg(test)]
+mod model_tests;
+mod path;
+#[cfg(test)]
+mod tests;
+mod watch;
+
+pub use fast::*;
+pub use path::*;
+use watch::*;
+
+use crate::driver::cuda as cu;
+use crate::error::{drv, CudaError, Result};
+use crate::exec::check::precheck;
+use crate::exec::rank::Rank;
+use crate::exec::shared::CommHandle;
+use crate::mem::DevicePtr;
+use cudarc::driver::CudaEvent;
+use ficco_core::plan::Plan;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The operator-call state of one rank of a job: the [`Epoch`], the cached
+/// call shapes, the watch thread and the two events between the caller's
+/// stream and the control stream.
+pub(crate) struct OpRunner {
+    pub epoch: Epoch,
+    pub cache: OpCache<OpPlan>,
+    /// `FICCO_OP_SYNC=1` on some rank (agreed when the job opened).
+    pub sync: bool,
+    /// How long a fast call may wait for a peer before the watch thread
+    /// calls it hung: the longer of the watchdog bound and the job's
+    /// rendezvous bound, since a fast call's first wait is where a full
+    /// call's store barrier was (a peer may still be busy elsewhere).
+    pub peer_wait: Duration,
+    watch: Option<Watch>,
+    /// Recorded on the caller's stream; the control stream waits for it.
+    caller: Option<CudaEvent>,
+    /// Recorded on the control stream after a call; the caller's stream
+    /// waits for it, [`OpRunner::synchronize`] too.
+    done: Option<CudaEvent>,
+    /// Calls issued fast so far (the watch thread's numbering).
+    seq: u32,
+}
+
+impl OpRunner {
+    /// `peer_wait`: how long a peer may take before a call gives up on it
+    /// (the job's rendezvous bound).
+    pub fn new(sync: bool, peer_wait: Duration) -> Self {
+        OpRunner {
+            epoch: Epoch::default(),
+            cache: OpCache::new(CACHE_SHAPES),
+            sync,
+            peer_wait,
+            watch: None,
+            caller: None,
+            done: None,
+            seq: 0,
+        }
+    }
+
+    /// Waits until every call issued here finished on this rank's device;
+    /// the hang of one of them, if the watch thread found one.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.wait_idle()?;
+        self.failure()
+    }
+
+    /// Waits until every call issued here finished on this rank's device
+    /// (a hung one is released by the watch thread), leaving a hang found
+    /// for the next call to report.
+    pub fn wait_idle(&self) -> Result<()> {
+        match &self.done {
+            Some(ev) => ev.synchronize().map_err(drv("cuEventSynchronize")),
+            None => Ok(()),
+        }
+    }
+
+    /// The hang the watch thread found since the last call, if any (the
+    /// epoch is then unknown).
+    pub fn failure(&mut self) -> Result<()> {
+        match self.watch.as_ref().and_then(Watch::take_failure) {
+            Some(e) => {
+                self.epoch.failed();
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Issues one fast call of the cached `key` on `rank` as the iteration
+    /// of `parity`, ordered after the work queued on the caller's `stream`
+    /// and before the caller's later work on it. `flags` is this rank's
+    /// flag memory (base, words) for the watch thread.
+    #[allow(clippy::too_many_arguments)]
+    pub fn issue_fast(
+        &mut self,
+        rank: &mut Rank,
+        key: &OpKey,
+        bound: &Bound,
+        parity: usize,
+        stream: u64,
+        flags: (DevicePtr, usize),
+        watchdog_ms: u64,
+    ) -> Result<()> {
+        rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        if self.watch.is_none() {
+            let bound = watchdog_ms.max(self.peer_wait.as_millis() as u64);
+            self.watch = Some(Watch::new(rank, bound)?);
+        }
+        // Made once, at the first fast call (no allocation per call).
+        if self.caller.is_none() {
+            self.caller = Some(rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+        }
+        if self.done.is_none() {
+            self.done = Some(rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+        }
+        let (Some(watch), Some(caller), Some(done)) = (&self.watch, &self.caller, &self.done)
+        else {
+            return Err(CudaError::Plan("the call's events are missing".into()));
+        };
+        let st = self
+            .cache
+            .get_mut(key)
+            .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
+        precheck(&st.plan, &bound.ptrs)?;
+        *watch.state.flags.lock().unwrap_or_else(|p| p.into_inner()) = flags;
+        let sh = st.shared(&bound.ptrs, &watch.state.done);
+        let caller_stream = stream as cudarc::driver::sys::CUstream;
+        let control = rank.control().clone();
+        // SAFETY: the caller's stream and the event are live on this context.
+        unsafe {
+            cu::event_record(caller.cu_event(), caller_stream)?;
+            cu::stream_wait_event(control.cu_stream(), caller.cu_event())?;
+        }
+        for step in fast_steps(&st.handoff, rank.rank, bound.shared) {
+            match step {
+                Step::WaitPeers => st.iss.wait_peers(&sh, parity)?,
+                Step::CopyIn => {
+                    for &(dst, src, bytes) in &bound.copy_in {
+                        // SAFETY: the arena buffer and the caller's operand hold `bytes`.
+                        unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
+                    }
+                }
+                Step::SignalReady => {
+                    let l = &st.layout;
+                    st.iss
+                        .signal_peers(&sh, &st.handoff.ready_to[rank.rank], |q| l.ready_slot(q))?
+                }
+                Step::WaitReady => {
+                    let l = &st.layout;
+                    st.iss
+                        .wait_peers_and_clear(&sh, &st.handoff.ready_from[rank.rank], |q| {
+                            l.ready_slot(q)
+                        })?
+                }
+                Step::Tasks => {
+                    st.iss.fork()?;
+                    for i in 0..st.plan.ranks[rank.rank].tasks.len() {
+                        st.iss.task(rank, &sh, i, false, None)?;
+                    }
+                    st.iss.join()?;
+                }
+                Step::SignalLanded => {
+                    let l = &st.layout;
+                    st.iss
+                        .signal_peers(&sh, &st.handoff.landed_to[rank.rank], |q| l.landed_slot(q))?
+                }
+                Step::WaitLanded => {
+                    let l = &st.layout;
+                    st.iss
+                        .wait_peers_and_clear(&sh, &st.handoff.landed_from[rank.rank], |q| {
+                            l.landed_slot(q)
+                        })?
+                }
+                Step::CopyOut => {
+                    for &(dst, src, bytes) in &bound.copy_out {
+                        // SAFETY: as above.
+                        unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
+                    }
+                }
+                Step::SignalEnd => st.iss.signal_end(&sh, parity)?,
+                Step::WaitAllEnded => st.iss.wait_all_ended(&sh, parity)?,
+            }
+        }
+        self.seq = self.seq.wrapping_add(1);
+        watch.state.issued.store(self.seq, Ordering::Release);
+        // SAFETY: word 0 of the watch's live mapped host words; the events
+        // and streams are live on this context.
+        unsafe {
+            cu::stream_write_value32(control.cu_stream(), watch.state.done.device(0), self.seq)?;
+            cu::event_record(done.cu_event(), control.cu_stream())?;
+            cu::stream_wait_event(caller_stream, done.cu_event())?;
+        }
+        self.epoch.after_fast(parity);
+        Ok(())
+    }
+
+    /// After a full call of `plan` (its GEMMs prepared, nothing in flight):
+    /// keeps what its fast calls reuse, under its call shape.
+    pub fn prepare(
+        &mut self,
+        rank: &mut Rank,
+        plan: Plan,
+        flags: Vec<DevicePtr>,
+        comm: Option<CommHandle>,
+        watchdog_ms: u64,
+    ) -> Result<()> {
+        if self.watch.is_none() {
+            let bound = watchdog_ms.max(self.peer_wait.as_millis() as u64);
+            self.watch = Some(Watch::new(rank, bound)?);
+        }
+        let Some(watch) = &self.watch else {
+            return Err(CudaError::Plan("the call watchdog is missing".into()));
+        };
+        let key = OpKey::of(&plan);
+        let st = OpPlan::new(rank, plan, flags, comm, &watch.state.done)?;
+        self.cache.insert(key, st);
+        Ok(())
+    }
+
+    /// The operands of a fast call of the cached `key`, bound into `ptrs`.
+    pub fn bind(
+        &mut self,
+        key: &OpKey,
+        r: usize,
+        ptrs: Vec<Vec<DevicePtr>>,
+        operands: &[Operand],
+    ) -> Result<Bound> {
+        let st = self
+            .cache
+            .get_mut(key)
+            .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
+        bind_operands(&st.plan, r, &st.uses, ptrs, operands)
+    }
+}

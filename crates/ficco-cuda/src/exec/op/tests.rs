@@ -1,0 +1,193 @@
+use super::*;
+use ficco_core::plan::lower::lower;
+use ficco_core::plan::BufferRole;
+use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::space::Schedule;
+
+fn facts() -> CallFacts {
+    CallFacts {
+        sync: false,
+        grows: false,
+        cached: true,
+        capable: true,
+    }
+}
+
+#[test]
+fn the_first_call_is_full_and_later_ones_fast_with_alternating_parity() {
+    let mut e = Epoch::default();
+    assert_eq!(e.path(facts()), Path::Full { quiet: false });
+    e.after_full(1);
+    assert_eq!(e.path(facts()), Path::Fast { parity: 1 });
+    e.after_fast(1);
+    assert_eq!(e.path(facts()), Path::Fast { parity: 0 });
+    e.after_fast(0);
+    assert_eq!(e.path(facts()), Path::Fast { parity: 1 });
+    // A full run of 3 iterations (a measurement) ends at parity 1.
+    e.after_full(3);
+    assert_eq!(e.path(facts()), Path::Fast { parity: 1 });
+    e.after_full(2);
+    assert_eq!(e.path(facts()), Path::Fast { parity: 0 });
+}
+
+#[test]
+fn every_reason_for_the_full_path_takes_it_and_asks_for_quiet_after_fast_calls() {
+    let mut e = Epoch::default();
+    e.after_full(1);
+    e.after_fast(1);
+    for f in [
+        CallFacts {
+            sync: true,
+            ..facts()
+        },
+        CallFacts {
+            grows: true,
+            ..facts()
+        },
+        CallFacts {
+            cached: false,
+            ..facts()
+        },
+        CallFacts {
+            capable: false,
+            ..facts()
+        },
+    ] {
+        assert_eq!(e.path(f), Path::Full { quiet: true }, "{f:?}");
+    }
+    // After the quiet barrier and the full run: no quiet needed.
+    e.quiet();
+    assert!(!e.needs_quiet());
+    e.after_full(1);
+    assert_eq!(
+        e.path(CallFacts {
+            cached: false,
+            ..facts()
+        }),
+        Path::Full { quiet: false }
+    );
+}
+
+#[test]
+fn a_failure_forgets_the_parity_until_a_full_run() {
+    let mut e = Epoch::default();
+    e.after_full(1);
+    e.after_fast(1);
+    e.failed();
+    assert_eq!(e.path(facts()), Path::Full { quiet: true });
+    e.quiet();
+    e.after_full(1);
+    assert_eq!(e.path(facts()), Path::Fast { parity: 1 });
+}
+
+fn plan(op: Op, m: usize, s: &str) -> Plan {
+    let p = Problem::new(op, m, 512, 256, 2).expect("problem");
+    lower(&p, &s.parse::<Schedule>().expect("schedule")).expect("lower")
+}
+
+#[test]
+fn the_cache_keys_on_the_call_shape_and_forgets_everything_when_full() {
+    let a = OpKey::of(&plan(Op::AgGemm, 1024, "shard-copy-ring"));
+    let b = OpKey::of(&plan(Op::AgGemm, 2048, "shard-copy-ring"));
+    let c = OpKey::of(&plan(Op::AgGemm, 1024, "fine2-copy-all"));
+    let d = OpKey::of(&plan(Op::GemmRs, 1024, "shard-copy-ring"));
+    assert_eq!(a, OpKey::of(&plan(Op::AgGemm, 1024, "shard-copy-ring")));
+    let mut cache = OpCache::new(3);
+    cache.insert(a.clone(), 1);
+    cache.insert(b.clone(), 2);
+    cache.insert(c.clone(), 3);
+    assert_eq!(cache.get_mut(&a).copied(), Some(1));
+    assert_eq!(cache.get_mut(&c).copied(), Some(3));
+    assert!(!cache.contains(&d));
+    // Replacing a shape keeps the others.
+    cache.insert(b.clone(), 20);
+    assert_eq!((cache.len(), cache.get_mut(&b).copied()), (3, Some(20)));
+    // A fourth shape: everything goes, alike on every rank.
+    cache.insert(d.clone(), 4);
+    assert_eq!(cache.len(), 1);
+    assert!(cache.contains(&d) && !cache.contains(&a));
+}
+
+#[test]
+fn tile_and_grouped_plans_are_not_fast_capable() {
+    assert!(fast_capable(&plan(Op::AgGemm, 1024, "shard-copy-ring")));
+    assert!(fast_capable(&plan(Op::GemmRs, 1024, "fine2-copy-all")));
+    assert!(fast_capable(&plan(Op::GemmAr, 1024, "fine2-nccl-ring")));
+    assert!(!fast_capable(&plan(Op::AgGemm, 1024, "tile-copy-ring")));
+}
+
+/// Distinct fake device addresses for every rank's plan buffers.
+fn fake_arena(p: &Plan) -> Vec<Vec<DevicePtr>> {
+    p.ranks
+        .iter()
+        .enumerate()
+        .map(|(q, rp)| {
+            (0..rp.buffers.len())
+                .map(|b| DevicePtr(0x1000_0000 * (q as u64 + 1) + 0x10_0000 * b as u64))
+                .collect()
+        })
+        .collect()
+}
+
+/// Rank 0's A, B and output as caller memory at 0xa000, 0xb000, 0xc000.
+fn caller_operands(p: &Plan) -> Vec<Operand> {
+    let rp = &p.ranks[0];
+    [
+        (BufferRole::InputA, 0xa000),
+        (BufferRole::InputB, 0xb000),
+        (BufferRole::Output, 0xc000),
+    ]
+    .into_iter()
+    .map(|(role, addr)| Operand {
+        role,
+        addr,
+        bytes: rp
+            .buffer_with(role)
+            .map(|b| rp.buffers[b].bytes())
+            .expect("buffer"),
+        shared: None,
+    })
+    .collect()
+}
+
+#[test]
+fn operands_bind_in_place_or_copy_as_the_plan_uses_them() {
+    let p = plan(Op::AgGemm, 1024, "shard-copy-ring");
+    let uses = ficco_core::plan::validate::buffer_use(&p);
+    let arena = fake_arena(&p);
+    let rp = &p.ranks[0];
+    let ops = caller_operands(&p);
+    let got = bind_operands(&p, 0, &uses, arena.clone(), &ops).expect("binds");
+    // Only this rank reads its shard (it pushes it to its peers): the
+    // caller's memory itself, no copy in. B is rank-local too.
+    let a = rp.buffer_with(BufferRole::InputA).expect("a");
+    assert_eq!(got.ptrs[0][a], DevicePtr(0xa000));
+    assert!(got.copy_in.is_empty() && got.copy_out.is_empty());
+    let b = rp.buffer_with(BufferRole::InputB).expect("b");
+    assert_eq!(got.ptrs[0][b], DevicePtr(0xb000));
+    assert!(!got.shared);
+    // gemm-ar on the copy engines: peers push into this rank's output,
+    // so the output is the plan's own buffer, copied out after the call.
+    let ar = plan(Op::GemmAr, 1024, "fine2-copy-all");
+    let ar_uses = ficco_core::plan::validate::buffer_use(&ar);
+    let out = ar.ranks[0].buffer_with(BufferRole::Output).expect("out");
+    let ar_arena = fake_arena(&ar);
+    let ar_ops = caller_operands(&ar);
+    let got_ar = bind_operands(&ar, 0, &ar_uses, ar_arena.clone(), &ar_ops).expect("binds");
+    assert_eq!(
+        got_ar.copy_out,
+        vec![(DevicePtr(0xc000), ar_arena[0][out], ar_ops[2].bytes)]
+    );
+    // Shared operands: every rank's in place, and the call waits for
+    // every peer's end before the caller's stream resumes.
+    let mut shared = ops.clone();
+    shared[0].shared = Some(vec![DevicePtr(0x5000), DevicePtr(0x6000)]);
+    let got = bind_operands(&p, 0, &uses, arena, &shared).expect("binds");
+    assert!(got.shared && got.copy_in.is_empty());
+    assert_eq!(got.ptrs[1][a], DevicePtr(0x6000));
+    // A wrong size is an error, not a silent overrun.
+    let mut bad = ops.to_vec();
+    bad[1].bytes += 2;
+    let arena2 = vec![vec![DevicePtr(0x100); 8]; 2];
+    assert!(bind_operands(&p, 0, &uses, arena2, &bad).is_err());
+}

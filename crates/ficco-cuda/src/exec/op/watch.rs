@@ -1,0 +1,140 @@
+//! The watchdog of fast calls: a thread that watches the job's progress
+//! words while calls are in flight and releases every flag when one stalls.
+
+use crate::driver::cuda as cu;
+use crate::error::{drv, CudaError, Result};
+use crate::exec::rank::Rank;
+use crate::exec::watchdog::{on_side_stream, RELEASED};
+use crate::mem::DevicePtr;
+use crate::signal::HostWords;
+use cudarc::driver::CudaContext;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the [`Watch`] thread and the calls share.
+pub(super) struct WatchState {
+    pub(super) ctx: Arc<CudaContext>,
+    /// Word 0: the number of the last call this rank's device finished
+    /// (written by the control stream at each call's end).
+    pub(super) done: HostWords,
+    /// The number of the last call issued.
+    pub(super) issued: AtomicU32,
+    /// This rank's flag memory (base, words), released on a hang.
+    pub(super) flags: Mutex<(DevicePtr, usize)>,
+    /// The hang found, until a call reports it.
+    pub(super) failed: Mutex<Option<CudaError>>,
+    pub(super) stop: AtomicBool,
+    pub(super) bound: Duration,
+    pub(super) rank: usize,
+}
+
+/// The thread that ends a hung fast call (see the module doc).
+pub(crate) struct Watch {
+    pub(super) state: Arc<WatchState>,
+    pub(super) thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the watch thread looks at the finished-call word.
+pub(super) const WATCH_POLL: Duration = Duration::from_micros(500);
+/// How often a hung call's flags are released again while it drains.
+pub(super) const RELEASE_EVERY: Duration = Duration::from_millis(20);
+
+impl Watch {
+    pub(super) fn new(rank: &Rank, bound_ms: u64) -> Result<Self> {
+        rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let state = Arc::new(WatchState {
+            ctx: rank.ctx.clone(),
+            done: HostWords::new(1)?,
+            issued: AtomicU32::new(0),
+            flags: Mutex::new((DevicePtr::NULL, 0)),
+            failed: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            bound: Duration::from_millis(bound_ms.max(1)),
+            rank: rank.rank,
+        });
+        let s = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("ficco-op-watch".into())
+            .spawn(move || watch_loop(&s))
+            .map_err(|e| CudaError::Plan(format!("cannot start the call watchdog: {e}")))?;
+        Ok(Watch {
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    pub(super) fn take_failure(&self) -> Option<CudaError> {
+        self.state
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(super) fn watch_loop(s: &WatchState) {
+    // The clock runs from the last call the device finished, or from when
+    // it went busy; calls issued meanwhile do not reset it (a caller that
+    // keeps queueing behind a hung call must not hide the hang).
+    let mut last_done = u32::MAX;
+    let mut since = Instant::now();
+    while !s.stop.load(Ordering::Acquire) {
+        std::thread::sleep(WATCH_POLL);
+        let now = (s.done.get(0), s.issued.load(Ordering::Acquire));
+        if now.0 != last_done || now.0 == now.1 {
+            last_done = now.0;
+            since = Instant::now();
+            continue;
+        }
+        if since.elapsed() < s.bound {
+            continue;
+        }
+        let waited_ms = since.elapsed().as_millis() as u64;
+        *s.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(CudaError::Hang {
+            rank: s.rank,
+            point: format!(
+                "operator call {} (a peer rank died or hangs; this call and any issued after it have no valid result)",
+                now.0.wrapping_add(1)
+            ),
+            waited_ms,
+        });
+        drain(s);
+        last_done = s.done.get(0);
+        since = Instant::now();
+    }
+}
+
+/// Releases this rank's flags again and again until every issued call
+/// finished; ends the process when the device does not drain (a kernel
+/// that never ends), as the run's watchdog does.
+pub(super) fn drain(s: &WatchState) {
+    let deadline = Instant::now() + s.bound.max(Duration::from_secs(2));
+    while s.done.get(0) != s.issued.load(Ordering::Acquire) && !s.stop.load(Ordering::Acquire) {
+        let (base, words) = *s.flags.lock().unwrap_or_else(|p| p.into_inner());
+        if words > 0 && !base.is_null() {
+            let _ = on_side_stream(&s.ctx, |st| {
+                // SAFETY: this rank's live flag memory holds `words` words
+                // (it is only replaced after every call finished).
+                unsafe { cu::memset_d32_async(base, RELEASED, words, st) }
+            });
+        }
+        if Instant::now() > deadline {
+            eprintln!(
+                "ficco: rank {}: an operator call hung and the device did not drain; exiting",
+                s.rank
+            );
+            std::process::exit(crate::exec::HANG_EXIT_CODE);
+        }
+        std::thread::sleep(RELEASE_EVERY);
+    }
+}
