@@ -1071,6 +1071,7 @@ pub fn table_header(
          # err: relative L2 error vs autotuned cuBLASLt on fresh random data, outputs poisoned with NaN first\n",
         compile.ms,
         match compile.cache {
+            super::CacheOutcome::Memory => "in memory",
             super::CacheOutcome::Hit => "disk cache hit",
             super::CacheOutcome::Stored => "compiled, cached",
             super::CacheOutcome::Uncached => "compiled, not cached",

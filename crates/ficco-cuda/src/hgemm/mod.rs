@@ -156,8 +156,9 @@
 //! runs the epilogue and the hooks. The tickets and the workspace belong to
 //! the [`HopperGemm`]: its split launches must be stream-ordered.
 //!
-//! Compiled cubins are cached on disk ([`cubin_cache_dir`]) keyed by a hash of
-//! the source, the options, the architecture and the NVRTC version.
+//! The kernel compiles through `crate::nvrtc`, the one NVRTC path and cubin
+//! cache of the crate (in memory, and on disk keyed by a hash of the source,
+//! the options, the architecture and the NVRTC version).
 //!
 //! # Grouped mode ([`grouped`])
 //! Entries `ficco_hgemm_n256_grouped` and `ficco_hgemm_n128_grouped` (the
@@ -201,12 +202,10 @@ pub mod tune;
 use crate::error::{check, drv, CudaError, Result};
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The kernel source, compiled by NVRTC at [`HopperGemm::load`].
 pub const SOURCE: &str = include_str!("hgemm.cu");
@@ -232,9 +231,8 @@ const ENTRIES: [&str; 9] = [
     ENTRY_N256_C2,
     ENTRY_N128_PP_C2,
 ];
-/// NVRTC options (the architecture is added: `sm_90a`).
-const OPTIONS: [&str; 1] = ["-std=c++17"];
-const ARCH: &str = "--gpu-architecture=sm_90a";
+/// The architecture the kernel compiles for (wgmma, setmaxnreg: Hopper only).
+const ARCH: &str = "sm_90a";
 
 /// Rows of one output tile (one M-block).
 pub const BLOCK_M: usize = 128;
@@ -579,6 +577,8 @@ impl DestMaps {
 /// How the cubin was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum CacheOutcome {
+    /// This process had compiled or read it already (an earlier load).
+    Memory,
     /// Read from the disk cache.
     Hit,
     /// Compiled, and stored in the disk cache.
@@ -1445,160 +1445,37 @@ fn tensor_map(
 }
 
 // ---------------------------------------------------------------------------
-// NVRTC with a disk cache.
+// NVRTC, through the crate's one compile path and cubin cache.
 
-/// The NVRTC version (major, minor).
-pub fn nvrtc_version() -> Result<(i32, i32)> {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: valid out-pointers.
-    let r = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
-    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(CudaError::Nvrtc {
-            kernel: KERNEL_NAME,
-            code: r,
-            log: "nvrtcVersion".into(),
-        });
-    }
-    Ok((major, minor))
-}
-
-/// Where compiled cubins are kept: `$FICCO_CUBIN_CACHE`, else
-/// `$XDG_CACHE_HOME/ficco/cubin`, else `$HOME/.cache/ficco/cubin`.
-pub fn cubin_cache_dir() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(d) = env("FICCO_CUBIN_CACHE") {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = env("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("ficco").join("cubin"));
-    }
-    env("HOME").map(|h| PathBuf::from(h).join(".cache").join("ficco").join("cubin"))
-}
-
-/// 128-bit FNV-1a of the parts (each followed by a NUL): stable across
-/// Rust versions, unlike `DefaultHasher`.
-pub fn cache_key(parts: &[&str]) -> String {
-    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
-    let prime: u128 = 0x0000000001000000000000000000013B;
-    for p in parts {
-        for &b in p.as_bytes().iter().chain(std::iter::once(&0u8)) {
-            h ^= b as u128;
-            h = h.wrapping_mul(prime);
-        }
-    }
-    format!("{h:032x}")
-}
-
-fn cubin_cached() -> Result<(Vec<u8>, CompileInfo)> {
-    let t0 = Instant::now();
-    let ver = nvrtc_version()?;
-    let ver_s = format!("nvrtc {}.{}", ver.0, ver.1);
-    let opts = OPTIONS.join(" ");
-    let key = cache_key(&[SOURCE, &opts, ARCH, &ver_s]);
-    let path = cubin_cache_dir().map(|d| d.join(format!("hgemm-{key}.cubin")));
-    if let Some(p) = &path {
-        if let Ok(bytes) = std::fs::read(p) {
-            if bytes.starts_with(b"\x7fELF") {
-                return Ok((
-                    bytes,
-                    CompileInfo {
-                        ms: t0.elapsed().as_secs_f64() * 1e3,
-                        cache: CacheOutcome::Hit,
-                        path: path.clone(),
-                        nvrtc: ver,
-                    },
-                ));
-            }
-        }
-    }
-    let cubin = compile()?;
-    let stored = path.as_ref().is_some_and(|p| store(p, &cubin));
-    Ok((
-        cubin,
-        CompileInfo {
-            ms: t0.elapsed().as_secs_f64() * 1e3,
-            cache: if stored {
-                CacheOutcome::Stored
-            } else {
-                CacheOutcome::Uncached
-            },
-            path: if stored { path } else { None },
-            nvrtc: ver,
-        },
-    ))
-}
-
-/// Writes atomically (temporary file, then rename); false when it cannot.
-fn store(path: &std::path::Path, bytes: &[u8]) -> bool {
-    let Some(dir) = path.parent() else {
-        return false;
+/// The cubin of [`SOURCE`] through `crate::nvrtc`'s caches, and what it cost.
+fn cubin_cached() -> Result<(Arc<Vec<u8>>, CompileInfo)> {
+    let c = crate::nvrtc::cubin(KERNEL_NAME, SOURCE, crate::nvrtc::DEFAULT_OPTIONS, ARCH)?;
+    let cache = match c.stats.origin {
+        crate::nvrtc::CubinOrigin::Memory => CacheOutcome::Memory,
+        crate::nvrtc::CubinOrigin::Disk => CacheOutcome::Hit,
+        crate::nvrtc::CubinOrigin::Compiled if c.path.is_some() => CacheOutcome::Stored,
+        crate::nvrtc::CubinOrigin::Compiled => CacheOutcome::Uncached,
     };
-    if std::fs::create_dir_all(dir).is_err() {
-        return false;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return false;
-    }
-    if std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return false;
-    }
-    true
+    let info = CompileInfo {
+        ms: c.stats.ms,
+        cache,
+        path: c.path,
+        nvrtc: c.nvrtc,
+    };
+    Ok((c.image, info))
 }
 
-/// Compiles [`SOURCE`] for sm_90a.
+/// Compiles [`SOURCE`] for sm_90a (uncached).
 pub fn compile() -> Result<Vec<u8>> {
     compile_with(&[]).map(|(cubin, _)| cubin)
 }
 
-/// Compiles the kernel with `extra` NVRTC options; the cubin and NVRTC's
-/// log (ptxas' report with `--ptxas-options=-v`).
+/// Compiles the kernel with `extra` NVRTC options (uncached); the cubin and
+/// NVRTC's log (ptxas' report with `--ptxas-options=-v`).
 pub fn compile_with(extra: &[&str]) -> Result<(Vec<u8>, String)> {
-    let err = |code, log: String| CudaError::Nvrtc {
-        kernel: KERNEL_NAME,
-        code,
-        log,
-    };
-    let csrc = CString::new(SOURCE).map_err(|e| CudaError::Plan(e.to_string()))?;
-    let prog = nvrtc::create_program(&csrc, None).map_err(|e| err(e.0, String::new()))?;
-    let mut opts: Vec<&str> = OPTIONS.to_vec();
-    opts.push(ARCH);
+    let mut opts: Vec<&str> = crate::nvrtc::DEFAULT_OPTIONS.to_vec();
     opts.extend_from_slice(extra);
-    // SAFETY: `prog` was just created and is destroyed below, once.
-    unsafe {
-        let log = || {
-            nvrtc::get_program_log(prog)
-                .map(|l| {
-                    let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
-                    String::from_utf8_lossy(&bytes)
-                        .trim_end_matches('\0')
-                        .to_owned()
-                })
-                .unwrap_or_default()
-        };
-        let res = match nvrtc::compile_program(prog, &opts) {
-            Err(e) => Err(err(e.0, log())),
-            Ok(()) => {
-                let mut size = 0usize;
-                let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
-                if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                    Err(err(r, "nvrtcGetCUBINSize".into()))
-                } else {
-                    let mut buf = vec![0u8; size];
-                    let r = nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _);
-                    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-                        Err(err(r, "nvrtcGetCUBIN".into()))
-                    } else {
-                        Ok((buf, log()))
-                    }
-                }
-            }
-        };
-        let _ = nvrtc::destroy_program(prog);
-        res
-    }
+    crate::nvrtc::compile_with_log(KERNEL_NAME, SOURCE, &opts, ARCH)
 }
 
 #[cfg(test)]
@@ -1996,14 +1873,6 @@ mod tests {
         a.hooks.tile_n = None;
         a.hooks.split_k = None;
         assert!(!validate(&a, max, 132).unwrap().tile_n.is_m64());
-    }
-
-    #[test]
-    fn cache_key_is_stable_and_sensitive() {
-        let a = cache_key(&["src", "opts"]);
-        assert_eq!(a, cache_key(&["src", "opts"]));
-        assert_ne!(a, cache_key(&["srco", "pts"]));
-        assert_eq!(a.len(), 32);
     }
 
     #[test]

@@ -12,9 +12,7 @@
 //! honours them). Pointers are not in the key: the tuned schedule is valid
 //! for any operands of the shape.
 
-use super::{
-    cache_key, cubin_cache_dir, Bf16, DevPtr, GemmArgs, HopperGemm, TileN, BLOCK_M, SOURCE,
-};
+use super::{Bf16, DevPtr, GemmArgs, HopperGemm, TileN, BLOCK_M, SOURCE};
 use crate::controls::{median, time_batched_ms};
 use crate::error::{check, CudaError, Result};
 use crate::mem::DeviceBuffer;
@@ -180,10 +178,27 @@ pub fn candidates(g: &HopperGemm, args: &GemmArgs) -> Vec<Schedule> {
 /// old way (constant operands) are not reused.
 const METHOD: &str = "random operands";
 
-/// The disk cache file of a key: `hgemm-tune-<hash>.txt` beside the cubins.
+/// The disk cache file of a key: `hgemm-tune-<hash>.txt` beside the cubins
+/// (`crate::nvrtc::cache_dir`, which `$FICCO_CUBIN_CACHE` overrides).
 fn disk_path(device: &str, key: &TuneKey) -> Option<PathBuf> {
-    let h = cache_key(&[SOURCE, METHOD, device, &format!("{key:?}")]);
-    cubin_cache_dir().map(|d| d.join(format!("hgemm-tune-{h}.txt")))
+    let h = key_hash(&[SOURCE, METHOD, device, &format!("{key:?}")]);
+    crate::nvrtc::cache_dir().map(|d| d.join(format!("hgemm-tune-{h}.txt")))
+}
+
+/// 128-bit FNV-1a of the parts (each followed by a NUL), in hex: stable
+/// across Rust versions, unlike `DefaultHasher`. It names the tune files
+/// only (the cubins have `crate::nvrtc`'s key); unchanged, so that picks
+/// already on disk stay valid.
+fn key_hash(parts: &[&str]) -> String {
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    let prime: u128 = 0x0000000001000000000000000000013B;
+    for p in parts {
+        for &b in p.as_bytes().iter().chain(std::iter::once(&0u8)) {
+            h ^= b as u128;
+            h = h.wrapping_mul(prime);
+        }
+    }
+    format!("{h:032x}")
 }
 
 /// "tile splits tail", e.g. "256 4 1".
@@ -412,7 +427,7 @@ impl HopperGemm {
         self.tuned_map()?.insert(key, s);
         if let Some(p) = &path {
             // A cache that cannot be written only costs a re-tune next run.
-            let _ = super::store(p, encode(s).as_bytes());
+            let _ = crate::nvrtc::write_atomic(p, encode(s).as_bytes());
         }
         Ok(Tuned {
             schedule: s,
@@ -575,6 +590,16 @@ mod tests {
         let v = schedule_variants(8192, 8192, 8192, 132, (TileN::Pp128, 1, false));
         assert!(!v.iter().any(|s| s.0 == TileN::Pp128));
         assert_eq!(schedule_label((TileN::Pp128, 1, false)), "128pp/1");
+    }
+
+    #[test]
+    fn key_hash_is_stable_and_sensitive() {
+        let a = key_hash(&["src", "opts"]);
+        assert_eq!(a, key_hash(&["src", "opts"]));
+        assert_ne!(a, key_hash(&["srco", "pts"]));
+        assert_eq!(a.len(), 32);
+        // Tune files already on disk keep their names.
+        assert_eq!(key_hash(&[]), "6c62272e07bb014262b821756295c58d");
     }
 
     #[test]
