@@ -20,7 +20,8 @@ use super::{
     BLOCK_M,
 };
 use crate::controls::{median, time_ms};
-use crate::error::{check, drv, CudaError, Result};
+use crate::driver::cuda::{memcpy_dtod_async, memset_d8_async};
+use crate::error::{drv, CudaError, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::kernels::Kernels;
 use crate::mem::{memset_d16_async, DeviceBuffer, DevicePtr};
@@ -345,10 +346,7 @@ impl Bench {
         let acc = self.scratch.ptr();
         // SAFETY: scratch holds 2 f64 + 1 u64; out/reference hold n bf16.
         unsafe {
-            check(
-                "cuMemsetD8Async",
-                sys::cuMemsetD8Async(acc.raw(), 0, 24, self.cu()),
-            )?;
+            memset_d8_async(acc, 0, 24, self.cu())?;
             self.kernels
                 .check(&self.stream, out, reference, n as u64, acc, acc.offset(16))?;
         }
@@ -586,13 +584,8 @@ impl Bench {
         // Reference output of the plain launch.
         // SAFETY: operands sized for the shape.
         unsafe { self.gemm.launch(self.cu(), &plain)? };
-        // SAFETY: both hold m*n bf16.
-        unsafe {
-            check(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(o.r.ptr().raw(), o.c.ptr().raw(), m * n * 2, self.cu()),
-            )?;
-        }
+        // SAFETY: both hold m*n bf16; the stream is live.
+        unsafe { memcpy_dtod_async(o.r.ptr(), o.c.ptr(), m * n * 2, self.cu())? };
         let rows = (m / 8).max(1);
         let blocks = m.div_ceil(rows);
         let flags = DeviceBuffer::alloc(&ctx, blocks * 4)?;

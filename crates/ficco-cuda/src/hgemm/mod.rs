@@ -199,7 +199,9 @@ pub mod bench;
 pub mod grouped;
 pub mod tune;
 
-use crate::error::{check, drv, CudaError, Result};
+use crate::driver::cuda as cu;
+use crate::driver::hopper;
+use crate::error::{drv, CudaError, Result};
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use std::ffi::{c_void, CString};
@@ -689,10 +691,17 @@ unsafe impl Sync for HopperGemm {}
 
 impl Drop for HopperGemm {
     fn drop(&mut self) {
-        // SAFETY: loaded once, unloaded once.
-        unsafe {
-            let _ = sys::cuLibraryUnload(self.lib);
-        }
+        // SAFETY: loaded once, unloaded once; no kernel of it is used after.
+        unsafe { cu::library_unload(self.lib) }
+    }
+}
+
+/// Names the call of a failed driver wrapper as hgemm did before it used
+/// them (e.g. `cuLaunchKernel(ficco_hgemm)`), so the error says which kernel.
+fn named(call: &'static str) -> impl Fn(CudaError) -> CudaError {
+    move |e| match e {
+        CudaError::Driver { code, .. } => CudaError::Driver { call, code },
+        e => e,
     }
 }
 
@@ -710,20 +719,7 @@ impl HopperGemm {
         }
         let (cubin, compile) = cubin_cached()?;
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let mut lib = std::ptr::null_mut();
-        // SAFETY: the image outlives the call (the driver copies it); no options.
-        check("cuLibraryLoadData", unsafe {
-            sys::cuLibraryLoadData(
-                &mut lib,
-                cubin.as_ptr() as *const c_void,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        })?;
+        let lib = cu::library_load_data(&cubin)?;
         let sms = crate::controls::device_attribute(
             ctx,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -751,34 +747,24 @@ impl HopperGemm {
         };
         for (i, entry) in ENTRIES.into_iter().enumerate() {
             let name = CString::new(entry).map_err(|e| CudaError::Plan(e.to_string()))?;
-            // SAFETY: the library is loaded; valid out-pointers, C string and sizes.
+            // SAFETY: the library is loaded until `g` drops; its kernels are
+            // used only while it lives.
             unsafe {
-                check(
-                    "cuLibraryGetKernel",
-                    sys::cuLibraryGetKernel(&mut g.kernels[i], g.lib, name.as_ptr()),
-                )?;
-                check(
-                    "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-                    sys::cuKernelSetAttribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        max_smem as i32,
-                        g.kernels[i],
-                        ctx.cu_device(),
-                    ),
-                )?;
+                g.kernels[i] = cu::library_get_kernel(g.lib, &name)?;
+                cu::kernel_set_attribute(
+                    g.kernels[i],
+                    ctx.cu_device(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_smem as i32,
+                )
+                .map_err(named("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
                 // Load into the primary context now (lazy loading mid-plan can deadlock).
-                let mut f = std::ptr::null_mut();
-                check(
-                    "cuKernelGetFunction",
-                    sys::cuKernelGetFunction(&mut f, g.kernels[i]),
-                )?;
+                cu::kernel_get_function(g.kernels[i])?;
             }
         }
         g.max_clusters = g.resident_clusters();
-        // SAFETY: the ticket buffer holds this many u32.
-        check("cuMemsetD32", unsafe {
-            sys::cuMemsetD32_v2(g.tickets.ptr().raw(), 0, MAX_SPLIT_TICKETS)
-        })?;
+        // SAFETY: the ticket buffer holds this many u32; its context is current.
+        unsafe { cu::memset_d32(g.tickets.ptr(), 0, MAX_SPLIT_TICKETS)? };
         Ok(g)
     }
 
@@ -792,25 +778,19 @@ impl HopperGemm {
             + TileN::N256C2.staging_bytes();
         let mut least = u32::MAX;
         for kernel in [self.kernels[7], self.kernels[8]] {
-            let mut f = std::ptr::null_mut();
-            let mut n = 0i32;
-            // SAFETY: a loaded kernel; the config names no stream and no
-            // attributes (the cluster size is the kernel's own).
-            let ok = unsafe {
-                sys::cuKernelGetFunction(&mut f, kernel) == sys::CUresult::CUDA_SUCCESS && {
-                    let mut cfg: sys::CUlaunchConfig = std::mem::zeroed();
-                    cfg.gridDimX = 2 * self.sms;
-                    cfg.gridDimY = 1;
-                    cfg.gridDimZ = 1;
-                    cfg.blockDimX = THREADS;
-                    cfg.blockDimY = 1;
-                    cfg.blockDimZ = 1;
-                    cfg.sharedMemBytes = smem.min(self.max_smem);
-                    sys::cuOccupancyMaxActiveClusters(&mut n, f, &cfg)
-                        == sys::CUresult::CUDA_SUCCESS
-                }
+            // SAFETY: a kernel of the loaded library; its function is taken
+            // in the current context (bound by `load`).
+            let n = unsafe {
+                cu::kernel_get_function(kernel).and_then(|f| {
+                    hopper::occupancy_max_active_clusters(
+                        f,
+                        2 * self.sms,
+                        THREADS,
+                        smem.min(self.max_smem),
+                    )
+                })
             };
-            least = least.min(if ok { n.max(0) as u32 } else { 0 });
+            least = least.min(n.unwrap_or(0));
         }
         least.min(self.sms / 2)
     }
@@ -1004,8 +984,7 @@ impl HopperGemm {
         let cmap = if shape.tma_store {
             tensor_map(args.c, args.n, args.m, args.ldc, 64, 64)?
         } else {
-            // SAFETY: CUtensorMap is plain bytes; the kernel does not read it.
-            TensorMap(std::mem::zeroed())
+            TensorMap(hopper::zeroed_tensor_map())
         };
         let (mut am, mut bm, mut cm) = (amap, bmap, cmap);
         let mut params: [*mut c_void; 4] = [
@@ -1031,35 +1010,11 @@ impl HopperGemm {
         dyn_smem: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        let mut ctx = std::ptr::null_mut();
-        check("cuStreamGetCtx", sys::cuStreamGetCtx(stream, &mut ctx))?;
-        check("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(ctx))?;
-        let res = (|| {
-            let mut f = std::ptr::null_mut();
-            check(
-                "cuKernelGetFunction",
-                sys::cuKernelGetFunction(&mut f, kernel),
-            )?;
-            check(
-                "cuLaunchKernel(ficco_hgemm)",
-                sys::cuLaunchKernel(
-                    f,
-                    grid,
-                    1,
-                    1,
-                    THREADS,
-                    1,
-                    1,
-                    dyn_smem,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-            )
-        })();
-        let mut popped = std::ptr::null_mut();
-        let pop = check("cuCtxPopCurrent", sys::cuCtxPopCurrent_v2(&mut popped));
-        res.and(pop)
+        cu::with_stream_ctx(stream, || {
+            let f = cu::kernel_get_function(kernel)?;
+            cu::launch_kernel(f, (grid, 1, 1), (THREADS, 1, 1), dyn_smem, stream, params)
+                .map_err(named("cuLaunchKernel(ficco_hgemm)"))
+        })
     }
 }
 
@@ -1417,31 +1372,13 @@ fn tensor_map(
     box_inner: u32,
     box_outer: u32,
 ) -> Result<TensorMap> {
-    let dims = [inner as u64, outer as u64];
-    let strides = [(ld * 2) as u64];
-    let boxes = [box_inner, box_outer];
-    let elem = [1u32, 1];
-    // SAFETY: CUtensorMap is plain bytes; an all-zero value is valid to overwrite.
-    let mut map = TensorMap(unsafe { std::mem::zeroed() });
-    // SAFETY: valid pointers to arrays of rank (strides: rank - 1) entries;
-    // the encoder only reads them and writes `map`.
-    check("cuTensorMapEncodeTiled", unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map.0,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
-            base.addr() as *mut c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    })?;
-    Ok(map)
+    hopper::tensor_map_bf16_2d(
+        crate::driver::DevicePtr(base.addr()),
+        [inner as u64, outer as u64],
+        (ld * 2) as u64,
+        [box_inner, box_outer],
+    )
+    .map(TensorMap)
 }
 
 // ---------------------------------------------------------------------------

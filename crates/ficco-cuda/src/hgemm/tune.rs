@@ -14,9 +14,9 @@
 
 use super::{Bf16, DevPtr, GemmArgs, HopperGemm, TileN, BLOCK_M, SOURCE};
 use crate::controls::{median, time_batched_ms};
-use crate::error::{check, CudaError, Result};
+use crate::driver::cuda::memset_d32;
+use crate::error::{CudaError, Result};
 use crate::mem::DeviceBuffer;
-use cudarc::driver::sys;
 use std::path::PathBuf;
 
 /// What a tuned schedule depends on (no addresses).
@@ -262,30 +262,24 @@ fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch
     if let Some(w) = hooks.wait.as_mut() {
         let n = words(w.rows_per_flag);
         let f = DeviceBuffer::alloc(ctx, n * 4)?;
-        // SAFETY: f holds n u32.
-        check("cuMemsetD32", unsafe {
-            sys::cuMemsetD32_v2(f.ptr().raw(), w.epoch, n)
-        })?;
+        // SAFETY: f holds n u32; the context is current.
+        unsafe { memset_d32(f.ptr(), w.epoch, n)? };
         w.flags = DevPtr::new(f.ptr().raw());
         bufs.push(f);
     }
     if let Some(s) = hooks.signal.as_mut() {
         let n = words(s.rows_per_counter);
         let f = DeviceBuffer::alloc(ctx, n * 4)?;
-        // SAFETY: f holds n u32.
-        check("cuMemsetD32", unsafe {
-            sys::cuMemsetD32_v2(f.ptr().raw(), 0, n)
-        })?;
+        // SAFETY: f holds n u32; the context is current.
+        unsafe { memset_d32(f.ptr(), 0, n)? };
         s.counters = DevPtr::new(f.ptr().raw());
         bufs.push(f);
     }
     if let Some(d) = hooks.dest.as_mut() {
         let n = words(d.rows_per_block);
         let f = DeviceBuffer::alloc(ctx, n * 8)?;
-        // SAFETY: f holds 2n u32.
-        check("cuMemsetD32", unsafe {
-            sys::cuMemsetD32_v2(f.ptr().raw(), 0, 2 * n)
-        })?;
+        // SAFETY: f holds 2n u32; the context is current.
+        unsafe { memset_d32(f.ptr(), 0, 2 * n)? };
         d.table = DevPtr::new(f.ptr().raw());
         d.ld = key.ldc;
         bufs.push(f);
