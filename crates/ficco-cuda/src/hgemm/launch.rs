@@ -59,14 +59,14 @@ pub struct DestMaps {
 }
 
 impl DestMaps {
-    /// The address for [`DestHook::maps`] (device memory, 256-byte aligned).
+    /// The address for [`DestHook::maps`](super::DestHook::maps) (device memory, 256-byte aligned).
     pub fn ptr(&self) -> DevPtr<u8> {
         DevPtr::new(self.buf.ptr().raw())
     }
 }
 
 impl HopperGemm {
-    /// The tensor maps of a destination hook ([`DestHook::maps`]): for block
+    /// The tensor maps of a destination hook ([`DestHook::maps`](super::DestHook::maps)): for block
     /// b, `table[b]` (rows `ld` elements apart) or, where that entry is 0,
     /// C's rows of the block; `rows_per_block` rows each (fewer in the last),
     /// N columns. Every destination must be 16-byte aligned with `ld` (and

@@ -175,7 +175,7 @@
 //! # Where it runs
 //! Schedules with `-own`, `-smN` (hook 1) or `-occS` (hook 2, S stages) run
 //! every GEMM task on it (`exec::issue`, one instance per plan stream);
-//! `ficco gemm-bench` ([`bench`]) measures it beside cuBLASLt.
+//! `ficco gemm-bench` ([`bench`](mod@bench)) measures it beside cuBLASLt.
 //!
 //! # Measured (one H200, 2026-11-25; `bench/data/2026-11-25-h200-s8/`)
 //! Run 3 of `gemm-bench`, the autotuned pick against the autotuned
@@ -201,7 +201,7 @@
 //!
 //! | file | role |
 //! |---|---|
-//! | `bench.rs`, `bench/` | `gemm-bench`: ficco's GEMM against cuBLASLt ([`bench`]) |
+//! | `bench.rs`, `bench/` | `gemm-bench`: ficco's GEMM against cuBLASLt ([`bench`](mod@bench)) |
 //! | `tune.rs` | the autotuner: timing candidates, the tune files on disk ([`tune`]) |
 //! | `grouped.rs` | the grouped mode: group table, shape, launch ([`grouped`]) |
 //! | `launch.rs` | packing a launch: parameter block, tensor maps, destination maps, the raw launch |

@@ -77,7 +77,7 @@ pub enum TileN {
     N128,
     /// 64 × 256 tiles for small M (M = 64 wastes half of a 128-row tile):
     /// the two consumer warpgroups split the columns (64 × 128 each, wgmma
-    /// m64n128k16). Never picked by [`auto_schedule`] (the tuner and
+    /// m64n128k16). Never picked by [`auto_schedule`](super::auto_schedule) (the tuner and
     /// `gemm-bench` time it); only without the hooks that count 128-row
     /// blocks (wait, signal, destination, `m_start_block`).
     M64N256,
@@ -86,8 +86,8 @@ pub enum TileN {
     /// k16 step), the two warpgroups taking the CTA's tiles in turn, so
     /// that one's epilogue runs under the other's main loop. For many tiles
     /// of short K, where the cooperative tiles' epilogue leaves the tensor
-    /// cores idle. Every hook, no K split; [`auto_schedule`] picks it from
-    /// [`PINGPONG_MIN_WAVES`] waves of tiles on, the tuner and `gemm-bench`
+    /// cores idle. Every hook, no K split; [`auto_schedule`](super::auto_schedule) picks it from
+    /// [`PINGPONG_MIN_WAVES`](super::PINGPONG_MIN_WAVES) waves of tiles on, the tuner and `gemm-bench`
     /// time it on every shape.
     Pp128,
     /// 64 × 128 tiles for small M (entry `ficco_hgemm_n128_m64`): as
@@ -238,7 +238,7 @@ pub struct DestHook {
     pub rows_per_block: u32,
     /// Add into the destination (`dst += A·B`) instead of overwriting it.
     pub add: bool,
-    /// One tensor map per block ([`HopperGemm::dest_maps`], built from the
+    /// One tensor map per block ([`HopperGemm::dest_maps`](super::HopperGemm::dest_maps), built from the
     /// same table): without `add`, the epilogue then stores each half tile
     /// with TMA through its block's map instead of 16-byte thread stores.
     /// Needs `rows_per_block` a multiple of 64.
@@ -255,7 +255,7 @@ pub struct Hooks {
     /// Hook 3: the first M-block (of [`BLOCK_M`] rows) of the M order, which wraps.
     pub m_start_block: u32,
     /// K splits per tile (not a hook: a schedule knob). `None` picks with
-    /// the tile by a wave model ([`auto_schedule`]); `Some(1)` never splits.
+    /// the tile by a wave model ([`auto_schedule`](super::auto_schedule)); `Some(1)` never splits.
     pub split_k: Option<u32>,
     /// Tile width; `None` picks by the wave model.
     pub tile_n: Option<TileN>,
@@ -269,7 +269,7 @@ pub struct Hooks {
     /// `true` turns that off: the register epilogue, for comparison.
     pub register_epilogue: bool,
     /// Launch exactly this schedule: do not apply a tuned one
-    /// ([`HopperGemm::autotune`]) when `tile_n` and `split_k` are open
+    /// ([`HopperGemm::autotune`](super::HopperGemm::autotune)) when `tile_n` and `split_k` are open
     /// (the chooser's pick, for comparison).
     pub untuned: bool,
     /// Signal-hook variant (not a hook), for cooperative tiles split along
@@ -347,7 +347,7 @@ pub struct LaunchShape {
     /// output: no accumulate, no destination hook, C 16-byte aligned rows).
     pub tma_store: bool,
     /// The epilogue stages the tile in shared memory and stores it with
-    /// 16-byte thread stores ([`Hooks::staged_epilogue`]); excludes `tma_store`.
+    /// 16-byte thread stores (unless [`Hooks::register_epilogue`]); excludes `tma_store`.
     pub staged: bool,
     /// The destination hook's rows go out as TMA stores through its
     /// per-block maps ([`DestHook::maps`]); excludes the other two.

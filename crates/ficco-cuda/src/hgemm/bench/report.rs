@@ -56,7 +56,7 @@ pub struct BenchConfig {
     pub warmup: usize,
     pub iters: usize,
     /// Also time the other schedules of ficco's kernel on every shape
-    /// ([`schedule_variants`]) and report the fastest.
+    /// ([`schedule_variants`](crate::hgemm::tune::schedule_variants)) and report the fastest.
     pub variants: bool,
 }
 
@@ -108,7 +108,7 @@ pub struct ShapeRow {
     pub best_ms: f64,
     /// best time / tuned cuBLASLt time.
     pub best_ratio_tuned: f64,
-    /// The schedule [`HopperGemm::autotune`] picked ("tile/splits"), timed
+    /// The schedule [`HopperGemm::autotune`](crate::hgemm::HopperGemm::autotune) picked ("tile/splits"), timed
     /// in the same interleaved rounds, its time, ratio and error.
     pub auto: String,
     pub auto_ms: f64,
@@ -121,7 +121,7 @@ pub struct ShapeRow {
 pub struct VariantRow {
     pub tile_n: TileN,
     pub splits: u32,
-    /// Only the last partial wave's tiles split ([`Hooks::split_tail_only`]).
+    /// Only the last partial wave's tiles split ([`Hooks::split_tail_only`](crate::hgemm::Hooks::split_tail_only)).
     pub tail_only: bool,
     /// Median time; `None` when the variant could not run (see `error`).
     pub ms: Option<f64>,
@@ -506,14 +506,14 @@ pub fn table(r: &Report) -> String {
 /// The hook setting with the tile order, input wait, output signal and
 /// destination hooks all on.
 pub const HOOKS_3_TO_6: &str = "hooks 3-6";
-/// [`HOOKS_3_TO_6`] with the register epilogue ([`Hooks::register_epilogue`])
+/// [`HOOKS_3_TO_6`] with the register epilogue ([`Hooks::register_epilogue`](crate::hgemm::Hooks::register_epilogue))
 /// instead of the staged one (the default).
 pub const HOOKS_3_TO_6_REGISTER: &str = "hooks 3-6 register";
 /// The plain ping-pong tile ([`TileN::Pp128`]).
 pub const PINGPONG: &str = "pingpong";
 /// [`HOOKS_3_TO_6`] on the ping-pong tile.
 pub const HOOKS_3_TO_6_PINGPONG: &str = "hooks 3-6 pingpong";
-/// [`HOOKS_3_TO_6`] with the destination hook's tensor maps ([`DestHook::maps`]).
+/// [`HOOKS_3_TO_6`] with the destination hook's tensor maps ([`DestHook::maps`](crate::hgemm::DestHook::maps)).
 pub const HOOKS_3_TO_6_MAPS: &str = "hooks 3-6 maps";
 /// [`HOOKS_3_TO_6_PINGPONG`] with the destination hook's tensor maps.
 pub const HOOKS_3_TO_6_PINGPONG_MAPS: &str = "hooks 3-6 pingpong maps";
