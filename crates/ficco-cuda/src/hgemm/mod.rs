@@ -204,8 +204,8 @@
 //! | `bench.rs`, `bench/` | `gemm-bench`: ficco's GEMM against cuBLASLt ([`bench`](mod@bench)) |
 //! | `tune.rs` | the autotuner: timing candidates, the tune files on disk ([`tune`]) |
 //! | `grouped.rs` | the grouped mode: group table, shape, launch ([`grouped`]) |
-//! | `launch.rs` | packing a launch: parameter block, tensor maps, destination maps, the raw launch |
-//! | `load.rs` | [`HopperGemm`]: loading the entries, the device's limits, which schedule a launch gets |
+//! | `launch.rs` | a launch: parameter block, tensor maps, destination maps, the raw launch |
+//! | `load.rs` | [`HopperGemm`]: loading, the device's limits, which schedule a launch gets |
 //! | `validate.rs` | every constraint of a launch, and its geometry ([`LaunchShape`]) |
 //! | `schedule.rs` | the schedule space: wave model, chooser, variants, tune key |
 //! | `compile.rs` | the source, its entries and its compile through `crate::nvrtc` |

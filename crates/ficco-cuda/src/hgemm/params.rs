@@ -86,9 +86,12 @@ pub enum TileN {
     /// k16 step), the two warpgroups taking the CTA's tiles in turn, so
     /// that one's epilogue runs under the other's main loop. For many tiles
     /// of short K, where the cooperative tiles' epilogue leaves the tensor
-    /// cores idle. Every hook, no K split; [`auto_schedule`](super::auto_schedule) picks it from
-    /// [`PINGPONG_MIN_WAVES`](super::PINGPONG_MIN_WAVES) waves of tiles on, the tuner and `gemm-bench`
+    /// cores idle. Every hook, no K split; [`auto_schedule`] picks it from
+    /// [`PINGPONG_MIN_WAVES`] waves of tiles on, the tuner and `gemm-bench`
     /// time it on every shape.
+    ///
+    /// [`auto_schedule`]: super::auto_schedule
+    /// [`PINGPONG_MIN_WAVES`]: super::PINGPONG_MIN_WAVES
     Pp128,
     /// 64 × 128 tiles for small M (entry `ficco_hgemm_n128_m64`): as
     /// [`TileN::M64N256`], the warpgroups 64 × 64 each (wgmma m64n64k16).
@@ -238,10 +241,12 @@ pub struct DestHook {
     pub rows_per_block: u32,
     /// Add into the destination (`dst += A·B`) instead of overwriting it.
     pub add: bool,
-    /// One tensor map per block ([`HopperGemm::dest_maps`](super::HopperGemm::dest_maps), built from the
+    /// One tensor map per block ([`HopperGemm::dest_maps`], built from the
     /// same table): without `add`, the epilogue then stores each half tile
     /// with TMA through its block's map instead of 16-byte thread stores.
     /// Needs `rows_per_block` a multiple of 64.
+    ///
+    /// [`HopperGemm::dest_maps`]: super::HopperGemm::dest_maps
     pub maps: Option<DevPtr<u8>>,
 }
 

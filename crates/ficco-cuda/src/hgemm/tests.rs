@@ -481,3 +481,56 @@ fn no_entry_spills_registers() {
         .collect();
     assert!(spills.is_empty(), "register spills:\n{}", spills.join("\n"));
 }
+
+/// `$FICCO_CUBIN_CACHE` moves the one cubin cache (`crate::nvrtc`) and the
+/// tune files beside it: the kernel is compiled and stored there once, then
+/// comes from memory. Needs NVRTC, no GPU. The variable is set in a child
+/// process (the tests of one process share its environment).
+#[test]
+#[ignore = "needs NVRTC (.ci/run and bench/gpu-tests.sh run it: --include-ignored)"]
+fn cubin_and_tune_files_follow_ficco_cubin_cache() {
+    crate::loader::require_nvrtc("cubin_and_tune_files_follow_ficco_cubin_cache");
+    let Some(dir) = std::env::var_os("FICCO_CUBIN_CACHE_TEST_DIR") else {
+        let dir =
+            std::env::temp_dir().join(format!("ficco-hgemm-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "hgemm::tests::cubin_and_tune_files_follow_ficco_cubin_cache",
+                "--include-ignored",
+                "--nocapture",
+            ])
+            .env("FICCO_CUBIN_CACHE", &dir)
+            .env("FICCO_CUBIN_CACHE_TEST_DIR", &dir)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the check ran: {text}");
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let (image, info) = super::compile::cubin_cached().unwrap_or_else(|e| panic!("{e}"));
+    assert!(image.starts_with(b"\x7fELF"), "not a CUBIN");
+    assert_eq!(info.cache, CacheOutcome::Stored, "{info:?}");
+    let path = info.path.clone().expect("stored in the cache directory");
+    assert_eq!(path.parent(), Some(dir.as_path()));
+    assert!(path.is_file(), "{path:?}");
+    let (again, info) = super::compile::cubin_cached().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((info.cache, info.path), (CacheOutcome::Memory, Some(path)));
+    assert_eq!(again, image);
+    let key = super::tune::TuneKey::of(&args(256, 512, 1024));
+    let tune_file = super::tune::disk_path("some GPU", &key).expect("a tune file path");
+    assert_eq!(tune_file.parent(), Some(dir.as_path()));
+    let name = tune_file
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with("hgemm-tune-") && name.ends_with(".txt"),
+        "{name}"
+    );
+}

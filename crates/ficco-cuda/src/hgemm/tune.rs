@@ -136,7 +136,7 @@ const METHOD: &str = "random operands";
 
 /// The disk cache file of a key: `hgemm-tune-<hash>.txt` beside the cubins
 /// (`crate::nvrtc::cache_dir`, which `$FICCO_CUBIN_CACHE` overrides).
-fn disk_path(device: &str, key: &TuneKey) -> Option<PathBuf> {
+pub(super) fn disk_path(device: &str, key: &TuneKey) -> Option<PathBuf> {
     let h = key_hash(&[SOURCE, METHOD, device, &format!("{key:?}")]);
     crate::nvrtc::cache_dir().map(|d| d.join(format!("hgemm-tune-{h}.txt")))
 }

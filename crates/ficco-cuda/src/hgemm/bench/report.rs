@@ -108,8 +108,10 @@ pub struct ShapeRow {
     pub best_ms: f64,
     /// best time / tuned cuBLASLt time.
     pub best_ratio_tuned: f64,
-    /// The schedule [`HopperGemm::autotune`](crate::hgemm::HopperGemm::autotune) picked ("tile/splits"), timed
+    /// The schedule [`HopperGemm::autotune`] picked ("tile/splits"), timed
     /// in the same interleaved rounds, its time, ratio and error.
+    ///
+    /// [`HopperGemm::autotune`]: crate::hgemm::HopperGemm::autotune
     pub auto: String,
     pub auto_ms: f64,
     pub auto_ratio_tuned: f64,
@@ -121,7 +123,9 @@ pub struct ShapeRow {
 pub struct VariantRow {
     pub tile_n: TileN,
     pub splits: u32,
-    /// Only the last partial wave's tiles split ([`Hooks::split_tail_only`](crate::hgemm::Hooks::split_tail_only)).
+    /// Only the last partial wave's tiles split ([`Hooks::split_tail_only`]).
+    ///
+    /// [`Hooks::split_tail_only`]: crate::hgemm::Hooks::split_tail_only
     pub tail_only: bool,
     /// Median time; `None` when the variant could not run (see `error`).
     pub ms: Option<f64>,
@@ -506,14 +510,18 @@ pub fn table(r: &Report) -> String {
 /// The hook setting with the tile order, input wait, output signal and
 /// destination hooks all on.
 pub const HOOKS_3_TO_6: &str = "hooks 3-6";
-/// [`HOOKS_3_TO_6`] with the register epilogue ([`Hooks::register_epilogue`](crate::hgemm::Hooks::register_epilogue))
+/// [`HOOKS_3_TO_6`] with the register epilogue ([`Hooks::register_epilogue`])
 /// instead of the staged one (the default).
+///
+/// [`Hooks::register_epilogue`]: crate::hgemm::Hooks::register_epilogue
 pub const HOOKS_3_TO_6_REGISTER: &str = "hooks 3-6 register";
 /// The plain ping-pong tile ([`TileN::Pp128`]).
 pub const PINGPONG: &str = "pingpong";
 /// [`HOOKS_3_TO_6`] on the ping-pong tile.
 pub const HOOKS_3_TO_6_PINGPONG: &str = "hooks 3-6 pingpong";
-/// [`HOOKS_3_TO_6`] with the destination hook's tensor maps ([`DestHook::maps`](crate::hgemm::DestHook::maps)).
+/// [`HOOKS_3_TO_6`] with the destination hook's tensor maps ([`DestHook::maps`]).
+///
+/// [`DestHook::maps`]: crate::hgemm::DestHook::maps
 pub const HOOKS_3_TO_6_MAPS: &str = "hooks 3-6 maps";
 /// [`HOOKS_3_TO_6_PINGPONG`] with the destination hook's tensor maps.
 pub const HOOKS_3_TO_6_PINGPONG_MAPS: &str = "hooks 3-6 pingpong maps";
