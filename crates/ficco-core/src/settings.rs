@@ -314,11 +314,17 @@ pub fn tune_cache_path() -> PathBuf {
 /// ficco's folder in the user's cache: `$XDG_CACHE_HOME/ficco`, else
 /// `$HOME/.cache/ficco` (XDG base directories, not ficco's own settings).
 pub fn user_cache_dir() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(x) = env("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(x).join("ficco"));
-    }
-    env("HOME").map(|h| PathBuf::from(h).join(".cache").join("ficco"))
+    user_cache_dir_from(|k| std::env::var_os(k))
+}
+
+/// [`user_cache_dir`] with the environment given (empty values unset).
+pub fn user_cache_dir_from(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let base = match var("XDG_CACHE_HOME") {
+        Some(x) => x,
+        None => var("HOME")?.join(".cache"),
+    };
+    Some(base.join("ficco"))
 }
 
 #[cfg(test)]

@@ -4,9 +4,14 @@
 /// The median of `xs`, ignoring NaNs: the middle value, or the mean of the
 /// two middle values for an even count; `None` when no value is left.
 /// Infinities are ordinary ordered values. Sorts a copy with
-/// [`f64::total_cmp`], so it never panics.
-pub fn median(xs: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = xs.iter().copied().filter(|x| !x.is_nan()).collect();
+/// [`f64::total_cmp`], so it never panics. Takes `f32` times (CUDA events)
+/// as well as `f64`.
+pub fn median<T: Copy + Into<f64>>(xs: &[T]) -> Option<f64> {
+    let mut v: Vec<f64> = xs
+        .iter()
+        .map(|&x| x.into())
+        .filter(|x: &f64| !x.is_nan())
+        .collect();
     if v.is_empty() {
         return None;
     }
@@ -28,7 +33,12 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[7.5]), Some(7.5));
-        assert_eq!(median(&[]), None);
+        assert_eq!(median::<f64>(&[]), None);
+    }
+
+    #[test]
+    fn f32_times_too() {
+        assert_eq!(median(&[3.0f32, 1.0, 2.0, 4.0]), Some(2.5));
     }
 
     #[test]

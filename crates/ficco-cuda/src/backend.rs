@@ -11,6 +11,7 @@ use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
 use ficco_core::run::timeline::{Span, Timeline};
 use ficco_core::run::{Backend, BackendError, Measured, Skip};
 use ficco_core::settings::trace;
+use ficco_core::stats::median;
 
 /// Iteration counts and tolerance of measurements.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,11 +96,6 @@ fn process_setup() -> Result<()> {
         std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
     }
     Ok(())
-}
-
-/// Median of a list (0 when empty).
-fn median(v: Vec<f64>) -> f64 {
-    ficco_core::stats::median(&v).unwrap_or(0.0)
 }
 
 impl GpuBackend {
@@ -794,7 +790,7 @@ impl GpuBackend {
             .fold(None, |r: Option<(f64, f64)>, t| {
                 Some(r.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t))))
             });
-        let time_ms = median(per_iter);
+        let time_ms = median(&per_iter).unwrap_or(0.0);
         let host: Vec<f64> = (0..iters)
             .filter_map(|k| {
                 times
@@ -803,7 +799,7 @@ impl GpuBackend {
                     .try_fold(0.0, |acc: f64, x| x.map(|x| acc.max(x)))
             })
             .collect();
-        let launch_us = (!host.is_empty()).then(|| median(host));
+        let launch_us = median(&host);
         let timeline = timeline.then(|| {
             let mut spans = vec![];
             for (r, t) in times.iter().enumerate() {
@@ -931,17 +927,5 @@ fn to_backend(e: CudaError) -> BackendError {
     match e {
         CudaError::Skipped(reason) => Box::new(Skip(reason)),
         e => Box::new(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_odd_even() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(vec![]), 0.0);
     }
 }

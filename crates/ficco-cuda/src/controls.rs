@@ -201,15 +201,6 @@ pub unsafe fn time_batched_ms(
     Ok(out)
 }
 
-/// Median of sorted times (0 when empty).
-pub fn median(sorted: &[f32]) -> f32 {
-    if sorted.is_empty() {
-        0.0
-    } else {
-        sorted[sorted.len() / 2]
-    }
-}
-
 /// An integer device attribute.
 /// See [cuDeviceGetAttribute](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__DEVICE.html).
 pub fn device_attribute(ctx: &Arc<CudaContext>, a: sys::CUdevice_attribute) -> Result<i32> {
@@ -374,18 +365,6 @@ impl Kernel {
         let f = self.function_in_current()?;
         // SAFETY: a live function of the current context.
         unsafe { cu::func_get_attribute(f, attr) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_of_sorted() {
-        assert_eq!(median(&[]), 0.0);
-        assert_eq!(median(&[1.0, 2.0, 3.0]), 2.0);
-        assert_eq!(median(&[1.0, 2.0, 3.0, 4.0]), 3.0);
     }
 }
 

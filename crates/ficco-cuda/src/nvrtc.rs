@@ -1,15 +1,21 @@
-//! The one NVRTC compile path and CUBIN cache.
+//! The one NVRTC compile path and CUBIN cache: every kernel of ficco (the
+//! utility kernels, the controls' probes, the Hopper GEMM) compiles here,
+//! so there is one cache format, one key and one place on disk.
 //!
 //! [`compile`] turns CUDA C++ source into a CUBIN for an architecture
 //! (`sm_90`, or `sm_90a` for Hopper-only instructions) with extra NVRTC
-//! options. [`cubin`] does the same through a cache: in memory for the
-//! process, and on disk under `$XDG_CACHE_HOME/ficco/cubin` (else
-//! `$HOME/.cache/ficco/cubin`), keyed by a hash of (name, source, options,
-//! architecture, NVRTC version). A cache directory that cannot be written
-//! leaves the cache memory-only, silently; a cache file that does not pass
-//! its checks (magic, length, checksum, ELF header) is recompiled and
-//! rewritten. Each call returns [`CompileStats`] (where the CUBIN came from,
-//! how long it took) so callers can print compile time.
+//! options; [`compile_with_log`] also returns NVRTC's log (ptxas' report).
+//! [`cubin`] does the same through a cache: in memory for the process, and
+//! on disk in [`cache_dir`] (`$FICCO_CUBIN_CACHE`, else
+//! `$XDG_CACHE_HOME/ficco/cubin`, else `$HOME/.cache/ficco/cubin`), keyed by
+//! a hash of (name, source, options, architecture, NVRTC version). Other
+//! compile-derived caches (the Hopper GEMM's tuned schedules) live in the
+//! same directory and write their files with [`write_atomic`]. A cache
+//! directory that cannot be written leaves the cache memory-only, silently;
+//! a cache file that does not pass its checks (magic, length, checksum, ELF
+//! header) is recompiled and rewritten. Each call returns [`CompileStats`]
+//! (where the CUBIN came from, how long it took) so callers can print
+//! compile time.
 
 use crate::driver;
 use crate::error::{CudaError, Result};
@@ -63,6 +69,11 @@ impl std::fmt::Display for CompileStats {
 pub(crate) struct Cubin {
     pub image: Arc<Vec<u8>>,
     pub stats: CompileStats,
+    /// The cache file it was read from or written to; `None` when the disk
+    /// cache is not used (no directory, or it cannot be written).
+    pub path: Option<PathBuf>,
+    /// The NVRTC version of the cache key ((0, 0) where NVRTC cannot say).
+    pub nvrtc: (i32, i32),
 }
 
 /// The architecture name of a compute capability, e.g. (9, 0) -> "sm_90".
@@ -77,16 +88,29 @@ pub(crate) fn compile(
     options: &[&str],
     arch: &str,
 ) -> Result<Vec<u8>> {
+    compile_with_log(name, src, options, arch).map(|(image, _)| image)
+}
+
+/// [`compile`], also returning NVRTC's log (with `--ptxas-options=-v`,
+/// ptxas' register and spill report). NVRTC 12.9+ caches compiles itself:
+/// a repeated compile may come back with an empty log unless
+/// `CUDA_CACHE_DISABLE=1` is set in the environment.
+pub(crate) fn compile_with_log(
+    name: &'static str,
+    src: &str,
+    options: &[&str],
+    arch: &str,
+) -> Result<(Vec<u8>, String)> {
     let arch_opt = format!("--gpu-architecture={arch}");
     let mut all: Vec<&str> = vec![arch_opt.as_str()];
     all.extend(options.iter().copied());
-    let image = driver::nvrtc::compile_to_cubin(name, src, &all)?;
+    let (image, log) = driver::nvrtc::compile_to_cubin(name, src, &all)?;
     if !is_elf(&image) {
         return Err(CudaError::Plan(format!(
             "NVRTC returned something other than a CUBIN for {name}"
         )));
     }
-    Ok(image)
+    Ok((image, log))
 }
 
 /// [`compile`] through the memory and disk caches.
@@ -102,22 +126,34 @@ pub(crate) fn cubin(name: &'static str, src: &str, options: &[&str], arch: &str)
         bytes,
     };
     let mem = memory_cache();
+    let dir = cache_dir();
     if let Some(c) = lock(mem)?.get(&key).cloned() {
         let n = c.len();
+        // The file this process read or wrote, if it is still there.
+        let path = dir
+            .as_deref()
+            .map(|d| d.join(key.file_name()))
+            .filter(|p| p.is_file());
         return Ok(Cubin {
             image: c,
             stats: stats(CubinOrigin::Memory, n),
+            path,
+            nvrtc: version,
         });
     }
-    let dir = cache_dir();
-    let (image, origin) = match dir.as_deref().and_then(|d| disk_read(d, &key)) {
-        Some(img) => (Arc::new(img), CubinOrigin::Disk),
+    let (image, origin, path) = match dir.as_deref().and_then(|d| disk_read(d, &key)) {
+        Some(img) => (
+            Arc::new(img),
+            CubinOrigin::Disk,
+            dir.as_deref().map(|d| d.join(key.file_name())),
+        ),
         None => {
             let img = compile(name, src, options, arch)?;
-            if let Some(d) = dir.as_deref() {
-                disk_write(d, &key, &img);
-            }
-            (Arc::new(img), CubinOrigin::Compiled)
+            let path = dir
+                .as_deref()
+                .filter(|d| disk_write(d, &key, &img))
+                .map(|d| d.join(key.file_name()));
+            (Arc::new(img), CubinOrigin::Compiled, path)
         }
     };
     lock(mem)?.insert(key, image.clone());
@@ -125,6 +161,8 @@ pub(crate) fn cubin(name: &'static str, src: &str, options: &[&str], arch: &str)
     Ok(Cubin {
         image,
         stats: stats(origin, n),
+        path,
+        nvrtc: version,
     })
 }
 
@@ -215,14 +253,25 @@ fn is_elf(image: &[u8]) -> bool {
     image.starts_with(b"\x7fELF")
 }
 
+/// The one directory of compile caches (CUBINs, the Hopper GEMM's tuned
+/// schedules): `$FICCO_CUBIN_CACHE` as given, else
 /// `$XDG_CACHE_HOME/ficco/cubin`, else `$HOME/.cache/ficco/cubin`; `None`
-/// when neither is set.
+/// when none is set. Empty variables count as unset. `FICCO_CUBIN_CACHE` is
+/// read with ficco's other settings ([`ficco_core::settings`]).
 pub(crate) fn cache_dir() -> Option<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(x) => PathBuf::from(x),
-        None => PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache"),
-    };
-    Some(base.join("ficco").join("cubin"))
+    let over = ficco_core::settings::Settings::current()
+        .cubin_cache
+        .clone();
+    cache_dir_from(over, |k| std::env::var_os(k))
+}
+
+/// [`cache_dir`] with the override and the environment given (testable
+/// without changing the process environment, which tests share).
+fn cache_dir_from(
+    over: Option<PathBuf>,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    over.or_else(|| ficco_core::settings::user_cache_dir_from(env).map(|d| d.join("cubin")))
 }
 
 const MAGIC: &[u8; 8] = b"FICCOCB1";
@@ -247,25 +296,36 @@ pub(crate) fn disk_read(dir: &Path, key: &CacheKey) -> Option<Vec<u8>> {
     Some(image.to_vec())
 }
 
-/// Writes `image` for `key` into `dir` (write to a temporary file, then
-/// rename); any failure leaves the cache as it was.
-pub(crate) fn disk_write(dir: &Path, key: &CacheKey, image: &[u8]) {
-    let _ = (|| -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        let mut data = Vec::with_capacity(HEADER + image.len());
-        data.extend_from_slice(MAGIC);
-        data.extend_from_slice(&key.hash[0].to_le_bytes());
-        data.extend_from_slice(&key.hash[1].to_le_bytes());
-        data.extend_from_slice(&(image.len() as u64).to_le_bytes());
-        data.extend_from_slice(&fnv(image, FNV_OFFSET).to_le_bytes());
-        data.extend_from_slice(image);
-        let path = dir.join(key.file_name());
-        let tmp = dir.join(format!("{}.{}.tmp", key.file_name(), std::process::id()));
-        std::fs::write(&tmp, &data)?;
-        std::fs::rename(&tmp, &path).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-    })();
+/// Writes `image` for `key` into `dir` ([`write_atomic`]); false (the cache
+/// as it was) when it cannot.
+pub(crate) fn disk_write(dir: &Path, key: &CacheKey, image: &[u8]) -> bool {
+    let mut data = Vec::with_capacity(HEADER + image.len());
+    data.extend_from_slice(MAGIC);
+    data.extend_from_slice(&key.hash[0].to_le_bytes());
+    data.extend_from_slice(&key.hash[1].to_le_bytes());
+    data.extend_from_slice(&(image.len() as u64).to_le_bytes());
+    data.extend_from_slice(&fnv(image, FNV_OFFSET).to_le_bytes());
+    data.extend_from_slice(image);
+    write_atomic(&dir.join(key.file_name()), &data)
+}
+
+/// Writes `bytes` to `path`, creating its directory: into a temporary file
+/// beside it, then renamed, so that a reader (another process sharing the
+/// cache) never sees half a file. False when it cannot; nothing is left behind.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> bool {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return false;
+    };
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&tmp, bytes))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.is_ok()
 }
 
 #[cfg(test)]
@@ -343,9 +403,52 @@ mod tests {
         let file = scratch("file");
         std::fs::write(&file, b"not a directory").unwrap();
         let k = key("s", &[], "sm_90");
-        disk_write(&file.join("sub"), &k, b"\x7fELF");
+        assert!(!disk_write(&file.join("sub"), &k, b"\x7fELF"));
         assert_eq!(disk_read(&file.join("sub"), &k), None);
+        assert!(!write_atomic(&file.join("sub").join("t.txt"), b"x"));
         let _ = std::fs::remove_file(&file);
+    }
+
+    #[test]
+    fn write_atomic_replaces_the_file_and_leaves_no_temporary() {
+        let dir = scratch("atomic");
+        let path = dir.join("deeper").join("hgemm-tune-x.txt");
+        assert!(write_atomic(&path, b"256 1 0\n"));
+        assert!(write_atomic(&path, b"128 2 1\n"));
+        assert_eq!(std::fs::read(&path).unwrap(), b"128 2 1\n");
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["hgemm-tune-x.txt"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `$FICCO_CUBIN_CACHE` overrides the directory as given; then
+    /// `$XDG_CACHE_HOME`, then `$HOME`; empty values count as unset.
+    #[test]
+    fn cache_dir_honours_the_override_then_xdg_then_home() {
+        fn env<'a>(
+            vars: &'a [(&'a str, &'a str)],
+        ) -> impl Fn(&str) -> Option<std::ffi::OsString> + 'a {
+            move |k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        }
+        let all = [("XDG_CACHE_HOME", "/x"), ("HOME", "/h")];
+        let over = Some(PathBuf::from("/c"));
+        assert_eq!(cache_dir_from(over, env(&all)), Some(PathBuf::from("/c")));
+        assert_eq!(
+            cache_dir_from(None, env(&all)),
+            Some(PathBuf::from("/x/ficco/cubin"))
+        );
+        assert_eq!(
+            cache_dir_from(None, env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")])),
+            Some(PathBuf::from("/h/.cache/ficco/cubin"))
+        );
+        assert_eq!(cache_dir_from(None, env(&[])), None);
     }
 
     /// Compiles a kernel for plain and arch-specific Hopper (needs NVRTC, no

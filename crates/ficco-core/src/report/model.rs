@@ -217,7 +217,7 @@ impl ScenarioReport {
     /// Median and maximum over the measured schedules of the host-side
     /// launch cost (µs), when the backend reported it.
     pub fn launch_us(&self) -> Option<(f64, f64)> {
-        let mut v: Vec<f64> = self
+        let v: Vec<f64> = self
             .schedules
             .iter()
             .filter(|r| r.same_plan_as.is_none())
@@ -227,8 +227,8 @@ impl ScenarioReport {
         if v.is_empty() {
             return None;
         }
-        v.sort_by(f64::total_cmp);
-        Some((v[v.len() / 2], v[v.len() - 1]))
+        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some((crate::stats::median(&v)?, max))
     }
 
     /// Fills the derived columns (speedup, E) and `best` / `selected`.

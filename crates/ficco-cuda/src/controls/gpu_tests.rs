@@ -153,8 +153,7 @@ fn time_allreduce(
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    ficco_core::stats::median(&times).unwrap_or(0.0)
 }
 
 #[test]

@@ -285,6 +285,15 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     )
 }
 
+/// Fill of `count` 32-bit words (`cuMemsetD32`, on the legacy stream: a
+/// caller whose other streams must see it synchronizes the context).
+///
+/// # Safety
+/// `ptr` holds `count` 32-bit words of the current context's device.
+pub(crate) unsafe fn memset_d32(ptr: DevicePtr, value: u32, count: usize) -> Result<()> {
+    check("cuMemsetD32", sys::cuMemsetD32_v2(ptr.raw(), value, count))
+}
+
 /// Stream-ordered fill of `count` bytes.
 ///
 /// # Safety

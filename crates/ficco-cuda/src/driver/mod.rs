@@ -5,6 +5,7 @@
 //! | module | library |
 //! |---|---|
 //! | [`cuda`] | the CUDA driver: devices, contexts, memory, streams, events, libraries, kernels, green contexts |
+//! | [`hopper`] | the CUDA driver's Hopper features: TMA tensor maps, cluster occupancy |
 //! | [`nccl`] | NCCL: communicators, groups, collectives, send/recv |
 //! | [`blas`] | cuBLASLt: handles, descriptors, heuristics, matmul |
 //! | [`nvrtc`] | NVRTC: source to CUBIN |
@@ -25,6 +26,7 @@ use cudarc::driver::DeviceRepr;
 pub(crate) mod blas;
 pub(crate) mod cuda;
 pub(crate) mod dl;
+pub(crate) mod hopper;
 pub(crate) mod nccl;
 pub(crate) mod nvrtc;
 

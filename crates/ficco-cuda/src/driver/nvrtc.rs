@@ -1,4 +1,4 @@
-//! NVRTC calls: version and one CUDA C++ source to a CUBIN.
+//! NVRTC calls: version and one CUDA C++ source to a CUBIN (and its log).
 //!
 //! Results become [`CudaError::Nvrtc`] naming the kernel, with the compile log.
 
@@ -22,26 +22,31 @@ pub(crate) fn version() -> Result<(i32, i32)> {
     }
 }
 
-/// Compiles CUDA C++ `src` (no headers) with `options` to a CUBIN; the
+/// Compiles CUDA C++ `src` (no headers) with `options` to a CUBIN and
+/// NVRTC's log (ptxas' report with `--ptxas-options=-v`; often empty); the
 /// options must name a real architecture (`--gpu-architecture=sm_XY[a]`).
-pub(crate) fn compile_to_cubin(name: &'static str, src: &str, options: &[&str]) -> Result<Vec<u8>> {
+pub(crate) fn compile_to_cubin(
+    name: &'static str,
+    src: &str,
+    options: &[&str],
+) -> Result<(Vec<u8>, String)> {
     let csrc = CString::new(src).map_err(|e| CudaError::Plan(e.to_string()))?;
     let prog = nvrtc::create_program(&csrc, None).map_err(|e| err(name, e.0, String::new()))?;
     // SAFETY: `prog` was just created; it is used only below and destroyed
     // once at the end; the CUBIN buffer has the size NVRTC reports.
     unsafe {
+        let log = || {
+            nvrtc::get_program_log(prog)
+                .map(|l| {
+                    let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
+                    String::from_utf8_lossy(&bytes)
+                        .trim_end_matches('\0')
+                        .to_string()
+                })
+                .unwrap_or_default()
+        };
         let res = match nvrtc::compile_program(prog, options) {
-            Err(e) => {
-                let log = nvrtc::get_program_log(prog)
-                    .map(|l| {
-                        let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
-                        String::from_utf8_lossy(&bytes)
-                            .trim_end_matches('\0')
-                            .to_string()
-                    })
-                    .unwrap_or_default();
-                Err(err(name, e.0, log))
-            }
+            Err(e) => Err(err(name, e.0, log())),
             Ok(()) => {
                 let mut size = 0usize;
                 let r = sys::nvrtcGetCUBINSize(prog, &mut size);
@@ -53,7 +58,7 @@ pub(crate) fn compile_to_cubin(name: &'static str, src: &str, options: &[&str]) 
                     if r != sys::nvrtcResult::NVRTC_SUCCESS {
                         Err(err(name, r, "nvrtcGetCUBIN".into()))
                     } else {
-                        Ok(buf)
+                        Ok((buf, log()))
                     }
                 }
             }

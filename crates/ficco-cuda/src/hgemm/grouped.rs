@@ -35,10 +35,12 @@
 //! the SM budget optional. [`grouped_supported`] says whether a set of
 //! groups qualifies; the executor keeps its cuBLASLt loop otherwise.
 
-use super::{
-    bad, estimate_us, smem_bytes, tensor_map, Bf16, DevPtr, HopperGemm, KernelParams, TensorMap,
-    TileN, BLOCK_K, BLOCK_M, GROUP_M, MIN_STAGES,
-};
+use super::launch::{tensor_map, KernelParams, TensorMap};
+use super::load::HopperGemm;
+use super::params::{smem_bytes, Bf16, DevPtr, TileN, BLOCK_K, BLOCK_M, GROUP_M, MIN_STAGES};
+use super::schedule::estimate_us;
+use super::validate::bad;
+use crate::driver::hopper::zeroed_tensor_map;
 use crate::error::{drv, Result};
 use crate::mem::DeviceBuffer;
 use cudarc::driver::sys;
@@ -318,11 +320,11 @@ impl HopperGemm {
             pad: 0,
         };
         let mut p = g.params;
-        // SAFETY: CUtensorMap is plain bytes; the grouped entries do not read these.
+        // Placeholders: the grouped entries read the table's maps, not these.
         let (mut am, mut bm, mut cm) = (
-            TensorMap(std::mem::zeroed()),
-            TensorMap(std::mem::zeroed()),
-            TensorMap(std::mem::zeroed()),
+            TensorMap(zeroed_tensor_map()),
+            TensorMap(zeroed_tensor_map()),
+            TensorMap(zeroed_tensor_map()),
         );
         let mut params: [*mut c_void; 5] = [
             &mut am as *mut TensorMap as *mut c_void,

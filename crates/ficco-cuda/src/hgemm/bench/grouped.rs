@@ -18,7 +18,8 @@
 //! one) is checked against the loop's. Times are CUDA-event medians after a
 //! warm-up, the engines interleaved in rounds ([`Bench::time_interleaved`]).
 
-use super::{tflops, Bench, Engine};
+use super::report::tflops;
+use super::{Bench, Engine};
 use crate::error::Result;
 use crate::gemm::GemmKey;
 use crate::hgemm::grouped::{Group, GroupedArgs};
