@@ -16,7 +16,7 @@ use ficco_core::choose::explore::check_named;
 use ficco_core::problem::workload::Op;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::{enumerate, Schedule, SpaceOptions};
-use ficco_cuda::dist::LaunchEnv;
+use ficco_cuda::runtime::LaunchEnv;
 use ficco_cuda::session::{OpCall, Session, SessionOpts};
 use ficco_cuda::CudaError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};

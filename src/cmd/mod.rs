@@ -80,7 +80,7 @@ pub fn open_backend(
     choice: BackendArg,
     gpus: usize,
     hw: &HwProfile,
-    job: Option<ficco_cuda::dist::LaunchEnv>,
+    job: Option<ficco_cuda::runtime::LaunchEnv>,
 ) -> Result<Box<dyn Backend>> {
     // One notice per job: rank 0's (the other ranks' stderr is the same terminal).
     let announce = job.as_ref().is_none_or(|env| env.rank == 0);

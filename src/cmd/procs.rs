@@ -4,7 +4,7 @@
 //! by `--procs`) finds its place in the job in the environment.
 
 use anyhow::{bail, Context, Result};
-use ficco_cuda::dist::LaunchEnv;
+use ficco_cuda::runtime::LaunchEnv;
 use std::ffi::OsString;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ fn child_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
 /// How long the other ranks may take to end after one failed before they
 /// are killed: their rendezvous bound plus their watchdog's, and slack.
 fn grace() -> Duration {
-    ficco_cuda::dist::timeout_from_env()
+    ficco_cuda::runtime::timeout_from_env()
         + Duration::from_millis(ficco_cuda::RunOpts::default().watchdog_ms)
         + Duration::from_secs(10)
 }

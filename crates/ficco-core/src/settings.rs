@@ -17,7 +17,7 @@
 //!
 //! Launcher variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...) belong to
 //! the launcher and are read with the job's environment
-//! (`ficco_cuda::dist::env`); `FICCO_STORE_PORT` is listed here and read
+//! (`ficco_cuda::runtime::env`); `FICCO_STORE_PORT` is listed here and read
 //! there, beside the `MASTER_PORT` it is derived from.
 
 use std::path::PathBuf;

@@ -151,7 +151,7 @@ unsafe impl Sync for NcclComm {}
 impl NcclComm {
     /// This process's rank `rank` of an `n`-rank communicator whose other
     /// ranks live in other processes (one process per GPU): `id` is the
-    /// job's shared id (see `crate::dist::nccl`); the rank's device context
+    /// job's shared id (see `crate::runtime::nccl`); the rank's device context
     /// must be current. Blocks until every rank has joined.
     pub fn init_rank(
         n: usize,

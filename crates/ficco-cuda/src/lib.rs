@@ -1,7 +1,7 @@
 //! ficco-cuda: the GPU backend. It executes `ficco_core` plans on NVIDIA GPUs
 //! through cudarc: cuBLASLt GEMMs, NCCL collectives, copy-engine peer copies
 //! and a few NVRTC kernels, either one process driving every GPU with one
-//! host thread per GPU, or one process per GPU ([`dist`]: `torchrun`,
+//! host thread per GPU, or one process per GPU ([`runtime`]: `torchrun`,
 //! `--procs`, the Python package), with the same plans and executor.
 //!
 //! The main design choices: all cross-rank ordering goes through one seam,
@@ -12,9 +12,11 @@
 //! peer-to-peer at a tenth of NVLink speed), every dependency is an explicit
 //! event. Every raw call into the NVIDIA libraries is in [`driver`].
 //!
-//! Public: what the CLI uses ([`GpuBackend`], [`MeasureConfig`], [`info()`],
-//! [`SystemInfo`], [`Libraries`], [`nccl_soname_shim`], [`characterize`],
-//! [`CudaError`]). Everything else is crate-internal.
+//! Public: what the CLI, the Python package and the tests use (the backend
+//! and its factory, the session and the job runtime, the GEMM engines, the
+//! resource-control toolkit, memory, info, the loader, errors). The
+//! executor, the signal protocol, the utility kernels, the NVRTC path and
+//! the raw FFI layer are crate-internal.
 //!
 //! | module | role |
 //! |---|---|
@@ -24,15 +26,15 @@
 //! | [`info`](mod@info) | GPUs, SMs, memory, copy engines, peer matrix, versions |
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |
 //! | [`error`] | [`CudaError`] |
-//! | [`dist`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes, a backend's rank of a job |
+//! | [`runtime`] | one process per GPU: launcher environment, TCP rendezvous store, fd passing, VMM memory shared across processes, a backend's rank of a job |
 //! | [`session`] | [`session::Session`]: one process's rank of a job, the runtime the Python ops and `--procs` call (measurements and single operator calls) |
 //! | `exec` | the executor: `exec::rank` resources, `exec::check` host checks and output comparison, `exec::issue` one function per task kind, `exec::run` the run loop |
 //! | `signal` | the cross-rank synchronisation seam: device signal flags, epochs, progress words |
-//! | `comm` | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |
-//! | `gemm` | cuBLASLt bf16 GEMM with row-major views, cached descriptors, measured algorithm choice |
+//! | [`comm`] | the NCCL communicator wrapper: sets per (GPUs, `maxCTAs`/`minCTAs`/CTA policy), cached, warmed |
+//! | [`gemm`] | cuBLASLt bf16 GEMM with row-major views, cached descriptors, measured algorithm choice |
 //! | [`hgemm`] | ficco's own Hopper GEMM (TMA, wgmma, persistent; SM budget, occupancy, tile order, wait/signal/destination hooks) and `gemm-bench` |
-//! | `green` | green-context SM partitions: compute and communication streams on disjoint SMs |
-//! | `controls` | stream priorities, raw streams, event timing, context-independent kernel libraries |
+//! | [`green`] | green-context SM partitions: compute and communication streams on disjoint SMs |
+//! | [`controls`] | stream priorities, raw streams, event timing, context-independent kernel libraries |
 //! | `kernels` | ficco's utility kernels: random fill, reduce, check |
 //! | `nvrtc` | the one NVRTC compile path and CUBIN cache (memory and disk) |
 //! | `mem` | typed device pointers, `cuMemAlloc` buffers, peer access, peer / 2-D copies |
@@ -40,7 +42,6 @@
 
 pub mod backend;
 pub mod characterize;
-pub mod dist;
 pub mod error;
 pub(crate) mod exec;
 pub mod gemm;
@@ -51,6 +52,7 @@ pub mod loader;
 pub mod mem;
 pub(crate) mod nvrtc;
 pub mod open;
+pub mod runtime;
 pub mod session;
 pub(crate) mod signal;
 

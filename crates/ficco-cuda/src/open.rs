@@ -84,7 +84,7 @@ pub fn open(choice: BackendChoice, gpus: usize, hw: &HwProfile) -> Result<Opened
 /// than the job's are skipped.
 pub fn open_job(
     choice: BackendChoice,
-    env: crate::dist::LaunchEnv,
+    env: crate::runtime::LaunchEnv,
     hw: &HwProfile,
 ) -> Result<Opened, CudaError> {
     let loopback = match choice {
@@ -93,7 +93,7 @@ pub fn open_job(
         BackendChoice::Loopback => Some(true),
         BackendChoice::Auto => None,
     };
-    let timeout = crate::dist::timeout_from_env();
+    let timeout = crate::runtime::timeout_from_env();
     match GpuBackend::open_job(env, loopback, None, timeout) {
         Ok(b) => Ok(Opened {
             backend: Box::new(JobBackend(b)),

@@ -7,10 +7,10 @@
 //! device memory ([`Session::run_op`]).
 
 use crate::backend::{GpuBackend, Operand};
-use crate::dist::job::{needs_one_node, Job};
-use crate::dist::shared::SymmetricMem;
 use crate::error::{CudaError, Result};
 use crate::mem::DevicePtr;
+use crate::runtime::job::{needs_one_node, Job};
+use crate::runtime::shared::SymmetricMem;
 use ficco_core::choose::autotune::{self, Advice};
 use ficco_core::choose::explore::check_named;
 use ficco_core::choose::select::{self, select_model_among, select_rules_among, Selector};
@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dist::LaunchEnv;
+use crate::runtime::LaunchEnv;
 
 /// How a process joins its job.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ impl Default for SessionOpts {
         SessionOpts {
             loopback: None,
             device: None,
-            timeout: crate::dist::timeout_from_env(),
+            timeout: crate::runtime::timeout_from_env(),
         }
     }
 }
@@ -595,7 +595,7 @@ mod tests {
     use ficco_testkit::{b2f, gate, rand, rel_err, GpuAvailability};
 
     const CHILD: &str = "FICCO_SESSION_CHILD";
-    const TEST: &str = "dist::session::tests::operators_on_caller_memory_match_the_reference";
+    const TEST: &str = "session::tests::operators_on_caller_memory_match_the_reference";
     const M: usize = 512;
     const K: usize = 256;
     const N: usize = 384;
@@ -613,11 +613,11 @@ mod tests {
         };
         gate("operators_on_caller_memory_match_the_reference", 1, found);
         for world in [2, 4] {
-            let codes = crate::dist::run_children(
+            let codes = crate::runtime::run_children(
                 TEST,
                 world,
                 CHILD,
-                crate::dist::ChildGpus::First,
+                crate::runtime::ChildGpus::First,
                 // About 5 s per world; a failing rank ends the others within
                 // their 30 s rendezvous bound, well before this one.
                 std::time::Duration::from_secs(60),

@@ -55,7 +55,7 @@
 //! needs more words); that is enough there, and in loopback, where every
 //! rank is on one device. With one process per rank the flags are VMM
 //! memory (`cuMemCreate` + POSIX-fd export, mapped by the node's other
-//! ranks: [`crate::dist::job`]). Never NVLink multicast.
+//! ranks: [`crate::runtime::job`]). Never NVLink multicast.
 //!
 //! **Progress.** Each rank's control stream also writes its finished
 //! iteration count into a word of pinned, mapped host memory

@@ -1,10 +1,10 @@
 //! [`GpuBackend`]: opens the GPUs and implements `ficco_core::run::Backend`.
 
-use crate::dist::job::Job;
 use crate::error::{drv, CudaError, Result};
 use crate::exec::{self, Rank, RunOpts, RunSpec};
 use crate::info::{self, SystemInfo};
 use crate::mem::{can_access_peer, enable_peer_access, DeviceBuffer, DevicePtr};
+use crate::runtime::job::Job;
 use cudarc::driver::CudaContext;
 use ficco_core::plan::{BufferRole, Plan};
 use ficco_core::problem::workload::Problem;
@@ -184,7 +184,7 @@ impl GpuBackend {
     /// made on first use. Every rank then calls the same `prepare` and
     /// `measure` sequence; each returns the job's result on every rank.
     pub fn open_job(
-        env: crate::dist::LaunchEnv,
+        env: crate::runtime::LaunchEnv,
         loopback: Option<bool>,
         device: Option<usize>,
         timeout: std::time::Duration,
@@ -192,19 +192,19 @@ impl GpuBackend {
         process_setup()?;
         crate::loader::require()?;
         let found = info::device_count()?;
-        let rv = crate::dist::Rendezvous::join(env, timeout)?;
+        let rv = crate::runtime::Rendezvous::join(env, timeout)?;
         let on_one = loopback.unwrap_or(rv.env.local_world_size > found);
         let votes = rv.all_gather("loopback", &[u8::from(on_one)])?;
         if votes.iter().any(|v| v.as_slice() != [u8::from(on_one)]) {
             return Err(rv
-                .fail(crate::dist::DistError::Mismatch(
+                .fail(crate::runtime::DistError::Mismatch(
                     "some ranks run in loopback (all on GPU 0), others not".into(),
                 ))
                 .into());
         }
         if on_one && !rv.single_node() {
             return Err(rv
-                .fail(crate::dist::DistError::Mismatch(
+                .fail(crate::runtime::DistError::Mismatch(
                     "loopback puts every rank on one GPU, but the job spans several hosts".into(),
                 ))
                 .into());
@@ -215,7 +215,7 @@ impl GpuBackend {
                 wanted: rv.env.local_world_size,
                 found,
             };
-            return Err(crate::dist::shared::abort_on(&rv, e));
+            return Err(crate::runtime::shared::abort_on(&rv, e));
         }
         let opened = (|| -> Result<_> {
             let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
@@ -224,7 +224,7 @@ impl GpuBackend {
         })();
         let (ctx, rank) = match opened {
             Ok(v) => v,
-            Err(e) => return Err(crate::dist::shared::abort_on(&rv, e)),
+            Err(e) => return Err(crate::runtime::shared::abort_on(&rv, e)),
         };
         rv.barrier("opened")?;
         Ok(GpuBackend {

@@ -96,7 +96,7 @@ pub(crate) fn same_rank_events(plan: &Plan) -> Vec<Vec<bool>> {
 }
 
 /// What a run needs of the job its ranks belong to (one process per GPU):
-/// the job runtime implements it ([`crate::dist::Rendezvous`]), so the
+/// the job runtime implements it ([`crate::runtime::Rendezvous`]), so the
 /// executor does not depend on the runtime.
 pub(crate) trait JobLink {
     /// Ranks in the job.

@@ -21,9 +21,9 @@
 //! (not in the plans it is given).
 
 use super::{bind_operands, fast_steps, Handoff, Operand, Step};
-use crate::dist::job::arena_layout;
 use crate::exec::shared::flag_preds;
 use crate::mem::DevicePtr;
+use crate::runtime::job::arena_layout;
 use ficco_core::plan::validate::{accesses, buffer_use};
 use ficco_core::plan::{BufferRole, Plan, View};
 use ficco_core::problem::workload::ELEM_BYTES;

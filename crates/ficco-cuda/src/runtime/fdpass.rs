@@ -207,7 +207,7 @@ fn job_token() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::LaunchEnv;
+    use crate::runtime::LaunchEnv;
     use std::io::Write;
     use std::os::fd::AsFd;
 

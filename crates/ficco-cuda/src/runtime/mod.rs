@@ -243,7 +243,8 @@ pub(crate) enum ChildGpus {
 /// machine: each child runs only test `test` (exact name, `--include-ignored`
 /// as GPU tests are ignored) with the launcher variables and `child_var=1`,
 /// seeing the GPUs `gpus` says; children still running after `limit` are
-/// killed. Returns the exit codes (`None`: killed or by a signal).
+/// killed. Returns the exit codes (`None`: killed or by a signal). Fails
+/// when the binary has no test of that name.
 #[cfg(test)]
 pub(crate) fn run_children(
     test: &str,
@@ -258,6 +259,17 @@ pub(crate) fn run_children(
         .map(|a| a.port())
         .expect("a free port");
     let exe = std::env::current_exe().expect("test binary");
+    // A child that matches no test exits 0 having run nothing: check the name
+    // first (a module move once left a test passing without its ranks).
+    let listed = Command::new(&exe)
+        .args([test, "--exact", "--list"])
+        .output()
+        .expect("list the tests");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.lines().any(|l| l == format!("{test}: test")),
+        "run_children: this binary has no test named '{test}':\n{listed}"
+    );
     let mut kids: Vec<_> = (0..world)
         .map(|r| {
             let mut c = Command::new(&exe);
@@ -300,6 +312,30 @@ pub(crate) fn run_children(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_children_runs_the_named_test_and_refuses_an_unknown_name() {
+        const CHILD: &str = "FICCO_TEST_RUN_CHILDREN_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            return; // a child: its run is the point
+        }
+        let me = "runtime::tests::run_children_runs_the_named_test_and_refuses_an_unknown_name";
+        let codes = run_children(me, 2, CHILD, ChildGpus::All, Duration::from_secs(30));
+        assert_eq!(codes, vec![Some(0), Some(0)]);
+        let unknown = std::panic::catch_unwind(|| {
+            run_children(
+                "runtime::tests::no_such_test",
+                1,
+                CHILD,
+                ChildGpus::All,
+                Duration::from_secs(5),
+            )
+        });
+        assert!(
+            unknown.is_err(),
+            "an unknown name must fail, not run nothing"
+        );
+    }
 
     fn free_port() -> u16 {
         std::net::TcpListener::bind("127.0.0.1:0")

@@ -56,9 +56,9 @@ mod tests {
     //! named `_2gpus` (see `ficco-testkit` for the policy): the test binary
     //! re-runs itself as ranks 0 and 1 on GPUs 0 and 1.
     use super::*;
-    use crate::dist::LaunchEnv;
     use crate::driver::cuda as cu;
     use crate::mem::DeviceBuffer;
+    use crate::runtime::LaunchEnv;
     use ficco_testkit::{b2f, f2b, gate, GpuAvailability};
     use std::time::Duration;
 
@@ -80,11 +80,11 @@ mod tests {
             Err(e) => GpuAvailability::Unusable(e.to_string()),
         };
         gate(TEST, 2, found);
-        let codes = crate::dist::run_children(
-            &format!("dist::nccl::tests::{TEST}"),
+        let codes = crate::runtime::run_children(
+            &format!("runtime::nccl::tests::{TEST}"),
             2,
             CHILD,
-            crate::dist::ChildGpus::All,
+            crate::runtime::ChildGpus::All,
             Duration::from_secs(60),
         );
         assert_eq!(codes, vec![Some(0), Some(0)], "rank exit codes");
@@ -94,7 +94,7 @@ mod tests {
         const N: usize = 4096;
         let env = LaunchEnv::from_env().expect("launcher env");
         let (me, world, gpu) = (env.rank, env.world_size, env.local_rank);
-        let rv = Rendezvous::join(env, crate::dist::timeout_from_env()).expect("join");
+        let rv = Rendezvous::join(env, crate::runtime::timeout_from_env()).expect("join");
         crate::loader::require().expect("libraries");
         let ctx = CudaContext::new(gpu).expect("context");
         let comm = communicator(&rv, "world", &ctx, NcclLimits::default()).expect("communicator");

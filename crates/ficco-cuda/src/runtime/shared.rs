@@ -251,7 +251,7 @@ mod tests {
     //! (`FICCO_DIST_GPU_CHILD=1` and the launcher variables), all on GPU 0,
     //! each seeing only that GPU, and checks they exit 0 in time.
     use super::*;
-    use crate::dist::LaunchEnv;
+    use crate::runtime::LaunchEnv;
     use ficco_testkit::{gate, GpuAvailability};
     use std::time::Duration;
 
@@ -397,11 +397,11 @@ mod tests {
             return;
         }
         gpu(test);
-        let codes = crate::dist::run_children(
-            &format!("dist::shared::tests::{test}"),
+        let codes = crate::runtime::run_children(
+            &format!("runtime::shared::tests::{test}"),
             world,
             "FICCO_DIST_GPU_CHILD",
-            crate::dist::ChildGpus::First,
+            crate::runtime::ChildGpus::First,
             Duration::from_secs(60),
         );
         assert_eq!(codes, vec![Some(0); world], "rank exit codes");
@@ -433,7 +433,7 @@ mod tests {
         let world = env.world_size;
         let peer = (me + 1) % world;
         let prev = (me + world - 1) % world;
-        let rv = Rendezvous::join(env, crate::dist::timeout_from_env()).expect("join");
+        let rv = Rendezvous::join(env, crate::runtime::timeout_from_env()).expect("join");
         crate::loader::require().expect("libraries");
         let ctx = CudaContext::new(0).expect("context");
         let data = SymmetricMem::exchange(&rv, "data", &ctx, 0, N).expect("data");

@@ -5,7 +5,7 @@
 //! exactly, and a rank that dies, rank 0 included, ends every other rank
 //! with an error naming the cause within the bound, not a hang.
 
-use ficco_cuda::dist::{fdpass, DistError, LaunchEnv, Rendezvous};
+use ficco_cuda::runtime::{fdpass, DistError, LaunchEnv, Rendezvous};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
@@ -102,7 +102,7 @@ fn rank_child() {
     let env = LaunchEnv::from_env().expect("launcher env");
     let me = env.rank;
     let dead = if role == "rank0-dies" { 0 } else { 2 };
-    let rv = match Rendezvous::join(env, ficco_cuda::dist::timeout_from_env()) {
+    let rv = match Rendezvous::join(env, ficco_cuda::runtime::timeout_from_env()) {
         Ok(rv) => rv,
         // Rank 0 may die while the others still finish joining.
         Err(e) if role == "rank0-dies" => std::process::exit(verdict(&e, dead)),
