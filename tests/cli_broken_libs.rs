@@ -11,8 +11,7 @@
 //! (`libcuda.so`, `libcublasLt.so`, ...), so it is found before any real
 //! library the machine has, with or without a GPU.
 
-#[path = "../crates/ficco-cuda/tests/fakelib/mod.rs"]
-mod fakelib;
+use ficco_testkit::fakelib;
 mod support;
 
 use ficco_cuda::loader::{LibSpec, CUBLASLT, CUDA, NCCL, NVRTC};

@@ -5,7 +5,7 @@
 //! and nothing panics. Needs no GPU and no CUDA, but a C compiler: without
 //! one each test fails, saying so.
 
-mod fakelib;
+use ficco_testkit::fakelib;
 
 use ficco_cuda::loader::{
     probe_library, LibProblem, LibSpec, LibStatus, Libraries, CUBLASLT, CUDA, NCCL, NVRTC,

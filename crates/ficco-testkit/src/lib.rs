@@ -20,6 +20,10 @@
 //!   ignored the same way and fail without NVRTC; `.ci/run` runs them with
 //!   NVRTC from PyPI.
 
+/// Fake NVIDIA libraries for the library-probe tests (feature `fakelib`).
+#[cfg(feature = "fakelib")]
+pub mod fakelib;
+
 /// Whether `FICCO_REQUIRE_GPU=1` is set.
 pub fn gpu_required() -> bool {
     std::env::var("FICCO_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1")

@@ -10,7 +10,6 @@
 //! complete fake driver never gets further than "no GPU") and
 //! `cuDeviceGetCount` (0). Return values are valid codes of each library's
 //! result enum.
-#![allow(dead_code)]
 
 use ficco_cuda::loader::LibSpec;
 use std::path::{Path, PathBuf};
