@@ -165,62 +165,126 @@ fn serve(conn: TcpStream, shared: &Shared) {
     shared.clients.fetch_sub(1, Ordering::AcqRel);
 }
 
+/// One request of the wire format (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Request {
+    /// The client's rank.
+    Hello(u64),
+    Set(Vec<u8>, Vec<u8>),
+    /// Add a number to a key's u64 value, reply with the sum.
+    Add(Vec<u8>, u64),
+    /// Wait at most this many ms for the key.
+    Get(Vec<u8>, u64),
+    /// The client's rank gives up, and why.
+    Abort(Vec<u8>),
+    Bye,
+}
+
+impl Request {
+    /// The frame of this request: what [`read_request`] reads.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = vec![];
+        match self {
+            Request::Hello(r) => {
+                out.push(OP_HELLO);
+                out.extend_from_slice(&r.to_le_bytes());
+            }
+            Request::Set(k, v) => {
+                out.push(OP_SET);
+                field(&mut out, k);
+                field(&mut out, v);
+            }
+            Request::Add(k, n) | Request::Get(k, n) => {
+                out.push(if matches!(self, Request::Add(..)) {
+                    OP_ADD
+                } else {
+                    OP_GET
+                });
+                field(&mut out, k);
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            Request::Abort(why) => {
+                out.push(OP_ABORT);
+                field(&mut out, why);
+            }
+            Request::Bye => out.push(OP_BYE),
+        }
+        out
+    }
+}
+
+/// Reads one request. `Ok(None)`: the connection closed between requests;
+/// an error: a truncated frame, an unknown opcode or a field over
+/// [`MAX_FIELD`] (refused before anything is allocated for it).
+fn read_request(r: &mut impl Read) -> std::io::Result<Option<Request>> {
+    let Ok(op) = read_u8(r) else {
+        return Ok(None);
+    };
+    Ok(Some(match op {
+        OP_HELLO => Request::Hello(read_u64(r)?),
+        OP_SET => Request::Set(read_bytes(r)?, read_bytes(r)?),
+        OP_ADD => Request::Add(read_bytes(r)?, read_u64(r)?),
+        OP_GET => Request::Get(read_bytes(r)?, read_u64(r)?),
+        OP_ABORT => Request::Abort(read_bytes(r)?),
+        OP_BYE => Request::Bye,
+        _ => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("unknown store opcode {op}"),
+            ))
+        }
+    }))
+}
+
 fn serve_requests(mut conn: TcpStream, shared: &Shared) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_nodelay(true);
     let mut rank: Option<usize> = None;
     let clean = loop {
-        let Ok(op) = read_u8(&mut conn) else {
-            break false;
+        let req = match read_request(&mut conn) {
+            Ok(Some(req)) => req,
+            Ok(None) | Err(_) => break false,
         };
-        let ok = match op {
-            OP_HELLO => read_u64(&mut conn).map(|r| rank = Some(r as usize)).is_ok(),
-            OP_SET => match (read_bytes(&mut conn), read_bytes(&mut conn)) {
-                (Ok(k), Ok(v)) => {
-                    let key = String::from_utf8_lossy(&k).into_owned();
-                    shared.lock().map.insert(key, v);
-                    shared.changed.notify_all();
-                    conn.write_all(&[REPLY_OK]).is_ok()
-                }
-                _ => false,
-            },
-            OP_ADD => match (read_bytes(&mut conn), read_u64(&mut conn)) {
-                (Ok(k), Ok(by)) => {
-                    let key = String::from_utf8_lossy(&k).into_owned();
-                    let n = {
-                        let mut st = shared.lock();
-                        let cur = st.map.get(&key).map(|v| decode_u64(v)).unwrap_or(0);
-                        let n = cur.wrapping_add(by);
-                        st.map.insert(key, n.to_le_bytes().to_vec());
-                        n
-                    };
-                    shared.changed.notify_all();
-                    let mut out = vec![REPLY_OK];
-                    out.extend_from_slice(&n.to_le_bytes());
-                    conn.write_all(&out).is_ok()
-                }
-                _ => false,
-            },
-            OP_GET => match (read_bytes(&mut conn), read_u64(&mut conn)) {
-                (Ok(k), Ok(ms)) => {
-                    let key = String::from_utf8_lossy(&k).into_owned();
-                    let reply = wait_key(shared, &key, Duration::from_millis(ms));
-                    conn.write_all(&reply).is_ok()
-                }
-                _ => false,
-            },
-            OP_ABORT => match read_bytes(&mut conn) {
-                Ok(why) => {
-                    let why = String::from_utf8_lossy(&why).into_owned();
-                    let r = rank.unwrap_or(usize::MAX);
-                    shared.lock().aborted.get_or_insert((r, why));
-                    shared.changed.notify_all();
-                    true
-                }
-                Err(_) => false,
-            },
-            OP_BYE => break true,
-            _ => false,
+        let key = |k: &[u8]| String::from_utf8_lossy(k).into_owned();
+        let ok = match req {
+            Request::Hello(r) => {
+                rank = usize::try_from(r).ok();
+                true
+            }
+            Request::Set(k, v) => {
+                shared.lock().map.insert(key(&k), v);
+                shared.changed.notify_all();
+                conn.write_all(&[REPLY_OK]).is_ok()
+            }
+            Request::Add(k, by) => {
+                let n = {
+                    let mut st = shared.lock();
+                    let k = key(&k);
+                    let cur = st.map.get(&k).map(|v| decode_u64(v)).unwrap_or(0);
+                    let n = cur.wrapping_add(by);
+                    st.map.insert(k, n.to_le_bytes().to_vec());
+                    n
+                };
+                shared.changed.notify_all();
+                let mut out = vec![REPLY_OK];
+                out.extend_from_slice(&n.to_le_bytes());
+                conn.write_all(&out).is_ok()
+            }
+            Request::Get(k, ms) => {
+                let wait = Duration::from_millis(ms);
+                let reply = wait_key(shared, &key(&k), wait);
+                conn.write_all(&reply).is_ok()
+            }
+            Request::Abort(why) => {
+                let r = rank.unwrap_or(usize::MAX);
+                shared
+                    .lock()
+                    .aborted
+                    .get_or_insert((r, String::from_utf8_lossy(&why).into_owned()));
+                shared.changed.notify_all();
+                true
+            }
+            Request::Bye => break true,
         };
         if !ok {
             break false;
@@ -373,9 +437,7 @@ impl StoreClient {
             addr: addr.to_string(),
             timeout,
         };
-        let mut msg = vec![OP_HELLO];
-        msg.extend_from_slice(&(rank as u64).to_le_bytes());
-        c.send(&msg, None)?;
+        c.send(&Request::Hello(rank as u64).encode(), None)?;
         Ok(c)
     }
 
@@ -405,9 +467,7 @@ impl StoreClient {
 
     /// Sets `key` to `value`.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), DistError> {
-        let mut msg = vec![OP_SET];
-        field(&mut msg, key.as_bytes());
-        field(&mut msg, value);
+        let msg = Request::Set(key.as_bytes().to_vec(), value.to_vec()).encode();
         let mut status = 0u8;
         self.send(
             &msg,
@@ -424,9 +484,7 @@ impl StoreClient {
 
     /// Adds `by` to the counter at `key` (absent = 0) and returns the sum.
     pub fn add(&self, key: &str, by: u64) -> Result<u64, DistError> {
-        let mut msg = vec![OP_ADD];
-        field(&mut msg, key.as_bytes());
-        msg.extend_from_slice(&by.to_le_bytes());
+        let msg = Request::Add(key.as_bytes().to_vec(), by).encode();
         let mut got = (0u8, 0u64);
         self.send(
             &msg,
@@ -449,9 +507,8 @@ impl StoreClient {
 
     /// The value of `key`, waiting for it up to `wait`.
     pub fn get_within(&self, key: &str, wait: Duration) -> Result<Vec<u8>, DistError> {
-        let mut msg = vec![OP_GET];
-        field(&mut msg, key.as_bytes());
-        msg.extend_from_slice(&(wait.as_millis() as u64).to_le_bytes());
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let msg = Request::Get(key.as_bytes().to_vec(), ms).encode();
         let mut status = 0u8;
         let mut value = vec![];
         let mut lost = 0u64;
@@ -494,16 +551,14 @@ impl StoreClient {
     /// with [`DistError::PeerFailed`] carrying `reason` (the first abort
     /// wins). Best effort: the store may already be gone.
     pub fn abort(&self, reason: &str) {
-        let mut msg = vec![OP_ABORT];
-        field(&mut msg, reason.as_bytes());
-        let _ = self.send(&msg, None);
+        let _ = self.send(&Request::Abort(reason.as_bytes().to_vec()).encode(), None);
     }
 
     /// Says goodbye: the server stops watching this rank, so closing the
     /// connection now is not taken for a death.
     pub fn bye(&self) {
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = conn.write_all(&[OP_BYE]);
+        let _ = conn.write_all(&Request::Bye.encode());
     }
 }
 
@@ -517,11 +572,102 @@ fn bad_reply(s: u8) -> std::io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn server() -> (StoreServer, String) {
         let s = StoreServer::bind("127.0.0.1:0").expect("bind");
         let a = s.addr().to_string();
         (s, a)
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        let bytes = || proptest::collection::vec(any::<u8>(), 0..64);
+        prop_oneof![
+            any::<u64>().prop_map(Request::Hello),
+            (bytes(), bytes()).prop_map(|(k, v)| Request::Set(k, v)),
+            (bytes(), any::<u64>()).prop_map(|(k, n)| Request::Add(k, n)),
+            (bytes(), any::<u64>()).prop_map(|(k, n)| Request::Get(k, n)),
+            bytes().prop_map(Request::Abort),
+            Just(Request::Bye),
+        ]
+    }
+
+    proptest! {
+        /// Every request the client sends is read back as itself, and every
+        /// shorter prefix of its frame is an error (or, empty, a closed
+        /// connection), never a different request.
+        #[test]
+        fn frames_round_trip_and_truncations_are_errors(req in request()) {
+            let frame = req.encode();
+            let got = read_request(&mut frame.as_slice()).expect("a whole frame");
+            prop_assert_eq!(got, Some(req));
+            for cut in 0..frame.len() {
+                match read_request(&mut &frame[..cut]) {
+                    Ok(None) => prop_assert_eq!(cut, 0),
+                    Ok(Some(r)) => prop_assert!(false, "prefix {} read as {:?}", cut, r),
+                    Err(_) => {}
+                }
+            }
+        }
+
+        /// Arbitrary bytes never panic the parser, and no field over
+        /// MAX_FIELD is accepted.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut r = bytes.as_slice();
+            while let Ok(Some(req)) = read_request(&mut r) {
+                let longest = match &req {
+                    Request::Set(k, v) => k.len().max(v.len()),
+                    Request::Add(k, _) | Request::Get(k, _) | Request::Abort(k) => k.len(),
+                    _ => 0,
+                };
+                prop_assert!(longest <= MAX_FIELD as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_length_is_refused_before_anything_is_allocated() {
+        // OP_SET with a 4 GiB key length and no data.
+        let mut frame = vec![OP_SET];
+        frame.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = read_request(&mut frame.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        let e = read_request(&mut [42u8].as_slice()).unwrap_err();
+        assert!(e.to_string().contains("unknown store opcode 42"), "{e}");
+    }
+
+    /// A client's wait of u64::MAX ms (a bug or a foreign client) is served:
+    /// the server's deadline arithmetic must not overflow or panic on it.
+    #[test]
+    fn the_longest_wait_a_client_can_ask_for_is_served() {
+        let (_s, addr) = server();
+        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        a.set("k", b"v").expect("set");
+        let mut raw = TcpStream::connect(&addr).expect("raw client");
+        raw.write_all(&Request::Get(b"k".to_vec(), u64::MAX).encode())
+            .expect("send");
+        raw.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut status = [0u8; 1];
+        raw.read_exact(&mut status)
+            .expect("a reply, not a closed connection");
+        assert_eq!(status[0], REPLY_OK);
+        assert_eq!(read_bytes(&mut raw).expect("value"), b"v");
+    }
+
+    /// A connection that sends garbage or nothing does not stop the others.
+    #[test]
+    fn a_bad_client_does_not_stop_the_others() {
+        let (_s, addr) = server();
+        let mut silent = TcpStream::connect(&addr).expect("silent");
+        let mut garbage = TcpStream::connect(&addr).expect("garbage");
+        garbage.write_all(&[0xff, 1, 2, 3]).expect("garbage");
+        let _ = silent.write_all(&[OP_SET, 0xff, 0xff]);
+        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let b = StoreClient::connect(&addr, 1, Duration::from_secs(5)).expect("b");
+        a.set("k", b"value").expect("set");
+        assert_eq!(b.get("k").expect("get"), b"value");
     }
 
     #[test]
