@@ -14,8 +14,8 @@ use ficco_core::sim::calibrate::plans::{
     alone_plan, contention_plan, curve_plan, decomp_cuts, decomp_plan, pull_bytes, pull_plan,
 };
 use ficco_core::sim::calibrate::{
-    jobs, victim_durations, CharOptions, Characterization, ContentionPoint, CurvePoint,
-    DecompShape, DecompSplit, Job, SplitDim, Traffic, Victim,
+    jobs, victim_durations, CalibrationJob, CharOptions, Characterization, ContentionPoint,
+    CurvePoint, DecompShape, DecompSplit, SplitDim, Traffic, Victim,
 };
 use std::collections::HashMap;
 
@@ -30,7 +30,7 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    fn iters(&mut self, job: &Job) {
+    fn iters(&mut self, job: &CalibrationJob) {
         let (warmup, iters) = job.iters(self.o.quick);
         self.be.config.warmup = warmup;
         self.be.config.iters = iters;
@@ -202,16 +202,16 @@ pub fn characterize(
         }
         runner.iters(job);
         match job {
-            Job::Decomp { shape } => ch.decomposition.push(runner.decomp(*shape)?),
-            Job::Contention {
+            CalibrationJob::Decomp { shape } => ch.decomposition.push(runner.decomp(*shape)?),
+            CalibrationJob::Contention {
                 gemm,
                 traffic,
                 bytes,
             } => ch
                 .contention
                 .extend(runner.contention(*gemm, *traffic, *bytes)?),
-            Job::Curve { traffic, .. } => ch.curves.extend(runner.curve(*traffic)?),
-            Job::Pull { peers } => ch.curves.extend(runner.pull(*peers)?),
+            CalibrationJob::Curve { traffic, .. } => ch.curves.extend(runner.curve(*traffic)?),
+            CalibrationJob::Pull { peers } => ch.curves.extend(runner.pull(*peers)?),
         }
     }
     progress(total, total, "done");

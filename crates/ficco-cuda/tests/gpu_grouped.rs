@@ -29,7 +29,7 @@ use ficco_core::settings::Grouped as Route;
 use ficco_core::space::Priority;
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use ficco_cuda::hgemm::grouped::{Group, GroupedArgs};
-use ficco_cuda::hgemm::{Bf16, DevPtr, HopperGemm, TileN};
+use ficco_cuda::hgemm::{Bf16, HopperGemm, TileN, TypedPtr};
 use ficco_cuda::mem::DeviceBuffer;
 use ficco_cuda::{CudaError, GpuBackend};
 use ficco_testkit as common;
@@ -139,11 +139,11 @@ impl Grouped {
         for (g, &m) in self.rows.iter().enumerate() {
             groups.push(Group {
                 m,
-                a: DevPtr::<Bf16>::new(a.ptr().raw() + (at * self.lda * 2) as u64),
+                a: TypedPtr::<Bf16>::new(a.ptr().raw() + (at * self.lda * 2) as u64),
                 lda: self.lda,
-                b: DevPtr::new(b.ptr().raw() + (g * self.k * self.ldb * 2) as u64),
+                b: TypedPtr::new(b.ptr().raw() + (g * self.k * self.ldb * 2) as u64),
                 ldb: self.ldb,
-                c: DevPtr::new(c.ptr().raw() + (at * self.ldc * 2) as u64),
+                c: TypedPtr::new(c.ptr().raw() + (at * self.ldc * 2) as u64),
                 ldc: self.ldc,
             });
             at += m;

@@ -8,8 +8,8 @@ use common::{b2f, no_gpu, rand, rel_err};
 use cudarc::driver::{sys, CudaContext};
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use ficco_cuda::hgemm::{
-    signal_advance, Bf16, DestHook, DevPtr, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook,
-    TileN, WaitHook, BLOCK_M,
+    signal_advance, Bf16, DestHook, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN,
+    TypedPtr, WaitHook, BLOCK_M,
 };
 use ficco_cuda::mem::DeviceBuffer;
 use ficco_testkit as common;
@@ -156,11 +156,11 @@ fn device(ctx: &Arc<CudaContext>, p: &Problem) -> Dev {
         m: p.m,
         n: p.n,
         k: p.k,
-        a: DevPtr::<Bf16>::new(a.ptr().raw()),
+        a: TypedPtr::<Bf16>::new(a.ptr().raw()),
         lda: p.lda,
-        b: DevPtr::new(b.ptr().raw()),
+        b: TypedPtr::new(b.ptr().raw()),
         ldb: p.ldb,
-        c: DevPtr::new(c.ptr().raw()),
+        c: TypedPtr::new(c.ptr().raw()),
         ldc: p.ldc,
         accumulate: false,
         hooks: Hooks::default(),
@@ -428,7 +428,7 @@ fn hook4_wait_flags_already_set() {
     let flags = upload_u32(&ctx, &vec![5u32; m.div_ceil(rows)]);
     same_as_plain("wait(set)", m, 520, 136, |_| Hooks {
         wait: Some(WaitHook {
-            flags: DevPtr::new(flags.ptr().raw()),
+            flags: TypedPtr::new(flags.ptr().raw()),
             rows_per_flag: rows as u32,
             epoch: 5,
         }),
@@ -485,7 +485,7 @@ fn hook4_wait_blocks_until_flags_arrive() {
     let args = GemmArgs {
         hooks: Hooks {
             wait: Some(WaitHook {
-                flags: DevPtr::new(flags.ptr().raw()),
+                flags: TypedPtr::new(flags.ptr().raw()),
                 rows_per_flag: rows as u32,
                 epoch: 1,
             }),
@@ -517,7 +517,7 @@ fn hook4_wait_some_flags_late() {
     let args = GemmArgs {
         hooks: Hooks {
             wait: Some(WaitHook {
-                flags: DevPtr::new(flags.ptr().raw()),
+                flags: TypedPtr::new(flags.ptr().raw()),
                 rows_per_flag: rows as u32,
                 epoch: 7,
             }),
@@ -554,7 +554,7 @@ fn hook5_signal_advances_each_block() {
         let args = GemmArgs {
             hooks: Hooks {
                 signal: Some(SignalHook {
-                    counters: DevPtr::new(counters.ptr().raw()),
+                    counters: TypedPtr::new(counters.ptr().raw()),
                     rows_per_counter: rows as u32,
                 }),
                 sm_budget: Some(7),
@@ -634,7 +634,7 @@ fn hook5_stream_waits_copy_each_block_as_it_lands() {
     let args = GemmArgs {
         hooks: Hooks {
             signal: Some(SignalHook {
-                counters: DevPtr::new(counters.ptr().raw()),
+                counters: TypedPtr::new(counters.ptr().raw()),
                 rows_per_counter: rows as u32,
             }),
             sm_budget: Some(3),
@@ -687,7 +687,7 @@ fn hook6_destination_table() {
             &GemmArgs {
                 hooks: Hooks {
                     dest: Some(DestHook {
-                        table: DevPtr::new(tbl.ptr().raw()),
+                        table: TypedPtr::new(tbl.ptr().raw()),
                         ld: ldd,
                         rows_per_block: rows as u32,
                         add,
@@ -763,11 +763,11 @@ fn staged_epilogue_matches_register_epilogue() {
                             register_epilogue: !staged,
                             signal_delay: if staged { 2 } else { 0 },
                             signal: Some(SignalHook {
-                                counters: DevPtr::new(counters.ptr().raw()),
+                                counters: TypedPtr::new(counters.ptr().raw()),
                                 rows_per_counter: rows as u32,
                             }),
                             dest: with_dest.then_some(DestHook {
-                                table: DevPtr::new(tbl.ptr().raw()),
+                                table: TypedPtr::new(tbl.ptr().raw()),
                                 ld: ldd,
                                 rows_per_block: rows as u32,
                                 add: false,
@@ -845,11 +845,11 @@ fn dest_maps_match_staged_epilogue() {
                     sm_budget: budget,
                     // (Cluster tiles refuse the signal hook.)
                     signal: (tile.cluster() == 1).then(|| SignalHook {
-                        counters: DevPtr::new(counters.ptr().raw()),
+                        counters: TypedPtr::new(counters.ptr().raw()),
                         rows_per_counter: 96,
                     }),
                     dest: Some(DestHook {
-                        table: DevPtr::new(tbl.ptr().raw()),
+                        table: TypedPtr::new(tbl.ptr().raw()),
                         ld: ldd,
                         rows_per_block: rows as u32,
                         add: false,
@@ -1018,19 +1018,19 @@ fn same_as_tile(ctx: &Arc<CudaContext>, g: &HopperGemm, base: TileN, tile: TileN
             let signalled = c.hooked && tile.cluster() == 1;
             if signalled {
                 hooks.wait = Some(WaitHook {
-                    flags: DevPtr::new(flags.ptr().raw()),
+                    flags: TypedPtr::new(flags.ptr().raw()),
                     rows_per_flag: rows as u32,
                     epoch: 9,
                 });
                 hooks.signal = Some(SignalHook {
-                    counters: DevPtr::new(counters.ptr().raw()),
+                    counters: TypedPtr::new(counters.ptr().raw()),
                     rows_per_counter: rows as u32,
                 });
             }
             if c.hooked {
                 hooks.m_start_block = 3;
                 hooks.dest = Some(DestHook {
-                    table: DevPtr::new(tbl.ptr().raw()),
+                    table: TypedPtr::new(tbl.ptr().raw()),
                     ld: ldd,
                     rows_per_block: rows as u32,
                     add: c.add,
@@ -1113,7 +1113,7 @@ fn cluster_tiles_match_single_cta_tiles() {
         hooks: Hooks {
             tile_n: Some(TileN::Pp128C2),
             wait: Some(WaitHook {
-                flags: DevPtr::new(flags.ptr().raw()),
+                flags: TypedPtr::new(flags.ptr().raw()),
                 rows_per_flag: 128,
                 epoch: 1,
             }),
@@ -1153,7 +1153,7 @@ fn split_tail_only_matches_whole_and_split() {
                     split_k: Some(splits),
                     split_tail_only: tail,
                     signal: signal.then_some(SignalHook {
-                        counters: DevPtr::new(counters.ptr().raw()),
+                        counters: TypedPtr::new(counters.ptr().raw()),
                         rows_per_counter: rows as u32,
                     }),
                     ..Hooks::default()
@@ -1282,16 +1282,16 @@ fn split_k_with_hooks_on(tile: TileN) {
             tile_n: Some(tile),
             m_start_block: 2,
             wait: Some(WaitHook {
-                flags: DevPtr::new(flags.ptr().raw()),
+                flags: TypedPtr::new(flags.ptr().raw()),
                 rows_per_flag: rows as u32,
                 epoch: 3,
             }),
             signal: Some(SignalHook {
-                counters: DevPtr::new(counters.ptr().raw()),
+                counters: TypedPtr::new(counters.ptr().raw()),
                 rows_per_counter: rows as u32,
             }),
             dest: Some(DestHook {
-                table: DevPtr::new(tbl.ptr().raw()),
+                table: TypedPtr::new(tbl.ptr().raw()),
                 ld: ldd,
                 rows_per_block: rows as u32,
                 add: true,
@@ -1592,7 +1592,7 @@ fn m64_tile_matches_narrow_tile_and_cublaslt() {
         hooks: Hooks {
             tile_n: Some(TileN::M64N256),
             wait: Some(WaitHook {
-                flags: DevPtr::new(flags.ptr().raw()),
+                flags: TypedPtr::new(flags.ptr().raw()),
                 rows_per_flag: 64,
                 epoch: 1,
             }),

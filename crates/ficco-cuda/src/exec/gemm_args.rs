@@ -8,7 +8,7 @@
 use crate::error::{CudaError, Result};
 use crate::hgemm::grouped::{grouped_supported, Group, GroupedArgs};
 use crate::hgemm::{
-    DestHook, DevPtr, GemmArgs, Hooks, Occupancy, SignalHook, WaitHook, BLOCK_M, GROUP_M,
+    DestHook, GemmArgs, Hooks, Occupancy, SignalHook, TypedPtr, WaitHook, BLOCK_M, GROUP_M,
 };
 use crate::mem::DevicePtr;
 use crate::signal::SET;
@@ -43,11 +43,11 @@ pub(crate) fn own_gemm_args(
         m,
         n,
         k,
-        a: DevPtr::new(pa.raw()),
+        a: TypedPtr::new(pa.raw()),
         lda: lda / ELEM_BYTES,
-        b: DevPtr::new(pb.raw()),
+        b: TypedPtr::new(pb.raw()),
         ldb: ldb / ELEM_BYTES,
-        c: DevPtr::new(pc.raw()),
+        c: TypedPtr::new(pc.raw()),
         ldc: ldc / ELEM_BYTES,
         accumulate,
         hooks,
@@ -95,11 +95,11 @@ pub(crate) fn own_grouped_args(
         let pitch = |p: usize| (p % ELEM_BYTES == 0).then_some(p / ELEM_BYTES);
         out.push(Group {
             m,
-            a: DevPtr::new(pa.raw()),
+            a: TypedPtr::new(pa.raw()),
             lda: pitch(lda)?,
-            b: DevPtr::new(pb.raw()),
+            b: TypedPtr::new(pb.raw()),
             ldb: pitch(ldb)?,
-            c: DevPtr::new(pc.raw()),
+            c: TypedPtr::new(pc.raw()),
             ldc: pitch(ldc)?,
         });
     }
@@ -169,20 +169,20 @@ pub(crate) fn tile_gemm_args(
         group_m: Some(tile_group_m(g.block_rows)),
         m_start_block: small(g.first_block * g.block_rows / BLOCK_M, "first block")?,
         wait: flags.wait.map(|f| WaitHook {
-            flags: DevPtr::new(f.raw()),
+            flags: TypedPtr::new(f.raw()),
             rows_per_flag: rows,
             epoch: SET,
         }),
         signal: flags.signal.map(|f| SignalHook {
-            counters: DevPtr::new(f.raw()),
+            counters: TypedPtr::new(f.raw()),
             rows_per_counter: rows,
         }),
         dest: flags.dest.map(|(t, pitch)| DestHook {
-            table: DevPtr::new(t.raw()),
+            table: TypedPtr::new(t.raw()),
             ld: pitch / ELEM_BYTES,
             rows_per_block: rows,
             add: g.dest_add,
-            maps: flags.dest_maps.map(|m| DevPtr::new(m.raw())),
+            maps: flags.dest_maps.map(|m| TypedPtr::new(m.raw())),
         }),
         ..Hooks::default()
     };
@@ -190,11 +190,11 @@ pub(crate) fn tile_gemm_args(
         m: g.a.rows,
         n: g.b.cols,
         k: g.a.cols,
-        a: DevPtr::new(pa.raw()),
+        a: TypedPtr::new(pa.raw()),
         lda: lda / ELEM_BYTES,
-        b: DevPtr::new(pb.raw()),
+        b: TypedPtr::new(pb.raw()),
         ldb: ldb / ELEM_BYTES,
-        c: DevPtr::new(pc.raw()),
+        c: TypedPtr::new(pc.raw()),
         ldc: ldc / ELEM_BYTES,
         accumulate: false,
         hooks,
@@ -239,11 +239,11 @@ mod tests {
             a.groups[2],
             Group {
                 m: 5,
-                a: DevPtr::new(0x12000),
+                a: TypedPtr::new(0x12000),
                 lda: 256,
-                b: DevPtr::new(0x22000),
+                b: TypedPtr::new(0x22000),
                 ldb: 512,
-                c: DevPtr::new(0x32000),
+                c: TypedPtr::new(0x32000),
                 ldc: 512,
             }
         );

@@ -14,7 +14,7 @@ use crate::error::{drv, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::green::{GreenPartition, PartitionRequest};
 use crate::hgemm::grouped::{GroupedArgs, GroupedLaunch};
-use crate::hgemm::{Bf16, DestMaps, DevPtr, HopperGemm};
+use crate::hgemm::{Bf16, DestMaps, HopperGemm, TypedPtr};
 use crate::kernels::Kernels;
 use crate::mem::{DeviceBuffer, DevicePtr};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -424,7 +424,7 @@ impl Rank {
                     g.block_rows as u32,
                     g.a.rows,
                     g.b.cols,
-                    DevPtr::<Bf16>::new(c.raw()),
+                    TypedPtr::<Bf16>::new(c.raw()),
                     ldc / ELEM_BYTES,
                 )?);
             }

@@ -32,7 +32,7 @@ pub use report::{
 };
 
 use super::tune::{schedule_label, schedule_variants};
-use super::{Bf16, DevPtr, GemmArgs, Hooks, HopperGemm};
+use super::{Bf16, GemmArgs, Hooks, HopperGemm, TypedPtr};
 use crate::controls::time_ms;
 use crate::driver::cuda::memset_d8_async;
 use crate::error::{drv, CudaError, Result};
@@ -71,7 +71,7 @@ pub const ROUNDS: usize = 5;
 
 /// One thing to time.
 #[derive(Clone)]
-enum Engine {
+enum BenchEngine {
     Ficco(GemmArgs),
     /// cuBLASLt, autotuned: key, a, b, c.
     Tuned(GemmKey, DevicePtr, DevicePtr, DevicePtr),
@@ -184,20 +184,20 @@ impl Bench {
     ///
     /// # Safety
     /// The engine's operands must be alive and sized for it.
-    unsafe fn enqueue(&mut self, e: &Engine) -> Result<()> {
+    unsafe fn enqueue(&mut self, e: &BenchEngine) -> Result<()> {
         let cu = self.cu();
         match e {
-            Engine::Ficco(args) => self.gemm.launch(cu, args),
-            Engine::Tuned(key, a, b, c) => {
+            BenchEngine::Ficco(args) => self.gemm.launch(cu, args),
+            BenchEngine::Tuned(key, a, b, c) => {
                 let ws = self.workspace.ptr();
                 self.tuned.gemm(*key, *a, *b, *c, false, ws, cu)
             }
-            Engine::Default(key, a, b, c) => {
+            BenchEngine::Default(key, a, b, c) => {
                 let ws = self.workspace.ptr();
                 self.default.gemm(*key, *a, *b, *c, false, ws, cu)
             }
-            Engine::Grouped(g) => self.gemm.launch_grouped(cu, g),
-            Engine::Loop(calls) => {
+            BenchEngine::Grouped(g) => self.gemm.launch_grouped(cu, g),
+            BenchEngine::Loop(calls) => {
                 let ws = self.workspace.ptr();
                 for &(key, a, b, c) in calls {
                     self.tuned.gemm(key, a, b, c, false, ws, cu)?;
@@ -213,7 +213,7 @@ impl Bench {
     ///
     /// # Safety
     /// As [`Bench::enqueue`].
-    unsafe fn time_interleaved(&mut self, engines: &[Engine]) -> Result<Vec<f64>> {
+    unsafe fn time_interleaved(&mut self, engines: &[BenchEngine]) -> Result<Vec<f64>> {
         let ctx = self.ctx.clone();
         let cu = self.cu();
         let per = self.cfg.iters.div_ceil(ROUNDS).max(3);
@@ -248,9 +248,9 @@ impl Bench {
             m,
             n,
             k,
-            DevPtr::<Bf16>::new(o.a.ptr().raw()),
-            DevPtr::new(o.b.ptr().raw()),
-            DevPtr::new(o.c.ptr().raw()),
+            TypedPtr::<Bf16>::new(o.a.ptr().raw()),
+            TypedPtr::new(o.b.ptr().raw()),
+            TypedPtr::new(o.c.ptr().raw()),
         );
         // The chooser's pick, as given; the autotuned pick beside it.
         args.hooks.untuned = true;
@@ -286,10 +286,10 @@ impl Bench {
         // rejected or fails to launch is reported, not timed.
         let mut variants = vec![];
         let mut engines = vec![
-            Engine::Ficco(args),
-            Engine::Tuned(key, pa, pb, pc),
-            Engine::Default(key, pa, pb, pc),
-            Engine::Ficco(auto_args),
+            BenchEngine::Ficco(args),
+            BenchEngine::Tuned(key, pa, pb, pc),
+            BenchEngine::Default(key, pa, pb, pc),
+            BenchEngine::Ficco(auto_args),
         ];
         for (tile, s, tail) in candidates {
             let v = GemmArgs {
@@ -309,7 +309,7 @@ impl Bench {
                 .and_then(|_| unsafe { self.gemm.launch(self.cu(), &v) });
             let row = match launched {
                 Ok(()) => {
-                    engines.push(Engine::Ficco(v));
+                    engines.push(BenchEngine::Ficco(v));
                     VariantRow {
                         tile_n: tile,
                         splits: s,

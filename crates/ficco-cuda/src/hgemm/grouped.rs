@@ -37,7 +37,7 @@
 
 use super::launch::{tensor_map, KernelParams, TensorMap};
 use super::load::HopperGemm;
-use super::params::{smem_bytes, Bf16, DevPtr, TileN, BLOCK_K, BLOCK_M, GROUP_M, MIN_STAGES};
+use super::params::{smem_bytes, Bf16, TileN, TypedPtr, BLOCK_K, BLOCK_M, GROUP_M, MIN_STAGES};
 use super::schedule::estimate_us;
 use super::validate::bad;
 use crate::driver::hopper::zeroed_tensor_map;
@@ -51,11 +51,11 @@ use std::ffi::c_void;
 pub struct Group {
     /// Rows of A and C; 0 is an empty group (nothing computed).
     pub m: usize,
-    pub a: DevPtr<Bf16>,
+    pub a: TypedPtr<Bf16>,
     pub lda: usize,
-    pub b: DevPtr<Bf16>,
+    pub b: TypedPtr<Bf16>,
     pub ldb: usize,
-    pub c: DevPtr<Bf16>,
+    pub c: TypedPtr<Bf16>,
     pub ldc: usize,
 }
 
@@ -344,11 +344,11 @@ mod tests {
     fn group(m: usize, at: u64) -> Group {
         Group {
             m,
-            a: DevPtr::new(0x10000 + at),
+            a: TypedPtr::new(0x10000 + at),
             lda: 2048,
-            b: DevPtr::new(0x20000 + at),
+            b: TypedPtr::new(0x20000 + at),
             ldb: 1536,
-            c: DevPtr::new(0x30000 + at),
+            c: TypedPtr::new(0x30000 + at),
             ldc: 1536,
         }
     }
@@ -403,7 +403,7 @@ mod tests {
         a.n = 1540;
         assert!(grouped_shape(&a, max, 132).is_err());
         let mut a = args(&[64]);
-        a.groups[0].c = DevPtr::new(0x30008);
+        a.groups[0].c = TypedPtr::new(0x30008);
         assert!(grouped_shape(&a, max, 132).is_err());
         let mut a = args(&[64]);
         a.groups[0].ldc = 1540;
@@ -413,7 +413,7 @@ mod tests {
         assert!(grouped_shape(&a, max, 132).is_err());
         // An empty group's views are never read: anything goes.
         let mut a = args(&[64, 0]);
-        a.groups[1].a = DevPtr::new(0x3);
+        a.groups[1].a = TypedPtr::new(0x3);
         assert!(grouped_shape(&a, max, 132).is_ok());
         let mut a = args(&[64]);
         a.tile_n = Some(TileN::M64N256);

@@ -5,7 +5,7 @@
 //! through `crate::driver`.
 
 use super::load::{named, HopperGemm};
-use super::params::{Bf16, DevPtr, GemmArgs, TileN, BLOCK_K, GROUP_M, THREADS};
+use super::params::{Bf16, GemmArgs, TileN, TypedPtr, BLOCK_K, GROUP_M, THREADS};
 use super::validate::bad;
 use crate::driver::cuda as cu;
 use crate::driver::hopper;
@@ -60,8 +60,8 @@ pub struct DestMaps {
 
 impl DestMaps {
     /// The address for [`DestHook::maps`](super::DestHook::maps) (device memory, 256-byte aligned).
-    pub fn ptr(&self) -> DevPtr<u8> {
-        DevPtr::new(self.buf.ptr().raw())
+    pub fn ptr(&self) -> TypedPtr<u8> {
+        TypedPtr::new(self.buf.ptr().raw())
     }
 }
 
@@ -79,7 +79,7 @@ impl HopperGemm {
         rows_per_block: u32,
         m: usize,
         n: usize,
-        c: DevPtr<Bf16>,
+        c: TypedPtr<Bf16>,
         ldc: usize,
     ) -> Result<DestMaps> {
         let rows = rows_per_block as usize;
@@ -91,7 +91,7 @@ impl HopperGemm {
         let mut bytes = Vec::with_capacity(table.len() * 128);
         for (b, &dst) in table.iter().enumerate().take(m.div_ceil(rows)) {
             let (base, pitch) = if dst != 0 {
-                (DevPtr::new(dst), ld)
+                (TypedPtr::new(dst), ld)
             } else {
                 (c.add(b * rows * ldc), ldc)
             };
@@ -233,7 +233,7 @@ impl HopperGemm {
 /// `ld` elements apart, boxes of `box_inner` × `box_outer`, 128-byte swizzle,
 /// zero fill out of bounds.
 pub(super) fn tensor_map(
-    base: DevPtr<Bf16>,
+    base: TypedPtr<Bf16>,
     inner: usize,
     outer: usize,
     ld: usize,

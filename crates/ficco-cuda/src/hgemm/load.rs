@@ -9,7 +9,7 @@ use super::compile::{cubin_cached, CompileInfo, ENTRIES};
 use super::params::{
     smem_bytes, GemmArgs, LaunchShape, TileN, MAX_SPLIT_TICKETS, SPLIT_WORKSPACE_BYTES, THREADS,
 };
-use super::schedule::{with_schedule, Schedule, TuneKey};
+use super::schedule::{with_schedule, KernelSchedule, KernelTuneKey};
 use super::validate::{validate, Limits};
 use crate::driver::cuda as cu;
 use crate::driver::hopper;
@@ -36,7 +36,7 @@ pub struct HopperGemm {
     pub(super) workspace: crate::mem::DeviceBuffer,
     compile: CompileInfo,
     /// Schedules [`HopperGemm::autotune`] picked, per shape.
-    tuned: std::sync::Mutex<std::collections::HashMap<TuneKey, Schedule>>,
+    tuned: std::sync::Mutex<std::collections::HashMap<KernelTuneKey, KernelSchedule>>,
     /// Shapes timed by this instance (the rest came from memory or disk).
     pub(super) timings: std::sync::atomic::AtomicU64,
 }
@@ -215,14 +215,18 @@ impl HopperGemm {
 
     /// The tuned schedule of `args`' shape if [`HopperGemm::autotune`] has
     /// it in memory.
-    pub fn tuned(&self, args: &GemmArgs) -> Option<Schedule> {
-        self.tuned_map().ok()?.get(&TuneKey::of(args)).copied()
+    pub fn tuned(&self, args: &GemmArgs) -> Option<KernelSchedule> {
+        self.tuned_map()
+            .ok()?
+            .get(&KernelTuneKey::of(args))
+            .copied()
     }
 
     /// This instance's tuned picks (the tuner reads and fills them).
     pub(super) fn tuned_map(
         &self,
-    ) -> Result<std::sync::MutexGuard<'_, std::collections::HashMap<TuneKey, Schedule>>> {
+    ) -> Result<std::sync::MutexGuard<'_, std::collections::HashMap<KernelTuneKey, KernelSchedule>>>
+    {
         self.tuned
             .lock()
             .map_err(|_| CudaError::Plan("ficco hgemm: tuning cache poisoned".into()))

@@ -119,7 +119,7 @@
 //!    `tma_store`), bit-identical to the staged epilogue. The executor's tile
 //!    GEMMs pass them wherever they fit (`exec::rank::dest_maps_fit`).
 //!
-//! # Schedule and epilogue variants
+//! # KernelSchedule and epilogue variants
 //! - Staged epilogue (the default; [`Hooks::register_epilogue`] turns it
 //!   off): where the TMA-store epilogue cannot run (destination hook, C rows
 //!   not 16-byte aligned) and nothing is added, the tile is staged in shared
@@ -229,8 +229,8 @@ pub use compile::{compile, compile_with, CacheOutcome, CompileInfo, SOURCE};
 pub use launch::DestMaps;
 pub use load::HopperGemm;
 pub use params::{
-    signal_advance, smem_bytes, Bf16, DestHook, DevPtr, GemmArgs, Hooks, LaunchShape, Occupancy,
-    SignalHook, TileN, WaitHook, BLOCK_K, BLOCK_M, BLOCK_N, GROUP_M, MAX_SIGNAL_ADVANCE,
+    signal_advance, smem_bytes, Bf16, DestHook, GemmArgs, Hooks, LaunchShape, Occupancy,
+    SignalHook, TileN, TypedPtr, WaitHook, BLOCK_K, BLOCK_M, BLOCK_N, GROUP_M, MAX_SIGNAL_ADVANCE,
     MAX_SPLITS, MAX_STAGES, MIN_STAGES, SPLIT_WORKSPACE_BYTES, STAGE_BYTES,
 };
 pub use schedule::{auto_schedule, estimate_us, PINGPONG_MIN_WAVES};

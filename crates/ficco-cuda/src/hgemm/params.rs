@@ -32,22 +32,22 @@ pub(super) const THREADS: u32 = 384;
 /// A device address of `T`s (no ownership, no lifetime: the caller keeps the
 /// memory alive for the launches that use it).
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub struct DevPtr<T> {
+pub struct TypedPtr<T> {
     addr: u64,
     _t: PhantomData<fn() -> T>,
 }
 
-impl<T> Clone for DevPtr<T> {
+impl<T> Clone for TypedPtr<T> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<T> Copy for DevPtr<T> {}
+impl<T> Copy for TypedPtr<T> {}
 
-impl<T> DevPtr<T> {
+impl<T> TypedPtr<T> {
     /// Wraps a raw device address.
     pub const fn new(addr: u64) -> Self {
-        DevPtr {
+        TypedPtr {
             addr,
             _t: PhantomData,
         }
@@ -215,7 +215,7 @@ pub struct Occupancy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WaitHook {
     /// One u32 per `rows_per_flag` rows of A (and C).
-    pub flags: DevPtr<u32>,
+    pub flags: TypedPtr<u32>,
     pub rows_per_flag: u32,
     /// Compared with wrapping arithmetic: ready when `flag - epoch` is ≥ 0 as i32.
     pub epoch: u32,
@@ -226,7 +226,7 @@ pub struct WaitHook {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SignalHook {
     /// One u32 per `rows_per_counter` rows of C.
-    pub counters: DevPtr<u32>,
+    pub counters: TypedPtr<u32>,
     pub rows_per_counter: u32,
 }
 
@@ -235,7 +235,7 @@ pub struct SignalHook {
 pub struct DestHook {
     /// One device address (u64) per `rows_per_block` rows of C: where row
     /// `b * rows_per_block` of C goes; 0 keeps C.
-    pub table: DevPtr<u64>,
+    pub table: TypedPtr<u64>,
     /// Leading dimension (elements) of every destination.
     pub ld: usize,
     pub rows_per_block: u32,
@@ -247,7 +247,7 @@ pub struct DestHook {
     /// Needs `rows_per_block` a multiple of 64.
     ///
     /// [`HopperGemm::dest_maps`]: super::HopperGemm::dest_maps
-    pub maps: Option<DevPtr<u8>>,
+    pub maps: Option<TypedPtr<u8>>,
 }
 
 /// Every hook of one launch; `Hooks::default()` is the plain GEMM.
@@ -285,7 +285,7 @@ pub struct Hooks {
     /// that waiting for its stores and the release fence overlap more
     /// tensor-core work. Delays the signal by about as many k-blocks (≈ 1 µs each).
     pub signal_delay: u32,
-    /// Schedule variant (not a hook): with a K split and more tiles than
+    /// KernelSchedule variant (not a hook): with a K split and more tiles than
     /// CTAs, run the full waves' tiles whole and split only the tiles of
     /// the last, partial wave (`splits` units each), so that it fills the
     /// machine instead of leaving SMs idle. Off by default until measured.
@@ -301,11 +301,11 @@ pub struct GemmArgs {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    pub a: DevPtr<Bf16>,
+    pub a: TypedPtr<Bf16>,
     pub lda: usize,
-    pub b: DevPtr<Bf16>,
+    pub b: TypedPtr<Bf16>,
     pub ldb: usize,
-    pub c: DevPtr<Bf16>,
+    pub c: TypedPtr<Bf16>,
     pub ldc: usize,
     pub accumulate: bool,
     pub hooks: Hooks,
@@ -317,9 +317,9 @@ impl GemmArgs {
         m: usize,
         n: usize,
         k: usize,
-        a: DevPtr<Bf16>,
-        b: DevPtr<Bf16>,
-        c: DevPtr<Bf16>,
+        a: TypedPtr<Bf16>,
+        b: TypedPtr<Bf16>,
+        c: TypedPtr<Bf16>,
     ) -> Self {
         GemmArgs {
             m,

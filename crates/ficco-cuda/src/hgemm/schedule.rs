@@ -1,7 +1,7 @@
 //! The schedule space of one GEMM: the wave model and the chooser that
 //! picks a tile and K split without measuring ([`auto_schedule`]), the
 //! schedules the tuner and `gemm-bench` time besides it
-//! ([`schedule_variants`]), and what a tuned pick is keyed by ([`TuneKey`]).
+//! ([`schedule_variants`]), and what a tuned pick is keyed by ([`KernelTuneKey`]).
 //! Pure functions of the shape (the timing is `super::tune`'s), so that
 //! validation and loading use them without depending on the tuner.
 
@@ -67,7 +67,7 @@ pub fn auto_schedule(m: usize, n: usize, k: usize, grid: u32) -> (TileN, u32) {
 
 /// What a tuned schedule depends on (no addresses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TuneKey {
+pub struct KernelTuneKey {
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -90,11 +90,11 @@ pub struct TuneKey {
     pub dest_maps: bool,
 }
 
-impl TuneKey {
+impl KernelTuneKey {
     /// The key of a launch.
     pub fn of(a: &GemmArgs) -> Self {
         let h = &a.hooks;
-        TuneKey {
+        KernelTuneKey {
             m: a.m,
             n: a.n,
             k: a.k,
@@ -118,11 +118,11 @@ impl TuneKey {
 
 /// One schedule of ficco's kernel: tile width, K splits, and whether only
 /// the last partial wave's tiles are split.
-pub type Schedule = (TileN, u32, bool);
+pub type KernelSchedule = (TileN, u32, bool);
 
 /// The label of a schedule in the table: "tile/splits", "t" appended when
 /// only the tail wave is split.
-pub fn schedule_label((tile, splits, tail): Schedule) -> String {
+pub fn schedule_label((tile, splits, tail): KernelSchedule) -> String {
     format!("{}/{splits}{}", tile.label(), if tail { "t" } else { "" })
 }
 
@@ -142,8 +142,8 @@ pub fn schedule_variants(
     n: usize,
     k: usize,
     grid: u32,
-    chosen: Schedule,
-) -> Vec<Schedule> {
+    chosen: KernelSchedule,
+) -> Vec<KernelSchedule> {
     let k_blocks = k.div_ceil(BLOCK_K) as u64;
     let grid = grid.max(1) as u64;
     let mut out = vec![];
@@ -185,7 +185,7 @@ pub fn schedule_variants(
 }
 
 /// `args` with `s` as its schedule.
-pub fn with_schedule(args: &GemmArgs, (tile, splits, tail): Schedule) -> GemmArgs {
+pub fn with_schedule(args: &GemmArgs, (tile, splits, tail): KernelSchedule) -> GemmArgs {
     GemmArgs {
         hooks: Hooks {
             tile_n: Some(tile),
@@ -199,7 +199,7 @@ pub fn with_schedule(args: &GemmArgs, (tile, splits, tail): Schedule) -> GemmArg
 
 #[cfg(test)]
 mod tests {
-    use super::super::params::{DevPtr, SignalHook};
+    use super::super::params::{SignalHook, TypedPtr};
     use super::*;
 
     #[test]
@@ -261,31 +261,31 @@ mod tests {
             256,
             512,
             1024,
-            DevPtr::new(0x1000),
-            DevPtr::new(0x2000),
-            DevPtr::new(0x3000),
+            TypedPtr::new(0x1000),
+            TypedPtr::new(0x2000),
+            TypedPtr::new(0x3000),
         );
         let moved = GemmArgs {
-            a: DevPtr::new(0x9000),
-            b: DevPtr::new(0xa000),
-            c: DevPtr::new(0xb000),
+            a: TypedPtr::new(0x9000),
+            b: TypedPtr::new(0xa000),
+            c: TypedPtr::new(0xb000),
             ..a
         };
-        assert_eq!(TuneKey::of(&a), TuneKey::of(&moved));
+        assert_eq!(KernelTuneKey::of(&a), KernelTuneKey::of(&moved));
         let unaligned = GemmArgs {
-            c: DevPtr::new(0x3004),
+            c: TypedPtr::new(0x3004),
             ..a
         };
-        assert_ne!(TuneKey::of(&a), TuneKey::of(&unaligned));
+        assert_ne!(KernelTuneKey::of(&a), KernelTuneKey::of(&unaligned));
         let mut hooked = a;
         hooked.hooks.signal = Some(SignalHook {
-            counters: DevPtr::new(0x4000),
+            counters: TypedPtr::new(0x4000),
             rows_per_counter: 128,
         });
-        assert_ne!(TuneKey::of(&a), TuneKey::of(&hooked));
+        assert_ne!(KernelTuneKey::of(&a), KernelTuneKey::of(&hooked));
         let mut acc = a;
         acc.accumulate = true;
-        assert_ne!(TuneKey::of(&a), TuneKey::of(&acc));
+        assert_ne!(KernelTuneKey::of(&a), KernelTuneKey::of(&acc));
     }
 
     #[test]
@@ -294,9 +294,9 @@ mod tests {
             256,
             512,
             1024,
-            DevPtr::new(0x1000),
-            DevPtr::new(0x2000),
-            DevPtr::new(0x3000),
+            TypedPtr::new(0x1000),
+            TypedPtr::new(0x2000),
+            TypedPtr::new(0x3000),
         );
         a.hooks.sm_budget = Some(66);
         a.hooks.m_start_block = 1;

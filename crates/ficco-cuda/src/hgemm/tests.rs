@@ -43,13 +43,13 @@ fn signal_hook_refuses_advances_past_the_cyclic_range() {
     // 2^20 + 1 row groups (a block of all 2^26 rows) x 2048 column groups.
     let mut a = args(1 << 26, 1 << 17, 64);
     a.hooks.signal = Some(SignalHook {
-        counters: DevPtr::new(0x1000),
+        counters: TypedPtr::new(0x1000),
         rows_per_counter: u32::MAX,
     });
     let err = validate(&a, 232448, 132).unwrap_err().to_string();
     assert!(err.contains("advance a counter"), "{err}");
     a.hooks.signal = Some(SignalHook {
-        counters: DevPtr::new(0x1000),
+        counters: TypedPtr::new(0x1000),
         rows_per_counter: 128,
     });
     assert!(validate(&a, 232448, 132).is_ok());
@@ -73,9 +73,9 @@ fn args(m: usize, n: usize, k: usize) -> GemmArgs {
         m,
         n,
         k,
-        DevPtr::new(0x1000),
-        DevPtr::new(0x2000),
-        DevPtr::new(0x3000),
+        TypedPtr::new(0x1000),
+        TypedPtr::new(0x2000),
+        TypedPtr::new(0x3000),
     );
     a.hooks.tile_n = Some(TileN::N256);
     a
@@ -122,7 +122,7 @@ fn geometry_and_budget() {
 fn staged_epilogue_where_it_applies_unless_turned_off() {
     let max = 232448;
     let dest = DestHook {
-        table: DevPtr::new(0x4000),
+        table: TypedPtr::new(0x4000),
         ld: 4104,
         rows_per_block: 100,
         add: false,
@@ -155,7 +155,7 @@ fn staged_epilogue_where_it_applies_unless_turned_off() {
     let s = validate(&plain, max, 132).unwrap();
     assert!(s.tma_store && !s.staged);
     // C rows not 16-byte aligned: staged (4-byte stores where unaligned).
-    plain.c = DevPtr::new(0x3004);
+    plain.c = TypedPtr::new(0x3004);
     let s = validate(&plain, max, 132).unwrap();
     assert!(!s.tma_store && s.staged);
     // No room for the staging buffer: the register epilogue.
@@ -171,11 +171,11 @@ fn dest_maps_take_the_tma_epilogue_unless_adding() {
     let max = 232448;
     let mut a = args(1000, 520, 200);
     let dest = DestHook {
-        table: DevPtr::new(0x8000),
+        table: TypedPtr::new(0x8000),
         ld: 528,
         rows_per_block: 128,
         add: false,
-        maps: Some(DevPtr::new(0x10000)),
+        maps: Some(TypedPtr::new(0x10000)),
     };
     a.hooks.dest = Some(dest);
     let s = validate(&a, max, 132).unwrap();
@@ -198,7 +198,7 @@ fn dest_maps_take_the_tma_epilogue_unless_adding() {
     });
     assert!(validate(&a, max, 132).is_err());
     a.hooks.dest = Some(DestHook {
-        maps: Some(DevPtr::new(0x10040)),
+        maps: Some(TypedPtr::new(0x10040)),
         ..dest
     });
     assert!(validate(&a, max, 132).is_err());
@@ -257,7 +257,7 @@ fn rejects_what_the_kernel_cannot_do() {
     a.hooks.occupancy.stages = 3;
     assert!(validate(&a, max, 132).is_ok());
     let mut a = args(64, 64, 64);
-    a.a = DevPtr::new(0x1008);
+    a.a = TypedPtr::new(0x1008);
     assert!(validate(&a, max, 132).is_err());
     let mut a = args(64, 64, 64);
     a.hooks.sm_budget = Some(0);
@@ -294,7 +294,7 @@ fn cluster_tiles_run_whole_pairs_on_resident_clusters() {
         (
             |a: &mut GemmArgs| {
                 a.hooks.wait = Some(WaitHook {
-                    flags: DevPtr::new(0x4000),
+                    flags: TypedPtr::new(0x4000),
                     rows_per_flag: 128,
                     epoch: 1,
                 })
@@ -304,7 +304,7 @@ fn cluster_tiles_run_whole_pairs_on_resident_clusters() {
         (
             |a: &mut GemmArgs| {
                 a.hooks.signal = Some(SignalHook {
-                    counters: DevPtr::new(0x4000),
+                    counters: TypedPtr::new(0x4000),
                     rows_per_counter: 128,
                 })
             },
@@ -369,7 +369,7 @@ fn m64_tile_halves_the_rows_and_refuses_block_hooks() {
     assert!(hooked(&|h| h.m_start_block = 1).is_err());
     assert!(hooked(&|h| {
         h.wait = Some(WaitHook {
-            flags: DevPtr::new(0x1000),
+            flags: TypedPtr::new(0x1000),
             rows_per_flag: 64,
             epoch: 1,
         })
@@ -377,14 +377,14 @@ fn m64_tile_halves_the_rows_and_refuses_block_hooks() {
     .is_err());
     assert!(hooked(&|h| {
         h.signal = Some(SignalHook {
-            counters: DevPtr::new(0x1000),
+            counters: TypedPtr::new(0x1000),
             rows_per_counter: 64,
         })
     })
     .is_err());
     assert!(hooked(&|h| {
         h.dest = Some(DestHook {
-            table: DevPtr::new(0x1000),
+            table: TypedPtr::new(0x1000),
             ld: 4096,
             rows_per_block: 64,
             add: false,
@@ -521,7 +521,7 @@ fn cubin_and_tune_files_follow_ficco_cubin_cache() {
     let (again, info) = super::compile::cubin_cached().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((info.cache, info.path), (CacheOutcome::Memory, Some(path)));
     assert_eq!(again, image);
-    let key = super::tune::TuneKey::of(&args(256, 512, 1024));
+    let key = super::tune::KernelTuneKey::of(&args(256, 512, 1024));
     let tune_file = super::tune::disk_path("some GPU", &key).expect("a tune file path");
     assert_eq!(tune_file.parent(), Some(dir.as_path()));
     let name = tune_file

@@ -4,7 +4,7 @@
 //! fastest in memory and on disk next to the cubin cache, so that a shape
 //! is timed once per kernel source and device. [`HopperGemm::launch`]
 //! applies the cached pick to launches that leave the schedule open.
-//! The schedule space itself (the candidates, [`TuneKey`], [`Schedule`])
+//! The schedule space itself (the candidates, [`KernelTuneKey`], [`KernelSchedule`])
 //! is `super::schedule`'s, re-exported here; this file is the timing and
 //! the disk cache.
 //!
@@ -18,8 +18,10 @@
 use super::compile::SOURCE;
 use super::launch::DestMaps;
 use super::load::HopperGemm;
-use super::params::{Bf16, DevPtr, GemmArgs, Hooks, TileN};
-pub use super::schedule::{schedule_label, schedule_variants, with_schedule, Schedule, TuneKey};
+use super::params::{Bf16, GemmArgs, Hooks, TileN, TypedPtr};
+pub use super::schedule::{
+    schedule_label, schedule_variants, with_schedule, KernelSchedule, KernelTuneKey,
+};
 use crate::controls::time_batched_ms;
 use crate::driver::cuda::memset_d32;
 use crate::error::{CudaError, Result};
@@ -39,8 +41,8 @@ pub enum TuneSource {
 
 /// A tuned schedule and its provenance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tuned {
-    pub schedule: Schedule,
+pub struct TunedKernel {
+    pub schedule: KernelSchedule,
     pub source: TuneSource,
 }
 
@@ -108,7 +110,7 @@ fn fill_random(buf: &DeviceBuffer, n: usize, block: &[u8]) -> Result<()> {
 
 /// The candidates for `args`: the chooser's schedule first, then the
 /// bench's variants; the launch decides which are valid.
-pub fn candidates(g: &HopperGemm, args: &GemmArgs) -> Vec<Schedule> {
+pub fn candidates(g: &HopperGemm, args: &GemmArgs) -> Vec<KernelSchedule> {
     let grid = args.hooks.sm_budget.unwrap_or(g.sms()).max(1);
     let chosen = g
         .shape(&GemmArgs {
@@ -134,7 +136,7 @@ const METHOD: &str = "random operands";
 
 /// The disk cache file of a key: `hgemm-tune-<hash>.txt` beside the cubins
 /// (`crate::nvrtc::cache_dir`, which `$FICCO_CUBIN_CACHE` overrides).
-pub(super) fn disk_path(device: &str, key: &TuneKey) -> Option<PathBuf> {
+pub(super) fn disk_path(device: &str, key: &KernelTuneKey) -> Option<PathBuf> {
     let h = key_hash(&[SOURCE, METHOD, device, &format!("{key:?}")]);
     crate::nvrtc::cache_dir().map(|d| d.join(format!("hgemm-tune-{h}.txt")))
 }
@@ -156,11 +158,11 @@ fn key_hash(parts: &[&str]) -> String {
 }
 
 /// "tile splits tail", e.g. "256 4 1".
-fn encode((tile, splits, tail): Schedule) -> String {
+fn encode((tile, splits, tail): KernelSchedule) -> String {
     format!("{} {splits} {}\n", tile.label(), tail as u8)
 }
 
-fn decode(s: &str) -> Option<Schedule> {
+fn decode(s: &str) -> Option<KernelSchedule> {
     let mut it = s.split_whitespace();
     let tile = TileN::from_label(it.next()?)?;
     let splits: u32 = it.next()?.parse().ok()?;
@@ -179,7 +181,7 @@ struct Scratch {
     args: GemmArgs,
 }
 
-fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch> {
+fn scratch(g: &HopperGemm, key: &KernelTuneKey, template: &GemmArgs) -> Result<Scratch> {
     let ctx = g.context();
     let elems = |rows: usize, ld: usize| rows.max(1) * ld.max(1);
     let a = DeviceBuffer::alloc(ctx, elems(key.m, key.lda) * 2)?;
@@ -205,7 +207,7 @@ fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch
         let f = DeviceBuffer::alloc(ctx, n * 4)?;
         // SAFETY: f holds n u32; the context is current.
         unsafe { memset_d32(f.ptr(), w.epoch, n)? };
-        w.flags = DevPtr::new(f.ptr().raw());
+        w.flags = TypedPtr::new(f.ptr().raw());
         bufs.push(f);
     }
     if let Some(s) = hooks.signal.as_mut() {
@@ -213,7 +215,7 @@ fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch
         let f = DeviceBuffer::alloc(ctx, n * 4)?;
         // SAFETY: f holds n u32; the context is current.
         unsafe { memset_d32(f.ptr(), 0, n)? };
-        s.counters = DevPtr::new(f.ptr().raw());
+        s.counters = TypedPtr::new(f.ptr().raw());
         bufs.push(f);
     }
     if let Some(d) = hooks.dest.as_mut() {
@@ -221,11 +223,11 @@ fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch
         let f = DeviceBuffer::alloc(ctx, n * 8)?;
         // SAFETY: f holds 2n u32; the context is current.
         unsafe { memset_d32(f.ptr(), 0, 2 * n)? };
-        d.table = DevPtr::new(f.ptr().raw());
+        d.table = TypedPtr::new(f.ptr().raw());
         d.ld = key.ldc;
         bufs.push(f);
     }
-    let c_ptr = DevPtr::new(c.ptr().raw() + c_off);
+    let c_ptr = TypedPtr::new(c.ptr().raw() + c_off);
     // Per-block maps of the zero table (every block's rows in C); where C
     // cannot take them (rows not 16-byte aligned), timed without maps.
     let mut maps = None;
@@ -245,8 +247,8 @@ fn scratch(g: &HopperGemm, key: &TuneKey, template: &GemmArgs) -> Result<Scratch
         d.maps = maps.as_ref().map(|m| m.ptr());
     }
     let args = GemmArgs {
-        a: DevPtr::<Bf16>::new(a.ptr().raw()),
-        b: DevPtr::new(b.ptr().raw()),
+        a: TypedPtr::<Bf16>::new(a.ptr().raw()),
+        b: TypedPtr::new(b.ptr().raw()),
         c: c_ptr,
         hooks,
         ..*template
@@ -265,10 +267,10 @@ impl HopperGemm {
     /// instance or the disk cache already has it. Candidates that are
     /// rejected or fail to launch are skipped; an error only when none ran.
     /// Call only while nothing else runs on the device.
-    pub fn autotune(&self, args: &GemmArgs) -> Result<Tuned> {
-        let key = TuneKey::of(args);
+    pub fn autotune(&self, args: &GemmArgs) -> Result<TunedKernel> {
+        let key = KernelTuneKey::of(args);
         if let Some(&s) = self.tuned_map()?.get(&key) {
-            return Ok(Tuned {
+            return Ok(TunedKernel {
                 schedule: s,
                 source: TuneSource::Memory,
             });
@@ -284,7 +286,7 @@ impl HopperGemm {
         if let Some(d) = probe.hooks.dest.as_mut() {
             d.ld = args.ldc;
         }
-        let valid = |s: Schedule| self.shape(&with_schedule(&probe, s)).is_ok();
+        let valid = |s: KernelSchedule| self.shape(&with_schedule(&probe, s)).is_ok();
         if let Some(s) = path
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok())
@@ -292,12 +294,12 @@ impl HopperGemm {
             .filter(|&s| valid(s))
         {
             self.tuned_map()?.insert(key, s);
-            return Ok(Tuned {
+            return Ok(TunedKernel {
                 schedule: s,
                 source: TuneSource::Disk,
             });
         }
-        let cands: Vec<Schedule> = candidates(self, &probe)
+        let cands: Vec<KernelSchedule> = candidates(self, &probe)
             .into_iter()
             .filter(|&s| valid(s))
             .collect();
@@ -364,7 +366,7 @@ impl HopperGemm {
             // A cache that cannot be written only costs a re-tune next run.
             let _ = crate::nvrtc::write_atomic(p, encode(s).as_bytes());
         }
-        Ok(Tuned {
+        Ok(TunedKernel {
             schedule: s,
             source: TuneSource::Timed {
                 candidates: cands.len(),
@@ -379,7 +381,7 @@ impl HopperGemm {
             .context()
             .name()
             .unwrap_or_else(|_| "unknown device".into());
-        disk_path(&device, &TuneKey::of(args))
+        disk_path(&device, &KernelTuneKey::of(args))
     }
 
     /// How many shapes this instance has timed (not read from memory or disk).

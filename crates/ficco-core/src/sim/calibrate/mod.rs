@@ -40,7 +40,7 @@ pub use fit::{
     fit_curve, fit_curves, fit_gemm, fit_linear, fit_profile, gemm_rms_log_err, gemm_samples,
     CurveFit, FitSummary, GemmFit, GemmSample, LinearFit,
 };
-pub use plans::{jobs, steps, victim_durations, Job};
+pub use plans::{jobs, steps, victim_durations, CalibrationJob};
 pub use profile_out::profile_toml;
 pub use tables::tables;
 

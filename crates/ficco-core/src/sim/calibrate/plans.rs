@@ -1,5 +1,5 @@
 //! The steps of a characterization run and their probe plans: which
-//! measurements a [`CharOptions`] asks for (one [`Job`] per progress step),
+//! measurements a [`CharOptions`] asks for (one [`CalibrationJob`] per progress step),
 //! the probe plan each measurement runs, and reading a victim's task times
 //! back from a measured timeline. The GPU crate's measuring loop runs these.
 
@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 /// One unit of work (one progress step).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Job {
+pub enum CalibrationJob {
     Decomp {
         shape: (usize, usize, usize),
     },
@@ -29,19 +29,19 @@ pub enum Job {
     },
 }
 
-impl Job {
+impl CalibrationJob {
     /// GPUs the job runs on when the run uses `top`.
     pub fn gpus(&self, top: usize) -> usize {
         match self {
-            Job::Curve { gpus, .. } => *gpus,
+            CalibrationJob::Curve { gpus, .. } => *gpus,
             _ => top,
         }
     }
     /// What the progress line says.
     pub fn label(&self) -> String {
         match self {
-            Job::Decomp { shape: (m, k, n) } => format!("decomposition {m}x{k}x{n}"),
-            Job::Contention {
+            CalibrationJob::Decomp { shape: (m, k, n) } => format!("decomposition {m}x{k}x{n}"),
+            CalibrationJob::Contention {
                 gemm: (m, k, n),
                 traffic,
                 bytes,
@@ -50,18 +50,18 @@ impl Job {
                 traffic.name(),
                 bytes / MIB
             ),
-            Job::Curve { gpus, traffic } => format!("{} on {gpus} GPUs", traffic.name()),
-            Job::Pull { peers } => format!("copy pull from {peers} peer(s)"),
+            CalibrationJob::Curve { gpus, traffic } => format!("{} on {gpus} GPUs", traffic.name()),
+            CalibrationJob::Pull { peers } => format!("copy pull from {peers} peer(s)"),
         }
     }
 }
 
 /// Every step of a run, in order.
-pub fn jobs(o: &CharOptions) -> Vec<Job> {
-    let mut out: Vec<Job> = o
+pub fn jobs(o: &CharOptions) -> Vec<CalibrationJob> {
+    let mut out: Vec<CalibrationJob> = o
         .decomp_shapes()
         .into_iter()
-        .map(|shape| Job::Decomp { shape })
+        .map(|shape| CalibrationJob::Decomp { shape })
         .collect();
     if o.gpus >= 2 {
         for gemm in o.contention_gemms() {
@@ -72,7 +72,7 @@ pub fn jobs(o: &CharOptions) -> Vec<Job> {
                     Traffic::AllReduce,
                     Traffic::Copy,
                 ] {
-                    out.push(Job::Contention {
+                    out.push(CalibrationJob::Contention {
                         gemm,
                         traffic,
                         bytes,
@@ -81,11 +81,11 @@ pub fn jobs(o: &CharOptions) -> Vec<Job> {
             }
         }
         for peers in 1..o.gpus {
-            out.push(Job::Pull { peers });
+            out.push(CalibrationJob::Pull { peers });
         }
         for gpus in (2..=o.gpus).rev() {
             for traffic in Traffic::NCCL {
-                out.push(Job::Curve { gpus, traffic });
+                out.push(CalibrationJob::Curve { gpus, traffic });
             }
         }
     }
@@ -115,15 +115,15 @@ pub fn victim_durations(tl: &Timeline, stream: usize) -> Vec<f64> {
     out
 }
 
-impl Job {
+impl CalibrationJob {
     /// (warm-up, timed) iterations of the job's plans.
     pub fn iters(&self, quick: bool) -> (usize, usize) {
         match (self, quick) {
-            (Job::Decomp { .. }, true) => (2, 6),
-            (Job::Decomp { .. }, false) => (3, 10),
-            (Job::Contention { .. }, _) => (1, 2),
-            (Job::Curve { .. } | Job::Pull { .. }, true) => (3, 10),
-            (Job::Curve { .. } | Job::Pull { .. }, false) => (5, 20),
+            (CalibrationJob::Decomp { .. }, true) => (2, 6),
+            (CalibrationJob::Decomp { .. }, false) => (3, 10),
+            (CalibrationJob::Contention { .. }, _) => (1, 2),
+            (CalibrationJob::Curve { .. } | CalibrationJob::Pull { .. }, true) => (3, 10),
+            (CalibrationJob::Curve { .. } | CalibrationJob::Pull { .. }, false) => (5, 20),
         }
     }
 }

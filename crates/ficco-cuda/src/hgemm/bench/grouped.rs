@@ -19,11 +19,11 @@
 //! warm-up, the engines interleaved in rounds ([`Bench::time_interleaved`]).
 
 use super::report::tflops;
-use super::{Bench, Engine};
+use super::{Bench, BenchEngine};
 use crate::error::Result;
 use crate::gemm::GemmKey;
 use crate::hgemm::grouped::{Group, GroupedArgs};
-use crate::hgemm::{DevPtr, TileN};
+use crate::hgemm::{TileN, TypedPtr};
 use crate::mem::DeviceBuffer;
 use ficco_core::problem::models::{preset, Layer};
 use ficco_core::problem::routing::{route, MoeSpec, Skew, DEFAULT_SEED};
@@ -203,11 +203,11 @@ impl Bench {
             );
             groups.push(Group {
                 m,
-                a: DevPtr::new(pa.raw()),
+                a: TypedPtr::new(pa.raw()),
                 lda: k,
-                b: DevPtr::new(pb.raw()),
+                b: TypedPtr::new(pb.raw()),
                 ldb: n,
-                c: DevPtr::new(pc.raw()),
+                c: TypedPtr::new(pc.raw()),
                 ldc: n,
             });
             if m > 0 {
@@ -265,14 +265,14 @@ impl Bench {
             errs[i] = self.rel_err(out.ptr(), reference.ptr(), total * n)?;
         }
         let engines = [
-            Engine::Grouped(auto.clone()),
-            Engine::Loop(
+            BenchEngine::Grouped(auto.clone()),
+            BenchEngine::Loop(
                 calls
                     .iter()
                     .map(|&(key, pa, pb, pc, _)| (key, pa, pb, pc))
                     .collect(),
             ),
-            Engine::Grouped(alt),
+            BenchEngine::Grouped(alt),
         ];
         // SAFETY: as above.
         let t = unsafe { self.time_interleaved(&engines)? };

@@ -8,11 +8,12 @@ use super::report::{
     tflops, HookRow, HOOKS_3_TO_6, HOOKS_3_TO_6_MAPS, HOOKS_3_TO_6_PINGPONG,
     HOOKS_3_TO_6_PINGPONG_MAPS, HOOKS_3_TO_6_REGISTER, PINGPONG,
 };
-use super::{Bench, Engine};
+use super::{Bench, BenchEngine};
 use crate::driver::cuda::memcpy_dtod_async;
 use crate::error::Result;
 use crate::hgemm::{
-    DestHook, DevPtr, GemmArgs, Hooks, Occupancy, SignalHook, TileN, WaitHook, BLOCK_M, MIN_STAGES,
+    DestHook, GemmArgs, Hooks, Occupancy, SignalHook, TileN, TypedPtr, WaitHook, BLOCK_M,
+    MIN_STAGES,
 };
 use crate::mem::DeviceBuffer;
 
@@ -32,9 +33,9 @@ impl Bench {
             m,
             n,
             k,
-            DevPtr::new(o.a.ptr().raw()),
-            DevPtr::new(o.b.ptr().raw()),
-            DevPtr::new(o.c.ptr().raw()),
+            TypedPtr::new(o.a.ptr().raw()),
+            TypedPtr::new(o.b.ptr().raw()),
+            TypedPtr::new(o.c.ptr().raw()),
         );
         plain.hooks.untuned = true;
         // Reference output of the plain launch.
@@ -65,21 +66,21 @@ impl Bench {
                 rows as u32,
                 m,
                 n,
-                DevPtr::new(o.c.ptr().raw()),
+                TypedPtr::new(o.c.ptr().raw()),
                 n,
             )
             .ok();
         let wait = WaitHook {
-            flags: DevPtr::new(flags.ptr().raw()),
+            flags: TypedPtr::new(flags.ptr().raw()),
             rows_per_flag: rows as u32,
             epoch: 1,
         };
         let signal = SignalHook {
-            counters: DevPtr::new(counters.ptr().raw()),
+            counters: TypedPtr::new(counters.ptr().raw()),
             rows_per_counter: rows as u32,
         };
         let dest = DestHook {
-            table: DevPtr::new(table.ptr().raw()),
+            table: TypedPtr::new(table.ptr().raw()),
             ld: n,
             rows_per_block: rows as u32,
             add: false,
@@ -312,7 +313,10 @@ impl Bench {
                 Ok((args, rel_err)) => {
                     // SAFETY: as above; the buffers live until the end of this function.
                     let t = unsafe {
-                        self.time_interleaved(&[Engine::Ficco(plain), Engine::Ficco(args)])?
+                        self.time_interleaved(&[
+                            BenchEngine::Ficco(plain),
+                            BenchEngine::Ficco(args),
+                        ])?
                     };
                     let (base, ms) = (t[0], t[1]);
                     HookRow {
