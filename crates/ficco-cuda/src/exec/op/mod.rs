@@ -98,7 +98,7 @@
 //!    its next call, after that end signal, so no stale word passes.
 //!    Without them, a peer pulls the previous call's shard, or the output
 //!    is copied out before a peer's push landed: exactly what the GPU
-//!    showed. `exec::op_model` checks points 4 and 5 on a CPU model of
+//!    showed. `exec::op::model_tests` checks points 4 and 5 on a CPU model of
 //!    call sequences built from the same steps (no race, no stale read, no
 //!    deadlock), and that without the hand-offs it finds those two races.
 //! 6. *Nothing is freed under a call in flight*: the arena and the flag
