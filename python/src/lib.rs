@@ -12,6 +12,7 @@
 //! Rust error's own message. Nothing here unwraps user input: the Python user
 //! sees an exception, never a panic.
 
+use ficco_core::choose::call::Basis;
 use ficco_core::choose::explore::check_named;
 use ficco_core::problem::workload::Op;
 use ficco_core::sim::profile::HwProfile;
@@ -34,7 +35,10 @@ fn cuda_err(e: CudaError) -> PyErr {
     match e {
         // The call cannot run as asked (shape, schedule, plan) or the
         // schedule does not run here by design: the caller's to change.
-        CudaError::Plan(_) | CudaError::Skipped(_) | CudaError::NotPrepared(_) => {
+        CudaError::Plan(_)
+        | CudaError::Skipped(_)
+        | CudaError::NotPrepared(_)
+        | CudaError::Capture(_) => {
             PyValueError::new_err(text)
         }
         _ => PyRuntimeError::new_err(text),
@@ -350,6 +354,48 @@ impl PySession {
         });
         match done {
             Ok(d) => Ok(d.schedule),
+            Err(Call::Closed) => Err(closed()),
+            Err(Call::Failed(e)) => Err(cuda_err(e)),
+        }
+    }
+
+    /// What `schedule="auto"` runs for an operator call of this shape in a
+    /// model (collective: every rank calls it, in the same order; rank 0's
+    /// decision, made once per shape): `(schedule, candidate, basis,
+    /// seq_ms, candidate_ms, gain_ms, cost_ms)`, where `schedule` is the
+    /// candidate or `"seq"` (the candidate's gain does not cover the
+    /// call's own cost) and `basis` is `"measured"` or `"predicted"`.
+    #[allow(clippy::type_complexity)]
+    fn decide(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> PyResult<(String, String, String, f64, f64, f64, f64)> {
+        let op = parse_op(op)?;
+        let inner = &self.inner;
+        let got = py.detach(|| {
+            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_mut() {
+                None => Err(Call::Closed),
+                Some(s) => s.decide_op(op, m, k, n).map_err(Call::Failed),
+            }
+        });
+        match got {
+            Ok(d) => Ok((
+                d.schedule,
+                d.candidate,
+                match d.basis {
+                    Basis::Measured => "measured".into(),
+                    Basis::Predicted => "predicted".into(),
+                },
+                d.seq_ms,
+                d.candidate_ms,
+                d.gain_ms,
+                d.cost_ms,
+            )),
             Err(Call::Closed) => Err(closed()),
             Err(Call::Failed(e)) => Err(cuda_err(e)),
         }

@@ -63,6 +63,11 @@ pub enum CudaError {
     /// The plan cannot be executed as given (bad view, unsupported shape, ...).
     #[error("plan cannot run on the GPU: {0}")]
     Plan(String),
+    /// An operator call on a stream that is capturing a CUDA graph needs
+    /// set-up that cannot be captured (its shape's first call, a call after
+    /// a failure, a plan that only runs on the full path): nothing ran.
+    #[error("{0}")]
+    Capture(String),
     /// `measure` was called before `prepare` for this problem.
     #[error("no reference prepared for {0}; call prepare with the sequential plan first")]
     NotPrepared(String),

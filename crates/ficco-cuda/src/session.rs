@@ -12,9 +12,10 @@ use crate::mem::DevicePtr;
 use crate::runtime::job::{needs_one_node, Job};
 use crate::runtime::shared::SymmetricMem;
 use ficco_core::choose::autotune::{self, Advice};
+use ficco_core::choose::call::{self, CallDecision};
 use ficco_core::choose::explore::check_named;
 use ficco_core::choose::select::{self, select_model_among, select_rules_among, Selector};
-use ficco_core::choose::tune::{self, TuneCache};
+use ficco_core::choose::tune::{self, TuneCache, TuneEntry};
 use ficco_core::plan::lower::lower;
 use ficco_core::plan::{BufferRole, Plan, TaskKind};
 use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
@@ -92,6 +93,8 @@ pub struct Session {
     backend: GpuBackend,
     /// Schedules already chosen for `auto`, by problem.
     picks: HashMap<Problem, Schedule>,
+    /// Call decisions already made for `auto` in a model, by problem.
+    decisions: HashMap<Problem, CallDecision>,
     /// The tuning cache (loaded once; `FICCO_TUNE_CACHE` or the default path).
     cache: Option<TuneCache>,
     /// Shared allocations handed to the caller ([`Session::alloc`]).
@@ -190,6 +193,7 @@ impl Session {
         Ok(Session {
             backend,
             picks: HashMap::new(),
+            decisions: HashMap::new(),
             cache: None,
             heap: vec![],
             calls: 0,
@@ -244,21 +248,84 @@ impl Session {
         if let Some(s) = self.picks.get(p) {
             return Ok(*s);
         }
+        let (mine, _) = self.local_pick(p)?;
+        // Rank 0's pick for everybody: another node's tuning cache may
+        // name another winner, and ranks running different plans would
+        // wait for each other forever.
+        let name = self.from_rank0("pick", mine.name().into_bytes())?;
+        let s: Schedule = String::from_utf8_lossy(&name).parse().map_err(|e| {
+            bad(format!(
+                "rank 0 picked a schedule this rank cannot read: {e}"
+            ))
+        })?;
+        self.picks.insert(*p, s);
+        Ok(s)
+    }
+
+    /// What `auto` runs for an operator call of `p` in a model
+    /// ([`ficco_core::choose::call`]): [`Session::pick`]'s schedule where its
+    /// measured (or discounted predicted) gain over `seq` covers the call's
+    /// own cost, else `seq`. Rank 0's decision, sent to every rank (once per
+    /// problem); every rank calls it.
+    pub fn decide(&mut self, p: &Problem) -> Result<CallDecision> {
+        if let Some(d) = self.decisions.get(p) {
+            return Ok(d.clone());
+        }
+        let (candidate, entry) = self.local_pick(p)?;
+        let hw = HwProfile::builtin(SELECT_HW).map_err(bad)?;
+        let plan = lower(p, &candidate).map_err(bad)?;
+        let time_of = |name: &str| {
+            entry
+                .as_ref()
+                .and_then(|e| e.measured.iter().find(|(n, _)| n == name))
+                .map(|(_, t)| *t)
+        };
+        let measured = time_of("seq").zip(time_of(&candidate.name()));
+        let predicted = (
+            select::predict_ms(p, &Schedule::SEQ, &hw).map_err(bad)?,
+            select::predict_ms(p, &candidate, &hw).map_err(bad)?,
+        );
+        let mine = call::decide(&plan, &hw, measured, predicted);
+        let text = serde_json::to_vec(&mine).map_err(bad)?;
+        let got = self.from_rank0("decide", text)?;
+        let d: CallDecision = serde_json::from_slice(&got)
+            .map_err(|e| bad(format!("rank 0's decision cannot be read here: {e}")))?;
+        self.decisions.insert(*p, d.clone());
+        Ok(d)
+    }
+
+    /// [`Session::decide`] for an operator call of `op` on `m x k x n`.
+    pub fn decide_op(&mut self, op: Op, m: usize, k: usize, n: usize) -> Result<CallDecision> {
+        if !matches!(op, Op::AgGemm | Op::GemmRs | Op::GemmAr) {
+            return Err(bad(format!(
+                "{op} is not an operator call (ag-gemm, gemm-rs or gemm-ar)"
+            )));
+        }
+        let p = Problem::new(op, m, k, n, self.world()).map_err(bad)?;
+        self.decide(&p)
+    }
+
+    /// This rank's own `auto` candidate for `p` and the tuning entry it came
+    /// from, if any (see [`Session::pick`]).
+    fn local_pick(&mut self, p: &Problem) -> Result<(Schedule, Option<TuneEntry>)> {
         let cache = self.cache.get_or_insert_with(|| {
             let path = tune::default_path();
             TuneCache::load(&path).0
         });
         let here = crate::info::device_and_software(p.gpus);
-        let cached = match autotune::consult(
+        let entry = match autotune::consult(
             cache,
             p,
             here.as_ref().map(|(d, s)| (d.as_str(), s.as_str())),
         ) {
-            Advice::Hit(e) => e.schedule.parse::<Schedule>().ok(),
+            Advice::Hit(e) => Some(e),
             Advice::Miss(_) => None,
         };
         let hw = HwProfile::builtin(SELECT_HW).map_err(bad)?;
-        let first = match cached {
+        let first = match entry
+            .as_ref()
+            .and_then(|e| e.schedule.parse::<Schedule>().ok())
+        {
             Some(s) => s,
             None => {
                 select::select(p, &hw, Selector::Rules)
@@ -270,26 +337,22 @@ impl Session {
             loopback: self.loopback(),
             multi_node: !self.single_node(),
         };
-        let mine = runnable_pick(p, first, &hw, at)?;
-        // Rank 0's pick for everybody: another node's tuning cache may
-        // name another winner, and ranks running different plans would
-        // wait for each other forever.
+        let s = runnable_pick(p, first, &hw, at)?;
+        // The entry's times describe its own winner's field, not a
+        // replacement's.
+        Ok((s, entry.filter(|_| s == first)))
+    }
+
+    /// Rank 0's `mine` on every rank (one store exchange, named by `what`
+    /// and the session's exchange count).
+    fn from_rank0(&mut self, what: &str, mine: Vec<u8>) -> Result<Vec<u8>> {
         self.calls += 1;
         let job = self.job()?;
-        let name = job.rv.broadcast(
-            &format!("pick/{}", self.calls),
+        Ok(job.rv.broadcast(
+            &format!("{what}/{}", self.calls),
             0,
-            (job.rank() == 0)
-                .then(|| mine.name().into_bytes())
-                .as_deref(),
-        )?;
-        let s: Schedule = String::from_utf8_lossy(&name).parse().map_err(|e| {
-            bad(format!(
-                "rank 0 picked a schedule this rank cannot read: {e}"
-            ))
-        })?;
-        self.picks.insert(*p, s);
-        Ok(s)
+            (job.rank() == 0).then_some(mine.as_slice()),
+        )?)
     }
 
     /// A shared allocation of `bytes` on this rank's device (like PyTorch's

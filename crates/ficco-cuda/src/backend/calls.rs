@@ -21,6 +21,10 @@ impl GpuBackend {
     /// once issued ([`exec::op`]).
     pub(crate) fn run_on(&mut self, plan: &Plan, operands: &[Operand], stream: u64) -> Result<()> {
         let res = self.run_on_inner(plan, operands, stream);
+        if let Err(CudaError::Capture(_)) = res {
+            // Refused before anything ran: the job is as it was.
+            return res;
+        }
         if res.is_err() {
             if let Some(j) = self.job.as_mut() {
                 j.op.epoch.failed();
@@ -91,6 +95,13 @@ impl GpuBackend {
                 watchdog_ms,
             );
         }
+        // SAFETY: the caller's stream handle on this rank's (primary) context.
+        if unsafe {
+            crate::driver::cuda::stream_is_capturing(stream as cudarc::driver::sys::CUstream)?
+        } {
+            let known = self.job.as_ref().is_some_and(|j| j.op.epoch.known());
+            return Err(CudaError::Capture(capture_refusal(plan, facts, known)));
+        }
         self.run_full(plan, operands, stream, facts.capable)?;
         Ok(())
     }
@@ -140,4 +151,29 @@ impl GpuBackend {
         }
         Ok(())
     }
+}
+
+/// Why a call on a capturing stream cannot be captured, and what to do.
+fn capture_refusal(plan: &Plan, facts: exec::op::CallFacts, known: bool) -> String {
+    let why = if facts.sync {
+        "FICCO_OP_SYNC=1 puts every call on the synchronizing path".to_string()
+    } else if !facts.capable {
+        format!(
+            "schedule {} runs only on the synchronizing path (tile or grouped GEMMs); pick another schedule for captured code",
+            plan.name
+        )
+    } else if !known {
+        "this is the job's first call, or the first after a failure: it resets the job's flags and synchronizes".to_string()
+    } else if !facts.cached {
+        format!(
+            "this is the first call of {} with schedule {} (or the first since the shape cache was cleared): it sets up streams, GEMMs and buffers and synchronizes",
+            plan.problem.label(),
+            plan.name
+        )
+    } else {
+        "the call needs more shared buffer or flag memory than the job holds, which grows only outside capture".to_string()
+    };
+    format!(
+        "ficco: an operator call cannot be captured in a CUDA graph: {why}. Run the same calls once eagerly (a warm-up step) before capturing; see the README, \"CUDA graphs\""
+    )
 }

@@ -309,17 +309,39 @@ impl RankIssue {
 
     /// On the control stream, after [`RankIssue::signal_end`] of `parity`:
     /// wait until every other rank ended this iteration too (its word of
-    /// bank `parity`), without clearing it (the next iteration's
-    /// [`RankIssue::wait_peers`] waits on it again and clears it). Past it,
-    /// no rank touches any buffer of this iteration.
+    /// bank `parity`), then clear those words (each writer sets its word
+    /// again only after [`RankIssue::signal_done`], which the waiter's next
+    /// call waits for before it can end). Past it, no rank touches any
+    /// buffer of this iteration.
     pub fn wait_all_ended(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
         let r = self.r;
+        let c = self.control.cu_stream();
+        let bank = parity % 2;
         let waits: Vec<MemOp> = sh
             .peers(r)
-            .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, parity)), SET))
+            .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, bank)), SET))
             .collect();
         // SAFETY: the words are inside rank r's live flag buffer.
-        unsafe { cu::stream_memops(self.control.cu_stream(), &waits) }
+        unsafe { cu::stream_memops(c, &waits)? };
+        let (first, n) = sh.layout.bank(r, bank);
+        // SAFETY: as above; every writer of this bank is done with it.
+        unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c) }
+    }
+
+    /// On the control stream, after [`RankIssue::wait_all_ended`] of
+    /// `parity`: set this rank's word in every peer's bank `1 - parity`,
+    /// the bank the next call's [`RankIssue::wait_peers`] waits on. The
+    /// banks are then as they were before the call: a call leaves no
+    /// parity behind, so a captured call replays any number of times.
+    pub fn signal_done(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+        let r = self.r;
+        let bank = 1 - parity % 2;
+        let writes: Vec<MemOp> = sh
+            .peers(r)
+            .map(|q| MemOp::Write(word(sh.flags[q], sh.layout.end_slot(r, q, bank)), SET))
+            .collect();
+        // SAFETY: each word is inside rank q's live flag buffer.
+        unsafe { cu::stream_memops(self.control.cu_stream(), &writes) }
     }
 }
 

@@ -344,6 +344,20 @@ pub(crate) unsafe fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
     check("cuStreamSynchronize", sys::cuStreamSynchronize(stream))
 }
 
+/// Whether work issued on `stream` is being captured into a CUDA graph
+/// (then nothing may synchronize it, or the device).
+///
+/// # Safety
+/// `stream` must be live (0: the legacy default stream).
+pub(crate) unsafe fn stream_is_capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    check(
+        "cuStreamIsCapturing",
+        sys::cuStreamIsCapturing(stream, &mut status),
+    )?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// The priority a stream has.
 ///
 /// # Safety

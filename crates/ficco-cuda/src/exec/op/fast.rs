@@ -19,16 +19,10 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// Whether `plan` can run on the fast path: no tile GEMM (its destination
-/// tables) and no grouped GEMM (its tensor-map tables) live in per-rank
-/// slots that the next plan's preparation overwrites while a call may be in
-/// flight.
+/// Whether `plan` can run on the fast path (the core's rule, which the
+/// call decision prices: [`ficco_core::choose::call::fast_path`]).
 pub fn fast_capable(plan: &Plan) -> bool {
-    !plan.ranks.iter().any(|rp| {
-        rp.tasks
-            .iter()
-            .any(|t| matches!(t.kind, TaskKind::TileGemm(_) | TaskKind::GroupedGemm { .. }))
-    })
+    ficco_core::choose::call::fast_path(plan)
 }
 
 /// Who tells whom around a fast call's tasks: what a multi-iteration run
@@ -127,14 +121,20 @@ pub enum Step {
     /// Clear this rank's task words; set this rank's word in every peer's
     /// bank `parity`.
     SignalEnd,
-    /// Wait for every peer's end of this call (operands in shared memory).
+    /// Wait for every peer's end of this call (bank `parity`) and clear it.
     WaitAllEnded,
+    /// Set this rank's word in every peer's bank `1 - parity`, which the
+    /// next call's [`Step::WaitPeers`] waits on: the banks are as before
+    /// the call, whatever number of calls (or graph replays) follow.
+    SignalDone,
 }
 
-/// The steps of a fast call of rank `r`; `shared`: some operand is bound in
-/// place in shared memory. Hand-offs with nobody to tell or wait for are
-/// left out.
-pub fn fast_steps(h: &Handoff, r: usize, shared: bool) -> Vec<Step> {
+/// The steps of a fast call of rank `r`. Hand-offs with nobody to tell or
+/// wait for are left out. Every call ends at a barrier (the caller's stream
+/// resumes once every rank ended the call, so operands bound in place in
+/// shared memory are free for the caller again), and leaves the barrier
+/// banks as it found them.
+pub fn fast_steps(h: &Handoff, r: usize) -> Vec<Step> {
     let has = |v: &Vec<Vec<usize>>| v.get(r).is_some_and(|x| !x.is_empty());
     let mut out = vec![Step::WaitPeers, Step::CopyIn];
     if has(&h.ready_to) {
@@ -150,10 +150,12 @@ pub fn fast_steps(h: &Handoff, r: usize, shared: bool) -> Vec<Step> {
     if has(&h.landed_from) {
         out.push(Step::WaitLanded);
     }
-    out.extend([Step::CopyOut, Step::SignalEnd]);
-    if shared {
-        out.push(Step::WaitAllEnded);
-    }
+    out.extend([
+        Step::CopyOut,
+        Step::SignalEnd,
+        Step::WaitAllEnded,
+        Step::SignalDone,
+    ]);
     out
 }
 
@@ -229,8 +231,6 @@ pub struct Bound {
     pub copy_in: Vec<(DevicePtr, DevicePtr, usize)>,
     /// (caller address, arena buffer, bytes) to copy out after them.
     pub copy_out: Vec<(DevicePtr, DevicePtr, usize)>,
-    /// Some operand lives in shared memory the peers use in place.
-    pub shared: bool,
 }
 
 /// One operand of an operator call on caller memory.
@@ -265,7 +265,6 @@ pub fn bind_operands(
         .ok_or_else(|| CudaError::Plan(format!("the plan has no rank {r}")))?;
     let mut copy_in = vec![];
     let mut copy_out = vec![];
-    let mut shared = false;
     for op in operands {
         let b = rp.buffer_with(op.role).ok_or_else(|| {
             CudaError::Plan(format!("the plan of rank {r} has no {:?} buffer", op.role))
@@ -289,7 +288,6 @@ pub fn bind_operands(
                     ptrs[q][bq] = p;
                 }
             }
-            shared = true;
         } else if local {
             ptrs[r][b] = DevicePtr(op.addr);
         } else if op.role == BufferRole::Output {
@@ -302,7 +300,6 @@ pub fn bind_operands(
         ptrs,
         copy_in,
         copy_out,
-        shared,
     })
 }
 

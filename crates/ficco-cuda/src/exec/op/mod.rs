@@ -135,7 +135,6 @@ use crate::exec::shared::CommHandle;
 use crate::mem::DevicePtr;
 use cudarc::driver::CudaEvent;
 use ficco_core::plan::Plan;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// The operator-call state of one rank of a job: the [`Epoch`], the cached
@@ -154,10 +153,8 @@ pub(crate) struct OpRunner {
     watch: Option<Watch>,
     /// Recorded on the caller's stream; the control stream waits for it.
     caller: Option<CudaEvent>,
-    /// Recorded on the control stream after a call; the caller's stream
-    /// waits for it, [`OpRunner::synchronize`] too.
-    done: Option<CudaEvent>,
-    /// Calls issued fast so far (the watch thread's numbering).
+    /// Calls issued fast so far (the watch thread's numbering; a call
+    /// captured in a graph keeps its number at every replay).
     seq: u32,
 }
 
@@ -172,7 +169,6 @@ impl OpRunner {
             peer_wait,
             watch: None,
             caller: None,
-            done: None,
             seq: 0,
         }
     }
@@ -188,8 +184,12 @@ impl OpRunner {
     /// (a hung one is released by the watch thread), leaving a hang found
     /// for the next call to report.
     pub fn wait_idle(&self) -> Result<()> {
-        match &self.done {
-            Some(ev) => ev.synchronize().map_err(drv("cuEventSynchronize")),
+        match &self.watch {
+            Some(w) => w
+                .state
+                .done_event
+                .synchronize()
+                .map_err(drv("cuEventSynchronize")),
             None => Ok(()),
         }
     }
@@ -230,11 +230,7 @@ impl OpRunner {
         if self.caller.is_none() {
             self.caller = Some(rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
         }
-        if self.done.is_none() {
-            self.done = Some(rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
-        }
-        let (Some(watch), Some(caller), Some(done)) = (&self.watch, &self.caller, &self.done)
-        else {
+        let (Some(watch), Some(caller)) = (&self.watch, &self.caller) else {
             return Err(CudaError::Plan("the call's events are missing".into()));
         };
         let st = self
@@ -243,15 +239,19 @@ impl OpRunner {
             .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
         precheck(&st.plan, &bound.ptrs)?;
         *watch.state.flags.lock().unwrap_or_else(|p| p.into_inner()) = flags;
-        let sh = st.shared(&bound.ptrs, &watch.state.done);
+        let sh = st.shared(&bound.ptrs, &watch.state.words);
         let caller_stream = stream as cudarc::driver::sys::CUstream;
         let control = rank.control().clone();
-        // SAFETY: the caller's stream and the event are live on this context.
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let words = &watch.state.words;
+        // SAFETY: the caller's stream and the event are live on this
+        // context; the watch's mapped host words are live.
         unsafe {
             cu::event_record(caller.cu_event(), caller_stream)?;
             cu::stream_wait_event(control.cu_stream(), caller.cu_event())?;
+            cu::stream_write_value32(control.cu_stream(), words.device(STARTED), self.seq)?;
         }
-        for step in fast_steps(&st.handoff, rank.rank, bound.shared) {
+        for step in fast_steps(&st.handoff, rank.rank) {
             match step {
                 Step::WaitPeers => st.iss.wait_peers(&sh, parity)?,
                 Step::CopyIn => {
@@ -299,18 +299,18 @@ impl OpRunner {
                 }
                 Step::SignalEnd => st.iss.signal_end(&sh, parity)?,
                 Step::WaitAllEnded => st.iss.wait_all_ended(&sh, parity)?,
+                Step::SignalDone => st.iss.signal_done(&sh, parity)?,
             }
         }
-        self.seq = self.seq.wrapping_add(1);
-        watch.state.issued.store(self.seq, Ordering::Release);
-        // SAFETY: word 0 of the watch's live mapped host words; the events
-        // and streams are live on this context.
+        let done = &watch.state.done_event;
+        // SAFETY: the watch's live mapped host words; the events and
+        // streams are live on this context.
         unsafe {
-            cu::stream_write_value32(control.cu_stream(), watch.state.done.device(0), self.seq)?;
+            cu::stream_write_value32(control.cu_stream(), words.device(DONE), self.seq)?;
             cu::event_record(done.cu_event(), control.cu_stream())?;
             cu::stream_wait_event(caller_stream, done.cu_event())?;
         }
-        self.epoch.after_fast(parity);
+        self.epoch.after_fast();
         Ok(())
     }
 
@@ -332,7 +332,7 @@ impl OpRunner {
             return Err(CudaError::Plan("the call watchdog is missing".into()));
         };
         let key = OpKey::of(&plan);
-        let st = OpPlan::new(rank, plan, flags, comm, &watch.state.done)?;
+        let st = OpPlan::new(rank, plan, flags, comm, &watch.state.words)?;
         self.cache.insert(key, st);
         Ok(())
     }

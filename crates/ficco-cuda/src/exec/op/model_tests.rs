@@ -269,7 +269,7 @@ impl Model {
                 format!("rank {r} call {c} waits for the caller"),
                 true,
             );
-            for step in fast_steps(&h, r, b.shared) {
+            for step in fast_steps(&h, r) {
                 let what = format!("rank {r} call {c} {step:?}");
                 let n = match step {
                     Step::CopyIn | Step::CopyOut => {
@@ -363,7 +363,7 @@ impl Model {
             }
         }
         for r in 0..world {
-            self.ended[r] = step_of(&steps, r, Step::SignalEnd);
+            self.ended[r] = step_of(&steps, r, Step::SignalDone);
         }
     }
 

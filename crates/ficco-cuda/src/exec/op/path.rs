@@ -63,9 +63,9 @@ impl Epoch {
         self.fast_since_quiet = false;
     }
 
-    /// After a fast call was issued as the iteration of `parity`.
-    pub fn after_fast(&mut self, parity: usize) {
-        self.parity = Some(1 - parity % 2);
+    /// After a fast call was issued: it left the banks as it found them
+    /// ([`super::Step::SignalDone`]), so the parity stays.
+    pub fn after_fast(&mut self) {
         self.fast_since_quiet = true;
     }
 
@@ -77,6 +77,12 @@ impl Epoch {
     /// After a failure: the flags are unknown until the next full run.
     pub fn failed(&mut self) {
         self.parity = None;
+    }
+
+    /// Whether the flags' state is known (a full run came after the last
+    /// failure).
+    pub fn known(&self) -> bool {
+        self.parity.is_some()
     }
 
     /// Whether fast calls may still be in flight on some rank.

@@ -1,5 +1,11 @@
 //! The watchdog of fast calls: a thread that watches the job's progress
 //! words while calls are in flight and releases every flag when one stalls.
+//!
+//! The device itself marks each call's start and end in two host-mapped
+//! words ([`WatchState::words`]), so the watch needs nothing from the host
+//! per call: a call captured in a CUDA graph is watched at every replay as
+//! an eager call is. A call is hung when the device started it and neither
+//! word changed for the bound.
 
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
@@ -7,19 +13,22 @@ use crate::exec::rank::Rank;
 use crate::exec::watchdog::{on_side_stream, RELEASED};
 use crate::mem::DevicePtr;
 use crate::signal::HostWords;
-use cudarc::driver::CudaContext;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use cudarc::driver::{CudaContext, CudaEvent};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the [`Watch`] thread and the calls share.
 pub(super) struct WatchState {
     pub(super) ctx: Arc<CudaContext>,
-    /// Word 0: the number of the last call this rank's device finished
-    /// (written by the control stream at each call's end).
-    pub(super) done: HostWords,
-    /// The number of the last call issued.
-    pub(super) issued: AtomicU32,
+    /// Word [`DONE`]: the number of the last call this rank's device
+    /// finished; word [`STARTED`]: of the last it started (both written by
+    /// the control stream; a captured call writes its capture-time number
+    /// at every replay).
+    pub(super) words: HostWords,
+    /// Recorded on the control stream after every eagerly issued call: the
+    /// drain after a hang waits until it completed too.
+    pub(super) done_event: CudaEvent,
     /// This rank's flag memory (base, words), released on a hang.
     pub(super) flags: Mutex<(DevicePtr, usize)>,
     /// The hang found, until a call reports it.
@@ -35,7 +44,12 @@ pub(crate) struct Watch {
     pub(super) thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// How often the watch thread looks at the finished-call word.
+/// The word the device writes at a call's end.
+pub(super) const DONE: usize = 0;
+/// The word the device writes at a call's start.
+pub(super) const STARTED: usize = 1;
+
+/// How often the watch thread looks at the call words.
 pub(super) const WATCH_POLL: Duration = Duration::from_micros(500);
 /// How often a hung call's flags are released again while it drains.
 pub(super) const RELEASE_EVERY: Duration = Duration::from_millis(20);
@@ -45,8 +59,8 @@ impl Watch {
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let state = Arc::new(WatchState {
             ctx: rank.ctx.clone(),
-            done: HostWords::new(1)?,
-            issued: AtomicU32::new(0),
+            words: HostWords::new(2)?,
+            done_event: rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?,
             flags: Mutex::new((DevicePtr::NULL, 0)),
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -83,16 +97,16 @@ impl Drop for Watch {
 }
 
 pub(super) fn watch_loop(s: &WatchState) {
-    // The clock runs from the last call the device finished, or from when
-    // it went busy; calls issued meanwhile do not reset it (a caller that
-    // keeps queueing behind a hung call must not hide the hang).
-    let mut last_done = u32::MAX;
+    // The clock runs from the last change of either word: calls issued
+    // behind a hung one do not reset it (a caller that keeps queueing must
+    // not hide the hang).
+    let mut last = (u32::MAX, u32::MAX);
     let mut since = Instant::now();
     while !s.stop.load(Ordering::Acquire) {
         std::thread::sleep(WATCH_POLL);
-        let now = (s.done.get(0), s.issued.load(Ordering::Acquire));
-        if now.0 != last_done || now.0 == now.1 {
-            last_done = now.0;
+        let now = (s.words.get(STARTED), s.words.get(DONE));
+        if now != last || now.0 == now.1 {
+            last = now;
             since = Instant::now();
             continue;
         }
@@ -104,22 +118,27 @@ pub(super) fn watch_loop(s: &WatchState) {
             rank: s.rank,
             point: format!(
                 "operator call {} (a peer rank died or hangs; this call and any issued after it have no valid result)",
-                now.0.wrapping_add(1)
+                now.0
             ),
             waited_ms,
         });
         drain(s);
-        last_done = s.done.get(0);
+        last = (s.words.get(STARTED), s.words.get(DONE));
         since = Instant::now();
     }
 }
 
-/// Releases this rank's flags again and again until every issued call
-/// finished; ends the process when the device does not drain (a kernel
-/// that never ends), as the run's watchdog does.
+/// Releases this rank's flags again and again until the device finished
+/// every call it started and every call issued eagerly; ends the process
+/// when the device does not drain (a kernel that never ends), as the run's
+/// watchdog does. (A graph replayed after this point is released by the
+/// next hang found.)
 pub(super) fn drain(s: &WatchState) {
     let deadline = Instant::now() + s.bound.max(Duration::from_secs(2));
-    while s.done.get(0) != s.issued.load(Ordering::Acquire) && !s.stop.load(Ordering::Acquire) {
+    let drained = || {
+        s.words.get(STARTED) == s.words.get(DONE) && s.done_event.try_is_complete().unwrap_or(true)
+    };
+    while !drained() && !s.stop.load(Ordering::Acquire) {
         let (base, words) = *s.flags.lock().unwrap_or_else(|p| p.into_inner());
         if words > 0 && !base.is_null() {
             let _ = on_side_stream(&s.ctx, |st| {
