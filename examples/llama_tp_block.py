@@ -24,6 +24,14 @@ bf16 tolerance (relative Frobenius error of the block's update, x_out - x_in,
 below 2e-2) and prints the time per block (CUDA events, after a warm-up, the
 median over ``--iters``, the slowest rank's).
 
+``--mode`` runs the block eagerly (``eager``), captured in a CUDA graph and
+replayed (``graphs``: each way is warmed up eagerly first, as captured ficco
+calls need), or through ``torch.compile(fullgraph=True)`` (``compile``), or
+all three (``all``). For ficco it prints what ``schedule="auto"`` decided
+at each call site: the schedule, the candidate it weighed, its gain (measured
+by ``ficco tune`` or predicted) against the call's own cost, and the sum of
+those gains beside the block's measured saving.
+
     torchrun --nproc-per-node 4 examples/llama_tp_block.py            # Llama-3-70B block, 8192 tokens
     torchrun --nproc-per-node 2 examples/llama_tp_block.py --loopback \\
         --dim 2048 --heads 16 --kv-heads 8 --ffn 8192 --tokens 2048   # every rank on cuda:0 (gloo)
@@ -59,6 +67,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--schedule", default="auto", help="ficco schedule for every op ('auto': tuned, else rules)")
     p.add_argument("--loopback", action="store_true", help="every rank on cuda:0, gloo; no async-TP")
+    p.add_argument("--mode", choices=["eager", "graphs", "compile", "all"], default="eager",
+                   help="eager calls, a CUDA graph per block, torch.compile(fullgraph=True), or all three")
     return p.parse_args()
 
 
@@ -196,21 +206,29 @@ class AsyncTP:
 
 
 class Ficco:
-    """ficco's ops; remembers the schedule each call site ran."""
+    """ficco's ops; remembers what each call site ran (eager calls)."""
 
     name = "ficco"
 
     def __init__(self, group, schedule):
-        self.group, self.schedule, self.ran = group, schedule, {}
+        self.group, self.schedule = group, schedule
+        self.p = dist.get_world_size(group)
+        self.ran, self.shape = {}, {}
+
+    def note(self, site, op, m, k, n):
+        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            return
+        self.ran[site] = ft.last_schedule(self.group)
+        self.shape[site] = (op, m, k, n)
 
     def ag_mm(self, site, a, b):
         out = ft.all_gather_matmul(a, b, group=self.group, schedule=self.schedule)
-        self.ran[site] = ft.last_schedule(self.group)
+        self.note(site, "ag-gemm", a.shape[0] * self.p, a.shape[1], b.shape[1])
         return out
 
     def mm_rs(self, site, a, b):
         out = ft.matmul_reduce_scatter(a, b, group=self.group, schedule=self.schedule)
-        self.ran[site] = ft.last_schedule(self.group)
+        self.note(site, "gemm-rs", a.shape[0], a.shape[1], b.shape[1])
         return out
 
 
@@ -237,6 +255,29 @@ def time_block(fn, iters, warmup, device):
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
     return slowest(statistics.median(times), device)
+
+
+def runner(mode, way, x, w, cfg):
+    """A thunk running one block of `way` in `mode`, and its first output.
+    Graphs: two eager warm-up blocks (a captured ficco call needs its shape
+    set up), then a capture; compile: torch.compile(fullgraph=True)."""
+    if mode == "eager":
+        return (lambda: block(x, w, way, cfg)), block(x, w, way, cfg)
+    if mode == "compile":
+        f = torch.compile(lambda xx: block(xx, w, way, cfg), fullgraph=True)
+        return (lambda: f(x)), f(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            block(x, w, way, cfg)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = block(x, w, way, cfg)
+    g.replay()
+    return g.replay, out
 
 
 def rel_err(got, want, base):
@@ -301,30 +342,49 @@ def main():
     say(f"# Llama-3 TP block: D={args.dim} H={args.heads} Hkv={args.kv_heads} F={args.ffn} "
         f"T={args.tokens} on {p} ranks{' (loopback: every rank on cuda:0, gloo)' if args.loopback else ''}")
     say(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, ficco {ft._native.version()}")
-    outs, times, failed = {}, {}, False
+    modes = ["eager", "graphs", "compile"] if args.mode == "all" else [args.mode]
+    failed = False
     with torch.no_grad():
-        for way in ways:
-            try:
-                outs[way.name] = block(x, w, way, cfg)
-                times[way.name] = time_block(lambda: block(x, w, way, cfg), args.iters, args.warmup, red_dev)
-            except Exception as e:
-                say(f"{way.name}: failed: {type(e).__name__}: {e}")
-                failed = True
-    ref = outs.get("pytorch")
-    say(f"# {'way':10} {'ms/block':>9} {'vs pytorch':>10} {'rel err':>9}")
-    for way in ways:
-        if way.name not in outs:
-            continue
-        err = 0.0 if ref is None or way.name == "pytorch" else slowest(rel_err(outs[way.name], ref, x), red_dev)
-        same = ref is not None and way.name != "pytorch" and bool(torch.equal(outs[way.name], ref))
-        ok = err < TOLERANCE
-        failed |= not ok
-        t = times[way.name]
-        speed = times["pytorch"] / t if "pytorch" in times else float("nan")
-        say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}"
-            f"{'  (bitwise equal to pytorch)' if same else ''}")
-        if isinstance(way, Ficco):
-            say("  ficco schedules: " + ", ".join(f"{k}={v}" for k, v in way.ran.items()))
+        # The reference: PyTorch sequential, eager.
+        ref = block(x, w, ways[0], cfg)
+        for mode in modes:
+            outs, times = {}, {}
+            for way in ways:
+                try:
+                    run, outs[way.name] = runner(mode, way, x, w, cfg)
+                    times[way.name] = time_block(run, args.iters, args.warmup, red_dev)
+                except Exception as e:
+                    say(f"{mode} {way.name}: failed: {type(e).__name__}: {str(e)[:400]}")
+                    failed |= way.name != "async-tp"
+            say(f"# mode {mode}")
+            say(f"# {'way':10} {'ms/block':>9} {'vs pytorch':>10} {'rel err':>9}")
+            for way in ways:
+                if way.name not in outs:
+                    continue
+                err = slowest(rel_err(outs[way.name], ref, x), red_dev)
+                ok = err < TOLERANCE
+                failed |= not ok
+                t = times[way.name]
+                speed = times["pytorch"] / t if "pytorch" in times else float("nan")
+                say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}")
+            fc = next((w_ for w_ in ways if isinstance(w_, Ficco)), None)
+            if mode == "eager" and fc is not None:
+                say("  ficco schedules: " + ", ".join(f"{k}={v}" for k, v in fc.ran.items()))
+                decided = ft.decisions(group)
+                gains = 0.0
+                for site, shape in fc.shape.items():
+                    d = decided.get(shape)
+                    if d is None:  # a forced schedule
+                        continue
+                    op, m, k, n = shape
+                    say(f"  auto {site}: {op} m={m} k={k} n={n}: runs {d.schedule}; candidate "
+                        f"{d.candidate} ({d.basis}: seq {d.seq_ms:.3f} ms, candidate "
+                        f"{d.candidate_ms:.3f} ms, gain {d.gain_ms:.3f} ms, call cost {d.cost_ms:.3f} ms)")
+                    if d.schedule != "seq":
+                        gains += d.gain_ms
+                if "pytorch" in times and "ficco" in times:
+                    say(f"  block saving {times['pytorch'] - times['ficco']:.3f} ms; "
+                        f"the chosen schedules' gains per block (as decided) {gains:.3f} ms")
     ft.close()
     dist.destroy_process_group()
     sys.exit(1 if failed else 0)

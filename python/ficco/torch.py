@@ -48,7 +48,7 @@ import os
 import socket
 import threading
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 try:
     import torch
@@ -71,6 +71,8 @@ __all__ = [
     "matmul_reduce_scatter",
     "matmul_all_reduce",
     "close",
+    "decisions",
+    "Decision",
     "empty",
     "last_schedule",
     "session",
@@ -83,6 +85,8 @@ __all__ = [
 _sessions: Dict[object, "_native.Session"] = {}
 _built: Dict[str, int] = {}
 _last: Dict[object, str] = {}
+# The `auto` decision of each call shape, per group (made once per session).
+_decisions: Dict[object, Dict[Tuple[str, int, int, int], "Decision"]] = {}
 _lock = threading.Lock()
 
 _OPS = {
@@ -102,7 +106,7 @@ def all_gather_matmul(
     """``all_gather(a_shard, dim 0) @ b``: ``a_shard`` ``[m/P, k]`` (this
     rank's rows), ``b`` ``[k, n]``; returns ``[m, n]`` (written into ``out``
     when given: bfloat16, contiguous, that shape, on the same device)."""
-    return _run("ag-gemm", "a_shard", a_shard, b, group, schedule, out)
+    return _op("ag-gemm", "a_shard", a_shard, b, group, schedule, out)
 
 
 def matmul_reduce_scatter(
@@ -115,7 +119,7 @@ def matmul_reduce_scatter(
     """``reduce_scatter(a @ b)`` over dim 0: ``a`` ``[m, k]``, ``b`` ``[k, n]``;
     returns this rank's ``[m/P, n]`` rows of the sum over ranks (rank r gets
     rows ``r*m/P`` to ``(r+1)*m/P``)."""
-    return _run("gemm-rs", "a", a, b, group, schedule, out)
+    return _op("gemm-rs", "a", a, b, group, schedule, out)
 
 
 def matmul_all_reduce(
@@ -127,7 +131,7 @@ def matmul_all_reduce(
 ) -> torch.Tensor:
     """``all_reduce(a @ b)``: ``a`` ``[m, k]``, ``b`` ``[k, n]``; returns the
     ``[m, n]`` sum over ranks, on every rank."""
-    return _run("gemm-ar", "a", a, b, group, schedule, out)
+    return _op("gemm-ar", "a", a, b, group, schedule, out)
 
 
 class _SharedBlock:
@@ -210,6 +214,7 @@ def synchronize(group: Optional[dist.ProcessGroup] = None) -> None:
         with _lock:
             if _sessions.get(group) is sess:
                 del _sessions[group]
+                _decisions.pop(group, None)
         raise
 
 
@@ -221,6 +226,7 @@ def close() -> None:
         items = list(_sessions.items())
         _sessions.clear()
         _last.clear()
+        _decisions.clear()
     errors = []
     for _, s in items:
         try:
@@ -242,6 +248,74 @@ def _close_at_exit() -> None:
         print(f"ficco: {e}", flush=True)
 
 
+# ------------------------------------------------------- torch.library ops
+
+
+def _op(op, a_name, a, b, group, schedule, out):
+    """Eager calls go straight to :func:`_run` (no dispatcher on the host
+    path); under ``torch.compile`` the call becomes one of the ``ficco::``
+    custom ops below, opaque to the compiler, whose fake implementation
+    gives the output's shape, and whose real one is :func:`_run`."""
+    if not torch.compiler.is_compiling():
+        return _run(op, a_name, a, b, group, schedule, out)
+    fn = f"ficco.torch.{_OPS[op]}"
+    _check_tensor(fn, a_name, a)
+    _check_tensor(fn, "b", b)
+    _check_grad(fn, a, b)
+    if not isinstance(schedule, str):
+        raise TypeError(f"{fn}: schedule must be a str ('auto' or a schedule name)")
+    name = _group_name(_resolve(group))
+    ops = getattr(torch.ops.ficco, _OPS[op])
+    if out is None:
+        return ops(a, b, name, schedule)
+    getattr(torch.ops.ficco, _OPS[op] + "_out")(a, b, out, name, schedule)
+    return out
+
+
+def _group_of(name: str):
+    return dist.distributed_c10d._resolve_process_group(name)
+
+
+def _out_shape(op: str, a: torch.Tensor, b: torch.Tensor, size: int) -> Tuple[int, int]:
+    rows, n = a.shape[0], b.shape[1]
+    if op == "ag-gemm":
+        return (rows * size, n)
+    if op == "gemm-rs":
+        return (rows // size, n)
+    return (rows, n)
+
+
+def _register(op: str, a_name: str) -> None:
+    """``ficco::<name>(a, b, group_name, schedule) -> Tensor`` and
+    ``ficco::<name>_out(a, b, out, group_name, schedule)``, with fake
+    implementations (shapes only), as ``torch.ops.symm_mem`` registers
+    PyTorch's own fused ops."""
+    name = _OPS[op]
+
+    @torch.library.custom_op(f"ficco::{name}", mutates_args=())
+    def call(a: torch.Tensor, b: torch.Tensor, group_name: str, schedule: str) -> torch.Tensor:
+        return _run(op, a_name, a, b, _group_of(group_name), schedule, None, check_grad=False)
+
+    @call.register_fake
+    def _(a, b, group_name, schedule):
+        size = _group_of(group_name).size()
+        return a.new_empty(_out_shape(op, a, b, size))
+
+    @torch.library.custom_op(f"ficco::{name}_out", mutates_args=("out",))
+    def call_out(
+        a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, group_name: str, schedule: str
+    ) -> None:
+        _run(op, a_name, a, b, _group_of(group_name), schedule, out, check_grad=False)
+
+    @call_out.register_fake
+    def _(a, b, out, group_name, schedule):
+        return None
+
+
+for _op_name, _a_name in (("ag-gemm", "a_shard"), ("gemm-rs", "a"), ("gemm-ar", "a")):
+    _register(_op_name, _a_name)
+
+
 # ---------------------------------------------------------------- checks
 
 
@@ -253,7 +327,7 @@ def _needs_one_node(name: str) -> bool:
     return parts[0] == "tile" or "copy" in parts[1:2]
 
 
-def _run(op, a_name, a, b, group, schedule, out):
+def _run(op, a_name, a, b, group, schedule, out, check_grad=True):
     fn = f"ficco.torch.{_OPS[op]}"
     _check_tensor(fn, a_name, a)
     _check_tensor(fn, "b", b)
@@ -267,11 +341,8 @@ def _run(op, a_name, a, b, group, schedule, out):
     for what, v in ((f"{a_name}.shape[0]", rows), ("k", k), ("n", n)):
         if v == 0:
             raise ValueError(f"{fn}: {what} is 0; ficco ops need non-empty operands")
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        raise ValueError(
-            f"{fn}: ficco ops have no backward; call them under torch.no_grad() "
-            "or pass tensors that do not require grad"
-        )
+    if check_grad:
+        _check_grad(fn, a, b)
     name = _check_schedule_arg(fn, op, schedule, None, None)
     _check_initialised(fn)
     group = _resolve(group)
@@ -315,8 +386,17 @@ def _run(op, a_name, a, b, group, schedule, out):
             "or fused tiles), but this group spans several hosts; use an NCCL schedule "
             "(`ficco schedules`) or schedule='auto'"
         )
-    stream = torch.cuda.current_stream(a.device).cuda_stream
     try:
+        if name is None:
+            d = _decision(sess, group, op, m, k, n)
+            name = d.schedule
+            if name == "seq" and not sess.loopback:
+                # The candidate's gain does not cover the call's own cost:
+                # PyTorch's sequential reference, on the caller's stream.
+                _torch_seq(op, a, b, out, group, size)
+                _last[group] = "seq"
+                return out
+        stream = torch.cuda.current_stream(a.device).cuda_stream
         ran = sess.run_op(
             op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream
         )
@@ -327,9 +407,69 @@ def _run(op, a_name, a, b, group, schedule, out):
         with _lock:
             if _sessions.get(group) is sess:
                 del _sessions[group]
+                _decisions.pop(group, None)
         raise
     _last[group] = ran
     return out
+
+
+def _torch_seq(op, a, b, out, group, size):
+    """The sequential reference as PyTorch runs it: the NCCL collective and
+    the GEMM on the current stream."""
+    if op == "ag-gemm":
+        full = torch.empty((a.shape[0] * size, a.shape[1]), dtype=a.dtype, device=a.device)
+        dist.all_gather_into_tensor(full, a, group=group)
+        torch.mm(full, b, out=out)
+    elif op == "gemm-rs":
+        dist.reduce_scatter_tensor(out, torch.mm(a, b), group=group)
+    else:
+        torch.mm(a, b, out=out)
+        dist.all_reduce(out, group=group)
+
+
+class Decision(NamedTuple):
+    """What ``schedule="auto"`` runs for one call shape, and why (see the
+    README, "Never slower than PyTorch")."""
+
+    #: The schedule that runs: ``candidate``, or ``"seq"`` (PyTorch's
+    #: collective and matmul where the group is on NCCL).
+    schedule: str
+    #: The overlapped schedule considered: the tuning cache's winner, else
+    #: the rule selector's pick.
+    candidate: str
+    #: ``"measured"`` (the tuning cache timed it and seq) or ``"predicted"``.
+    basis: str
+    seq_ms: float
+    candidate_ms: float
+    #: The gain that counts (a predicted gain is discounted) and what the
+    #: call itself costs (copies, barriers, synchronizing set-up), in ms.
+    gain_ms: float
+    cost_ms: float
+
+
+def _decision(sess, group, op, m, k, n) -> Decision:
+    key = (op, m, k, n)
+    per = _decisions.setdefault(group, {})
+    d = per.get(key)
+    if d is None:
+        d = Decision(*sess.decide(op, m, k, n))
+        per[key] = d
+    return d
+
+
+def decisions(group: Optional[dist.ProcessGroup] = None) -> Dict[Tuple[str, int, int, int], Decision]:
+    """The ``auto`` decisions made so far on ``group``, by ``(op, m, k, n)``."""
+    if not _initialised():
+        return {}
+    return dict(_decisions.get(_resolve(group), {}))
+
+
+def _check_grad(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise ValueError(
+            f"{fn}: ficco ops have no backward; call them under torch.no_grad() "
+            "or pass tensors that do not require grad"
+        )
 
 
 def _shape(t: torch.Tensor) -> Tuple[int, ...]:

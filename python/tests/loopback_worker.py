@@ -10,6 +10,10 @@ MASTER_PORT) comes from the test.
     python loopback_worker.py fail:V OUT.json   rank V dies before its call
     python loopback_worker.py failfast:V OUT.json  rank V dies after calls of the shape
                                                 the others call next (their fast path)
+    python loopback_worker.py graphs OUT.json   ops captured in CUDA graphs, replayed on
+                                                fresh data, eager calls in between
+    python loopback_worker.py compile OUT.json  torch.compile(fullgraph=True) of ops
+    python loopback_worker.py graphdead:V OUT.json  rank V dies while the others replay
 
 Each rank writes its results to OUT.json as soon as it has them, so the test
 can tell what happened even if the process does not end afterwards.
@@ -238,6 +242,159 @@ def run_ops(rank, world, out_path):
     ft.close()
 
 
+GRAPH_SHAPE = (256, 512, 384)
+GRAPH_SCHEDULE = "shard-copy-ring"
+
+
+def graph_case(op, replay):
+    return 9000 + 10 * replay + list(OPS).index(op)
+
+
+def static_operands(op, world, shape=GRAPH_SHAPE):
+    a0, b0 = operands(op, 0, 0, world, shape)
+    out = torch.empty(out_shape(op, world, shape), dtype=torch.bfloat16, device="cuda:0")
+    return a0.clone(), b0.clone(), out
+
+
+def capture(calls):
+    """A CUDA graph of `calls` (each a thunk), after one eager warm-up of
+    each (what the README asks for before capture)."""
+    with torch.no_grad():
+        for c in calls:
+            c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
+def run_graphs(rank, world, out_path):
+    """One graph holding a call of each op (an odd number of calls: the
+    barrier banks must come back as they were), replayed on fresh data
+    copied into its static inputs, with an eager call (of another shape)
+    between replays; then a capture of a shape never run eagerly, which
+    must be refused with what to do, leaving the job usable."""
+    results = []
+    static = {op: static_operands(op, world) for op in OPS}
+
+    def call(op):
+        a, b, out = static[op]
+        return lambda: OPS[op](a, b, schedule=GRAPH_SCHEDULE, out=out)
+
+    g = capture([call(op) for op in OPS])
+    eager_shape = REPEAT_SHAPES[1]
+    for j in range(4):
+        for op in OPS:
+            a, b, out = static[op]
+            a0, b0 = operands(op, graph_case(op, j), rank, world, GRAPH_SHAPE)
+            a.copy_(a0)
+            b.copy_(b0)
+            out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for op in OPS:
+            row = {"op": op, "replay": j}
+            check(static[op][2], op, graph_case(op, j), rank, world, GRAPH_SHAPE, row)
+            results.append(row)
+        # An eager call between replays (one call: an odd count).
+        ea, eb = operands("gemm-rs", 9500 + j, rank, world, eager_shape)
+        with torch.no_grad():
+            got = ft.matmul_reduce_scatter(ea, eb, schedule=GRAPH_SCHEDULE)
+        torch.cuda.synchronize()
+        row = {"op": "gemm-rs", "eager_between": j}
+        check(got, "gemm-rs", 9500 + j, rank, world, eager_shape, row)
+        results.append(row)
+    # A shape never run eagerly cannot be captured: refused, job intact.
+    a, b = operands("ag-gemm", 9900, rank, world, (128, 256, 128))
+    row = {"refused": None}
+    g2 = torch.cuda.CUDAGraph()
+    try:
+        with torch.no_grad(), torch.cuda.graph(g2):
+            ft.all_gather_matmul(a, b, schedule=GRAPH_SCHEDULE)
+    except Exception as e:
+        row = {"refused": type(e).__name__, "message": str(e)}
+    results.append(row)
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        got = ft.all_gather_matmul(a, b, schedule=GRAPH_SCHEDULE)
+    torch.cuda.synchronize()
+    row = {"op": "ag-gemm", "after_refusal": True}
+    check(got, "ag-gemm", 9900, rank, world, (128, 256, 128), row)
+    results.append(row)
+    ft.synchronize()
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+    ft.close()
+
+
+def run_compile(rank, world, out_path):
+    """torch.compile(fullgraph=True) of ag-gemm, an activation and gemm-rs:
+    ficco's ops are custom ops in the graph (no break); the compiled output
+    equals the eager one."""
+    shape = GRAPH_SHAPE
+    a, b = operands("ag-gemm", 9700, rank, world, shape)
+    g = torch.Generator(device="cuda:0")
+    g.manual_seed(9701)
+    w = (torch.randn(shape[2], shape[1], device="cuda:0", generator=g) / 16).to(torch.bfloat16)
+
+    def f(x, w1, w2):
+        h = ft.all_gather_matmul(x, w1, schedule=GRAPH_SCHEDULE)
+        return ft.matmul_reduce_scatter(torch.relu(h), w2, schedule=GRAPH_SCHEDULE)
+
+    breaks = []
+
+    def backend(gm, example_inputs):
+        breaks.append(sum(1 for n in gm.graph.nodes if "ficco" in str(n.target)))
+        from torch._dynamo.backends.common import aot_autograd
+        from functorch.compile import make_boxed_func
+
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
+
+    with torch.no_grad():
+        want = f(a, b, w)
+        got = torch.compile(f, backend=backend, fullgraph=True)(a, b, w)
+        got2 = torch.compile(f, backend=backend, fullgraph=True)(a, b, w)
+    torch.cuda.synchronize()
+    row = {
+        "graphs": len(breaks),
+        "ficco_nodes": breaks,
+        "equal": bool(torch.equal(got, want)) and bool(torch.equal(got2, want)),
+        "nan": bool(torch.isnan(got).any()),
+    }
+    with open(out_path, "w") as fh:
+        json.dump(row, fh)
+    ft.close()
+
+
+def run_graphdead(rank, world, victim, out_path):
+    """The ops captured in a graph and replayed; then the victim dies and
+    the others replay again: the watch thread releases their streams and
+    ft.synchronize() raises within ficco's bound."""
+    static = {op: static_operands(op, world) for op in ("ag-gemm", "gemm-rs")}
+    g = capture([
+        (lambda op=op: OPS[op](static[op][0], static[op][1], schedule=GRAPH_SCHEDULE, out=static[op][2]))
+        for op in static
+    ])
+    g.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == victim:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        g.replay()
+        torch.cuda.synchronize()
+        ft.synchronize()
+        row = {"raised": None}
+    except Exception as e:
+        row = {"raised": type(e).__name__, "message": str(e)}
+    row["after_s"] = time.monotonic() - t0
+    with open(out_path, "w") as fh:
+        json.dump(row, fh)
+
+
 def run_fail(rank, world, victim, out_path):
     a, b = operands("ag-gemm", 1, rank, world)
     with torch.no_grad():
@@ -302,6 +459,14 @@ def main():
     elif mode == "time":
         run_time(rank, world, out_path)
         dist.destroy_process_group()
+    elif mode == "graphs":
+        run_graphs(rank, world, out_path)
+        dist.destroy_process_group()
+    elif mode == "compile":
+        run_compile(rank, world, out_path)
+        dist.destroy_process_group()
+    elif mode.startswith("graphdead:"):
+        run_graphdead(rank, world, int(mode[10:]), out_path)
     elif mode.startswith("failfast:"):
         run_failfast(rank, world, int(mode[9:]), out_path)
     elif mode.startswith("fail:"):

@@ -176,6 +176,58 @@ def check_dead_rank(world, victim, mode, tmp_path):
     assert ended < 60, f"the processes ended only after {ended:.1f} s (codes {codes})"
 
 
+def check_graphs(world, tmp_path):
+    """Captured calls replay correctly on fresh data, also with eager calls
+    between replays; a capture that needs set-up is refused with what to
+    do, and the job goes on."""
+    codes, _, results = launch(
+        world, "graphs", tmp_path, limit_s=300, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
+    )
+    assert codes == [0] * world, f"exit codes {codes}; results {results}"
+    failures = []
+    for rank, rows in enumerate(results):
+        assert rows is not None and len(rows) == 4 * 4 + 2, f"rank {rank}: {rows}"
+        for row in rows:
+            if "refused" in row:
+                if row["refused"] != "ValueError" or "eagerly" not in row.get("message", ""):
+                    failures.append(f"rank {rank}: the capture of a new shape was not refused as asked: {row}")
+                continue
+            if row["nan"] or not row["err"] < TOLERANCE:
+                failures.append(f"rank {rank} {row}: wrong result")
+    assert not failures, "\n".join(failures)
+
+
+def check_compile(world, tmp_path):
+    codes, _, results = launch(
+        world, "compile", tmp_path, limit_s=300, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
+    )
+    assert codes == [0] * world, f"exit codes {codes}; results {results}"
+    for rank, row in enumerate(results):
+        assert row is not None, f"rank {rank} wrote nothing"
+        # One graph (fullgraph: no break), with both ficco ops in it.
+        assert row["graphs"] == 1 and row["ficco_nodes"] == [2], f"rank {rank}: {row}"
+        assert row["equal"] and not row["nan"], f"rank {rank}: compiled != eager: {row}"
+
+
+def check_graph_dead(world, victim, tmp_path):
+    codes, ended, results = launch(
+        world,
+        f"graphdead:{victim}",
+        tmp_path,
+        limit_s=90,
+        extra_env={"FICCO_DIST_TIMEOUT_MS": "10000", "FICCO_WATCHDOG_MS": "5000"},
+    )
+    assert codes[victim] == 3, f"the victim's exit code {codes[victim]}; all {codes}"
+    for r in range(world):
+        if r == victim:
+            continue
+        row = results[r]
+        assert row is not None, f"rank {r} never got past the replay (exit code {codes[r]})"
+        assert row["raised"] == "RuntimeError", f"rank {r}: {row}"
+        assert row["after_s"] < 40, f"rank {r} raised only after {row['after_s']:.1f} s"
+    assert ended < 60, f"the processes ended only after {ended:.1f} s (codes {codes})"
+
+
 OPS_CASES = [2, 4]
 # Rank 0 (which hosts the session's store) dying, and another rank; in a
 # call's full path ("fail") and in its fast path ("failfast").
@@ -194,6 +246,16 @@ if pytest is not None:
     def test_per_call_time_is_printed(tmp_path):
         check_time(2, tmp_path)
 
+    @pytest.mark.parametrize("world", OPS_CASES)
+    def test_captured_calls_replay_on_fresh_data(world, tmp_path):
+        check_graphs(world, tmp_path)
+
+    def test_compiled_ops_equal_eager(tmp_path):
+        check_compile(2, tmp_path)
+
+    def test_a_dead_rank_ends_graph_replays_with_an_error(tmp_path):
+        check_graph_dead(4, 1, tmp_path)
+
     @pytest.mark.parametrize("world,victim,mode", DEAD_CASES)
     def test_a_dead_rank_ends_the_others_with_an_error(world, victim, mode, tmp_path):
         check_dead_rank(world, victim, mode, tmp_path)
@@ -206,13 +268,16 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
         sys.exit(0)
-    # `python test_gpu_loopback.py [ops|dead]`: one half (each well within a 10-minute call).
+    # `python test_gpu_loopback.py [ops|repeat|time|dead|graphs]`: one half (each well within a 10-minute call).
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     cases = [(f"ops world={w}", check_ops, (w,)) for w in OPS_CASES if only in ("", "ops")]
     cases += [(f"repeat world={w}", check_repeat, (w,)) for w in OPS_CASES if only in ("", "repeat")]
     cases += [("time world=2", check_time, (2,))] if only in ("", "time") else []
     cases += [(f"dead rank world={w} victim={v} ({mode})", check_dead_rank, (w, v, mode))
               for w, v, mode in DEAD_CASES if only in ("", "dead")]
+    cases += [(f"graphs world={w}", check_graphs, (w,)) for w in OPS_CASES if only in ("", "graphs")]
+    cases += [("compile world=2", check_compile, (2,))] if only in ("", "graphs") else []
+    cases += [("graph replay, dead rank world=4 victim=1", check_graph_dead, (4, 1))] if only in ("", "graphs") else []
     failed = 0
     for name, fn, args in cases:
         with tempfile.TemporaryDirectory() as d:
