@@ -95,7 +95,12 @@ impl GpuBackend {
                 watchdog_ms,
             );
         }
-        // SAFETY: the caller's stream handle on this rank's (primary) context.
+        self.ranks[0]
+            .ctx
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: the caller's stream handle on this rank's (primary)
+        // context, current on this thread.
         if unsafe {
             crate::driver::cuda::stream_is_capturing(stream as cudarc::driver::sys::CUstream)?
         } {
