@@ -396,6 +396,94 @@ mod tests {
         assert_eq!(read_all(fd), "over the wire");
     }
 
+    /// A control buffer as `recvmsg` fills it: one `SCM_RIGHTS` message
+    /// per entry of `msgs`, with those descriptors (raw numbers only).
+    fn control_of(msgs: &[Vec<RawFd>]) -> Vec<u8> {
+        let word = std::mem::size_of::<usize>();
+        let hdr = std::mem::size_of::<libc::cmsghdr>();
+        let mut out = vec![];
+        for fds in msgs {
+            let len = hdr + 4 * fds.len();
+            // SAFETY: cmsghdr is plain data.
+            let mut h: libc::cmsghdr = unsafe { std::mem::zeroed() };
+            h.cmsg_len = len as _;
+            h.cmsg_level = libc::SOL_SOCKET;
+            h.cmsg_type = libc::SCM_RIGHTS;
+            // SAFETY: reading the bytes of a plain-data value.
+            let bytes: [u8; std::mem::size_of::<libc::cmsghdr>()] =
+                unsafe { std::mem::transmute(h) };
+            out.extend_from_slice(&bytes);
+            fds.iter()
+                .for_each(|f| out.extend_from_slice(&f.to_ne_bytes()));
+            out.resize(out.len().div_ceil(word) * word, 0);
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Every descriptor of every message is found, in order.
+        #[test]
+        fn control_messages_round_trip(
+            msgs in proptest::collection::vec(proptest::collection::vec(0..4096i32, 0..5), 0..4)
+        ) {
+            let parsed = scm_rights(&control_of(&msgs));
+            proptest::prop_assert!(!parsed.malformed);
+            proptest::prop_assert_eq!(parsed.fds, msgs.concat());
+        }
+
+        /// A truncated buffer yields only descriptors that were in it, in
+        /// order, and never more than the bytes could hold.
+        #[test]
+        fn truncated_control_yields_a_prefix(
+            msgs in proptest::collection::vec(proptest::collection::vec(0..4096i32, 1..5), 1..4),
+            cut in 0usize..200,
+        ) {
+            let full = control_of(&msgs);
+            let cut = cut.min(full.len());
+            let parsed = scm_rights(&full[..cut]);
+            let all = msgs.concat();
+            proptest::prop_assert!(parsed.fds.len() <= cut / 4);
+            proptest::prop_assert_eq!(&parsed.fds[..], &all[..parsed.fds.len()]);
+        }
+
+        /// Arbitrary bytes (huge lengths, unknown levels and types) never
+        /// panic and never yield more descriptors than the bytes hold.
+        #[test]
+        fn arbitrary_control_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let parsed = scm_rights(&bytes);
+            proptest::prop_assert!(parsed.fds.len() <= bytes.len() / 4);
+        }
+
+        /// Only a pending rank's own pid under this uid is admitted, and its
+        /// tag must be a rank that pid announced.
+        #[test]
+        fn only_announced_pids_with_their_ranks_tag_are_taken(
+            pid in 1i32..100, uid in 0u32..3, tag in 0u64..6,
+        ) {
+            let pending = [(1usize, 10u32), (2, 20), (3, 20)];
+            let admitted = admit(pid, uid, 1, &pending).is_ok();
+            proptest::prop_assert_eq!(admitted, uid == 1 && (pid == 10 || pid == 20));
+            let rank = rank_of(tag, pid, &pending).ok();
+            let want = match (pid, tag) {
+                (10, 1) => Some(1),
+                (20, 2) => Some(2),
+                (20, 3) => Some(3),
+                _ => None,
+            };
+            proptest::prop_assert_eq!(rank, want);
+        }
+    }
+
+    #[test]
+    fn a_header_that_claims_more_than_the_buffer_is_malformed() {
+        let mut c = control_of(&[vec![7, 8]]);
+        // cmsg_len is the first field: claim 4 GiB.
+        let word = std::mem::size_of::<usize>();
+        c[..word].copy_from_slice(&(u32::MAX as usize).to_ne_bytes());
+        let parsed = scm_rights(&c);
+        assert!(parsed.malformed && parsed.fds.is_empty(), "{parsed:?}");
+    }
+
     #[test]
     fn a_message_without_a_descriptor_is_an_error() {
         let (a, b) = UnixStream::pair().expect("pair");
