@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    ficco_cuda::runtime::store::fuzz_frames(data);
+    ficco_cuda::runtime::fuzzing::store_frames(data);
 });

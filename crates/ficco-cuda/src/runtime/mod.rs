@@ -29,6 +29,8 @@
 pub mod auth;
 pub mod env;
 pub mod fdpass;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod job;
 pub(crate) mod nccl;
 pub mod shared;

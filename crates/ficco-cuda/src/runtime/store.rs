@@ -244,46 +244,6 @@ impl Request {
     }
 }
 
-/// The fuzz targets' entry (`fuzz/fuzz_targets/store_frames.rs`): reads
-/// `data` as a stream of frames the way a connection is served, and as the
-/// answer to the challenge. Panics only when an invariant breaks: a field
-/// over [`MAX_FIELD`] accepted, or a frame that does not read back as
-/// itself.
-#[doc(hidden)]
-pub fn fuzz_frames(data: &[u8]) {
-    let mut r = data;
-    while let Ok(Some(req)) = read_request(&mut r) {
-        let longest = match &req {
-            Request::Set(k, v) => k.len().max(v.len()),
-            Request::Add(k, _) | Request::Get(k, _) | Request::Abort(k) => k.len(),
-            Request::Hello(_) | Request::Bye => 0,
-        };
-        assert!(longest <= MAX_FIELD as usize, "a field over MAX_FIELD");
-        let again = read_request(&mut req.encode().as_slice());
-        assert!(matches!(again, Ok(Some(ref a)) if *a == req), "{req:?}");
-    }
-    // The server's side of the challenge over the same bytes: a fixed-size
-    // read, refused (no key of all zeros is the test's secret).
-    struct Peer<'a>(&'a [u8]);
-    impl Read for Peer<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            self.0.read(buf)
-        }
-    }
-    impl Write for Peer<'_> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    if let Some(secret) = JobSecret::from_hex(&"00".repeat(32)) {
-        // A random server nonce: arbitrary bytes cannot hold its proof.
-        assert!(serve_challenge(&mut Peer(data), &secret).is_err());
-    }
-}
-
 /// Reads one request. `Ok(None)`: the connection closed between requests;
 /// an error: a truncated frame, an unknown opcode or a field over
 /// [`MAX_FIELD`] (refused before anything is allocated for it).
@@ -716,7 +676,7 @@ mod tests {
         /// MAX_FIELD is accepted.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            fuzz_frames(&bytes);
+            crate::runtime::fuzzing::store_frames(&bytes);
             let mut r = bytes.as_slice();
             while let Ok(Some(req)) = read_request(&mut r) {
                 let longest = match &req {
