@@ -658,7 +658,11 @@ def _join(fn: str, group) -> "_native.Session":
         else:
             addr = socket.gethostname()
         try:
-            value = f"{addr}:{_native.free_port()}"
+            # The job secret rides with the address (every ficco store
+            # connection must prove it), unless the launcher set one on
+            # every rank: then nothing secret crosses PyTorch's store.
+            secret = "" if os.environ.get("FICCO_JOB_SECRET", "").strip() else _native.new_secret()
+            value = f"{secret}:{addr}:{_native.free_port()}"
         except RuntimeError as e:
             value = f"error:{e}"
         store.set(key, value)
@@ -673,10 +677,11 @@ def _join(fn: str, group) -> "_native.Session":
         value = store.get(key).decode()
     if value.startswith("error:"):
         raise RuntimeError(f"{fn}: rank 0 of the group could not host the session: {value[6:]}")
-    addr, _, port = value.rpartition(":")
+    secret, _, addr_port = value.partition(":")
+    addr, _, port = addr_port.rpartition(":")
     s = _native.Session(
         rank, size, local_rank, local_world, addr, int(port), loopback=loopback,
-        device=dev,
+        device=dev, secret=secret or None,
     )
     if s.device != dev:
         # A native layer that placed this rank elsewhere than its tensors:

@@ -17,7 +17,7 @@ use ficco_core::choose::explore::check_named;
 use ficco_core::problem::workload::Op;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::{enumerate, Schedule, SpaceOptions};
-use ficco_cuda::runtime::LaunchEnv;
+use ficco_cuda::runtime::{JobSecret, LaunchEnv};
 use ficco_cuda::session::{OpCall, Session, SessionOpts};
 use ficco_cuda::CudaError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -141,6 +141,15 @@ fn free_port() -> PyResult<u16> {
         .map_err(|e| PyRuntimeError::new_err(format!("no free TCP port: {e}")))
 }
 
+/// A fresh job secret from the OS random source, as 64 hex digits (rank 0
+/// of a group draws one and gives it to the others' `Session(secret=...)`).
+#[pyfunction]
+fn new_secret() -> PyResult<String> {
+    JobSecret::generate()
+        .map(|s| s.to_hex())
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
 /// ficco's rendezvous bound in ms: `FICCO_DIST_TIMEOUT_MS` as the Rust
 /// runtime parses it (read now, so a changed environment is seen; one
 /// parser for both languages). Raises `ValueError` naming a bad value.
@@ -166,6 +175,7 @@ fn launch_env(
     local_world: i64,
     master_addr: String,
     port: i64,
+    secret: Option<String>,
 ) -> PyResult<LaunchEnv> {
     let bad = |msg: String| Err(PyValueError::new_err(msg));
     // Python ints in, so a negative or huge one gets a message naming it
@@ -203,6 +213,18 @@ fn launch_env(
     if master_addr.is_empty() {
         return bad("master_addr is empty; give rank 0's host name or address".into());
     }
+    // FICCO_STORE_BIND, and FICCO_JOB_SECRET unless the caller gives one.
+    let (env_secret, store_bind) = LaunchEnv::security_from_lookup(|k| std::env::var(k).ok())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let secret = match secret {
+        Some(hex) => Some(JobSecret::from_hex(&hex).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "secret must be 64 hex digits, got {} characters",
+                hex.trim().len()
+            ))
+        })?),
+        None => env_secret,
+    };
     Ok(LaunchEnv {
         rank,
         world_size: world,
@@ -211,6 +233,8 @@ fn launch_env(
         master_addr,
         master_port: port,
         store_port: port,
+        secret,
+        store_bind,
     })
 }
 
@@ -230,6 +254,9 @@ fn timeout_from_secs(s: f64) -> PyResult<Duration> {
 /// `master_addr` and `port`; rank 0 hosts the rendezvous store on `port`.
 /// The constructor returns once every rank joined, or raises within the
 /// timeout (`timeout_s`, else `FICCO_DIST_TIMEOUT_MS`, else 60 s).
+/// `secret`: the job secret (64 hex digits, the same on every rank; see
+/// `new_secret`), else `FICCO_JOB_SECRET`, else as the README's "Security"
+/// says (a private file on one node; refused over several nodes).
 #[pyclass(module = "ficco._native", name = "Session", frozen)]
 struct PySession {
     /// `None` once closed. The lock is taken with the GIL released (the
@@ -263,7 +290,7 @@ fn closed() -> PyErr {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (rank, world, local_rank, local_world, master_addr, port, loopback=None, timeout_s=None, device=None))]
+    #[pyo3(signature = (rank, world, local_rank, local_world, master_addr, port, loopback=None, timeout_s=None, device=None, secret=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -276,8 +303,17 @@ impl PySession {
         loopback: Option<bool>,
         timeout_s: Option<f64>,
         device: Option<usize>,
+        secret: Option<String>,
     ) -> PyResult<Self> {
-        let env = launch_env(rank, world, local_rank, local_world, master_addr, port)?;
+        let env = launch_env(
+            rank,
+            world,
+            local_rank,
+            local_world,
+            master_addr,
+            port,
+            secret,
+        )?;
         let mut opts = SessionOpts {
             loopback,
             device,
@@ -522,6 +558,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_schedule, m)?)?;
     m.add_function(wrap_pyfunction!(schedules, m)?)?;
     m.add_function(wrap_pyfunction!(free_port, m)?)?;
+    m.add_function(wrap_pyfunction!(new_secret, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(dist_timeout_ms, m)?)?;
     Ok(())

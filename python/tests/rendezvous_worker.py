@@ -28,9 +28,9 @@ class FakeSession:
     made = []
 
     def __init__(self, rank, world, local_rank, local_world, addr, port, loopback=None, timeout_s=None,
-                 device=None):
+                 device=None, secret=None):
         self.args = dict(rank=rank, world=world, local_rank=local_rank, local_world=local_world,
-                         addr=addr, port=port, loopback=loopback)
+                         addr=addr, port=port, loopback=loopback, secret=secret)
         self.device = int(os.environ["FAKE_DEV"]) if device is None else device
         self.closed = False
         if rank == 0:

@@ -48,6 +48,12 @@ def test_sessions_bootstrap_through_the_group_store(tmp_path):
         assert w["addr"] == "127.0.0.1"
         assert got["cached"] and got["closed"] and got["new_object"]
     assert len({g["world"]["port"] for g in res}) == 1
+    # One job secret for the group, drawn by rank 0 (64 hex digits), a new
+    # one for each session.
+    assert len({g["world"]["secret"] for g in res}) == 1
+    assert len(res[0]["world"]["secret"]) == 64
+    int(res[0]["world"]["secret"], 16)
+    assert res[0]["again"]["secret"] != res[0]["world"]["secret"]
     # After close(), the next session has a new rendezvous (a new port).
     assert len({g["again"]["port"] for g in res}) == 1
     assert res[0]["again"]["port"] != res[0]["world"]["port"]

@@ -4,7 +4,7 @@
 //! by `--procs`) finds its place in the job in the environment.
 
 use anyhow::{bail, Context, Result};
-use ficco_cuda::runtime::LaunchEnv;
+use ficco_cuda::runtime::{JobSecret, LaunchEnv};
 use std::ffi::OsString;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,7 +50,8 @@ fn grace() -> Duration {
 }
 
 /// Runs this command again as `n` ranks of a job on this machine (store on
-/// 127.0.0.1, a free port): rank 0's output is the command's, the other
+/// 127.0.0.1, a free port, and a job secret drawn here and passed in the
+/// children's environment only): rank 0's output is the command's, the other
 /// ranks print only errors. Fails naming the first rank that failed; ranks
 /// still running `grace` after a failure are killed.
 pub fn spawn(n: usize) -> Result<()> {
@@ -63,11 +64,12 @@ pub fn spawn(n: usize) -> Result<()> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .context("finding a free port for the job's store")?;
+    let secret = JobSecret::generate().context("drawing the job secret")?;
     let mut kids: Vec<Child> = vec![];
     for r in 0..n {
         let child = Command::new(&exe)
             .args(&args)
-            .envs(LaunchEnv::vars_for(r, n, "127.0.0.1", port))
+            .envs(LaunchEnv::vars_for(r, n, "127.0.0.1", port, &secret))
             .stdout(if r == 0 {
                 Stdio::inherit()
             } else {

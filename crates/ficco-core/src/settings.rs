@@ -17,8 +17,10 @@
 //!
 //! Launcher variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...) belong to
 //! the launcher and are read with the job's environment
-//! (`ficco_cuda::runtime::env`); `FICCO_STORE_PORT` is listed here and read
-//! there, beside the `MASTER_PORT` it is derived from.
+//! (`ficco_cuda::runtime::env`); `FICCO_STORE_PORT`, `FICCO_STORE_BIND` and
+//! `FICCO_JOB_SECRET` are listed here and read there, beside the
+//! `MASTER_PORT` and `MASTER_ADDR` they go with (the secret is kept out of
+//! this process-wide table).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -42,6 +44,8 @@ pub const TRACE: &str = "FICCO_TRACE";
 pub const TASK_PROGRESS: &str = "FICCO_TASK_PROGRESS";
 pub const DIST_TIMEOUT_MS: &str = "FICCO_DIST_TIMEOUT_MS";
 pub const STORE_PORT: &str = "FICCO_STORE_PORT";
+pub const STORE_BIND: &str = "FICCO_STORE_BIND";
+pub const JOB_SECRET: &str = "FICCO_JOB_SECRET";
 pub const TUNE_CACHE: &str = "FICCO_TUNE_CACHE";
 pub const CUBIN_CACHE: &str = "FICCO_CUBIN_CACHE";
 pub const TEST_DROP_SIGNAL: &str = "FICCO_TEST_DROP_SIGNAL";
@@ -101,6 +105,18 @@ pub const VARS: &[Var] = &[
         takes: "a TCP port",
         default: "MASTER_PORT, or MASTER_PORT + 1 under torchrun's agent store",
         what: "port of ficco's rendezvous store on MASTER_ADDR",
+    },
+    Var {
+        name: STORE_BIND,
+        takes: "an IP address",
+        default: "127.0.0.1 when every rank is on one node, else the address MASTER_ADDR resolves to",
+        what: "where rank 0's store listens (0.0.0.0: every interface, not advised)",
+    },
+    Var {
+        name: JOB_SECRET,
+        takes: "64 hex digits, the same on every rank",
+        default: "drawn by `--procs` and the Python ops; one node: a private file; several nodes: required",
+        what: "the secret every connection to the job's store proves it knows (see Security)",
     },
     Var {
         name: TUNE_CACHE,

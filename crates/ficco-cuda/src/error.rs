@@ -277,6 +277,12 @@ pub enum DistError {
     Timeout { key: String, waited_ms: u64 },
     #[error("ranks disagree: {0}")]
     Mismatch(String),
+    /// The store challenge failed: this rank's secret is not the store's.
+    #[error("the rendezvous store at {addr} and this rank do not share the job secret ({why}); every rank needs the same FICCO_JOB_SECRET")]
+    StoreAuth { addr: String, why: String },
+    /// No job secret can be had (see `runtime::auth`).
+    #[error("no job secret for the rendezvous store: {why}")]
+    NoSecret { why: String },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -3,9 +3,11 @@
 //! does; the test `rank_child` is the children's entry and does nothing in
 //! a normal run). Checked: every rank exchanges bytes and file descriptors
 //! exactly, and a rank that dies, rank 0 included, ends every other rank
-//! with an error naming the cause within the bound, not a hang.
+//! with an error naming the cause within the bound, not a hang; a foreign
+//! process (`intruder_child`) that connects to the store and to the
+//! descriptor sockets mid-job is refused, and the job completes.
 
-use ficco_cuda::runtime::{fdpass, DistError, LaunchEnv, Rendezvous};
+use ficco_cuda::runtime::{fdpass, DistError, JobSecret, LaunchEnv, Rendezvous, StoreClient};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
@@ -13,6 +15,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "FICCO_DIST_ROLE";
+/// Set for the intruder child: the job's store port.
+const INTRUDE_PORT: &str = "FICCO_TEST_INTRUDE_PORT";
+/// A file the intruder makes once it attacked; rank 3 waits for it, so the
+/// attack lands while the other ranks wait for rank 3 mid-exchange.
+const INTRUDE_MARK: &str = "FICCO_TEST_INTRUDE_MARK";
+/// The exchange the intruder attacks (its sockets' names contain it).
+const INTRUDED: &str = "intruded-files";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -30,27 +39,63 @@ struct Job {
     /// Every rank's stderr, for the failure message (not printed otherwise:
     /// a passing test prints nothing).
     stderr: String,
+    /// The intruder's pid, exit code and stderr, when there was one.
+    intruder: Option<(u32, Option<i32>, String)>,
+}
+
+/// How a job's children are started.
+#[derive(Default)]
+struct JobOpts {
+    /// Start an intruder beside the ranks (see `intruder_child`).
+    intruder: bool,
+    /// No FICCO_JOB_SECRET: the ranks fall back to a node secret file in
+    /// this runtime directory.
+    node_file_in: Option<std::path::PathBuf>,
 }
 
 /// Runs `world` ranks of `role` as child processes. Children still running
 /// after `limit` are killed.
 fn run_job(role: &str, world: usize, limit: Duration) -> Job {
+    run_job_with(role, world, limit, JobOpts::default())
+}
+
+/// This test binary as a child running only `test`.
+fn child(exe: &std::path::Path, test: &str) -> Command {
+    let mut c = Command::new(exe);
+    c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn run_job_with(role: &str, world: usize, limit: Duration, opts: JobOpts) -> Job {
     let port = free_port();
     let exe = std::env::current_exe().expect("test binary");
+    let secret = JobSecret::generate().expect("a job secret");
+    let mark = std::env::temp_dir().join(format!("ficco-intruded-{port}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
     let t0 = Instant::now();
     let mut kids: Vec<_> = (0..world)
         .map(|r| {
-            Command::new(&exe)
-                .args(["rank_child", "--exact", "--nocapture", "--test-threads=1"])
-                .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port))
+            let mut c = child(&exe, "rank_child");
+            c.envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port, &secret))
                 .env(ROLE, role)
-                .env("FICCO_DIST_TIMEOUT_MS", "5000")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn a rank")
+                .env(INTRUDE_MARK, &mark)
+                .env("FICCO_DIST_TIMEOUT_MS", "10000");
+            if let Some(dir) = &opts.node_file_in {
+                c.env_remove("FICCO_JOB_SECRET").env("XDG_RUNTIME_DIR", dir);
+            }
+            c.spawn().expect("spawn a rank")
         })
         .collect();
+    let mut intruder = opts.intruder.then(|| {
+        child(&exe, "intruder_child")
+            .env(INTRUDE_PORT, port.to_string())
+            .env(INTRUDE_MARK, &mark)
+            .env_remove("FICCO_JOB_SECRET")
+            .spawn()
+            .expect("spawn the intruder")
+    });
     let mut codes: Vec<Option<Option<i32>>> = vec![None; world];
     while codes.iter().any(|c| c.is_none()) && t0.elapsed() < limit {
         for (k, c) in kids.iter_mut().zip(codes.iter_mut()) {
@@ -71,10 +116,27 @@ fn run_job(role: &str, world: usize, limit: Duration) -> Job {
         }
         stderr.push_str(&format!("--- rank {r} stderr:\n{text}"));
     }
+    let intruder = intruder.as_mut().map(|k| {
+        let t1 = Instant::now();
+        let mut code = None;
+        while code.is_none() && t1.elapsed() < Duration::from_secs(20) {
+            code = k.try_wait().expect("try_wait").map(|s| s.code());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = k.kill();
+        let _ = k.wait();
+        let mut text = String::new();
+        if let Some(mut e) = k.stderr.take() {
+            let _ = e.read_to_string(&mut text);
+        }
+        (k.id(), code.flatten(), text)
+    });
+    let _ = std::fs::remove_file(&mark);
     Job {
         codes: codes.into_iter().map(|c| c.flatten()).collect(),
         took,
         stderr,
+        intruder,
     }
 }
 
@@ -116,14 +178,29 @@ fn rank_child() {
 /// others) before the process exits.
 fn child_work(role: &str, me: usize, dead: usize, rv: Rendezvous) -> i32 {
     match role {
-        "exchange" => {
+        "exchange" | "intruded" => {
             let all = rv.all_gather("r", &[me as u8; 5]).expect("gather");
             assert_eq!(
                 all,
                 (0..all.len()).map(|q| vec![q as u8; 5]).collect::<Vec<_>>()
             );
+            let name = if role == "intruded" {
+                // The others bind their sockets and wait for rank 3 at the
+                // barrier while the intruder attacks, so its connections
+                // are queued first.
+                if me == 3 {
+                    let mark = std::env::var_os(INTRUDE_MARK).expect("the mark's path");
+                    let t = Instant::now();
+                    while !std::path::Path::new(&mark).exists() && t.elapsed().as_secs() < 8 {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                INTRUDED
+            } else {
+                "files"
+            };
             let mut f = tempfile(&format!("from rank {me}"));
-            let fds = fdpass::exchange(&rv, "files", f.as_fd()).expect("fd exchange");
+            let fds = fdpass::exchange(&rv, name, f.as_fd()).expect("fd exchange");
             for (q, fd) in fds.into_iter().enumerate() {
                 match fd {
                     None => assert_eq!(q, me),
@@ -138,6 +215,9 @@ fn child_work(role: &str, me: usize, dead: usize, rv: Rendezvous) -> i32 {
                 }
             }
             f.flush().expect("flush");
+            // The store still serves the job (an intruder's abort did not land).
+            let again = rv.all_gather("after", &[me as u8]).expect("gather after");
+            assert_eq!(again.len(), rv.env.world_size);
             rv.close().expect("close");
             OK
         }
@@ -153,6 +233,93 @@ fn child_work(role: &str, me: usize, dead: usize, rv: Rendezvous) -> i32 {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// The abstract socket names in this network namespace that contain `part`
+/// (what any user can read in /proc/net/unix).
+fn abstract_sockets(part: &str) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let mut names: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter_map(|n| n.strip_prefix('@'))
+        .filter(|n| n.contains(part))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A foreign process (no job secret, not a rank): connects to the store
+/// with a wrong secret and with an abort in place of a proof, and to every
+/// descriptor socket of the intruded exchange, handing each a file of its
+/// own under a rank's tag. Exits 0 once the store refused it both ways and
+/// it reached three sockets; the ranks' logs say whether they refused it.
+#[test]
+fn intruder_child() {
+    let Ok(port) = std::env::var(INTRUDE_PORT) else {
+        return;
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut attacked: Vec<String> = vec![];
+    let f = tempfile("from the intruder");
+    let mut held = vec![];
+    while attacked.len() < 3 && Instant::now() < deadline {
+        for name in abstract_sockets(&format!(".{INTRUDED}.")) {
+            if attacked.contains(&name) {
+                continue;
+            }
+            let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()) else {
+                continue;
+            };
+            use std::os::linux::net::SocketAddrExt;
+            if let Ok(c) = std::os::unix::net::UnixStream::connect_addr(&a) {
+                // Claim to be the next rank, a peer the listener awaits.
+                let r: u64 = name
+                    .rsplit('.')
+                    .next()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0);
+                let _ = fdpass::send_fd(&c, (r + 1) % 4, f.as_fd());
+                held.push(c);
+                attacked.push(name);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("intruder reached {attacked:?}");
+    let wrong = JobSecret::generate().expect("random");
+    let refused = matches!(
+        StoreClient::connect(&addr, 1, Duration::from_secs(3), &wrong),
+        Err(DistError::StoreAuth { .. })
+    );
+    // An abort frame in place of the answer to the challenge.
+    let mut raw = std::net::TcpStream::connect(&addr).expect("reach the store");
+    raw.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut hello = [0u8; 40];
+    raw.read_exact(&mut hello).expect("the challenge");
+    let mut frame = vec![5u8];
+    frame.extend_from_slice(&4u32.to_le_bytes());
+    frame.extend_from_slice(b"evil");
+    frame.resize(64, 0);
+    raw.write_all(&frame).expect("send");
+    let mut rest = vec![];
+    let closed = raw.read_to_end(&mut rest).is_ok_and(|n| n == 0);
+    eprintln!("intruder: store refused {refused}, abort connection closed {closed}");
+    let mark = std::env::var_os(INTRUDE_MARK).expect("the mark's path");
+    std::fs::write(mark, b"attacked").expect("the mark");
+    // Held open while the ranks accept (they check the pid the kernel
+    // recorded at connect).
+    std::thread::sleep(Duration::from_secs(2));
+    drop(held);
+    std::process::exit(if refused && closed && attacked.len() >= 3 {
+        0
+    } else {
+        1
+    });
 }
 
 fn tempfile(text: &str) -> std::fs::File {
@@ -206,4 +373,58 @@ fn rank_zero_dying_ends_every_other_rank_with_store_lost() {
         job.stderr
     );
     assert!(job.took < Duration::from_secs(5), "{:?}", job.took);
+}
+
+/// A foreign process in the middle of a 4-rank job: the store refuses it
+/// (its abort reaches nobody), each descriptor socket refuses its
+/// connection by pid, and every rank still gets exactly its peers' files.
+#[test]
+fn a_foreign_process_is_refused_and_the_job_completes() {
+    let job = run_job_with(
+        "intruded",
+        4,
+        Duration::from_secs(60),
+        JobOpts {
+            intruder: true,
+            ..JobOpts::default()
+        },
+    );
+    let (pid, code, text) = job.intruder.expect("an intruder ran");
+    let all = format!("{}\n--- intruder:\n{text}", job.stderr);
+    assert_eq!(job.codes, vec![Some(OK); 4], "{all}");
+    assert_eq!(code, Some(0), "{all}");
+    let refused_fd = format!("a descriptor socket refused a connection: pid {pid} ");
+    assert!(
+        job.stderr.matches(&refused_fd).count() >= 3,
+        "each of ranks 0 to 2 refuses the intruder: {all}"
+    );
+    assert!(
+        job.stderr
+            .contains("the rendezvous store refused a connection from 127.0.0.1:"),
+        "{all}"
+    );
+}
+
+/// Without FICCO_JOB_SECRET, a job on one node shares a secret through a
+/// private file in the runtime directory, removed when the job ends.
+#[test]
+fn one_node_without_a_secret_uses_a_private_file() {
+    let dir = std::env::temp_dir().join(format!("ficco-procs-rt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("runtime dir");
+    let job = run_job_with(
+        "exchange",
+        3,
+        Duration::from_secs(60),
+        JobOpts {
+            node_file_in: Some(dir.clone()),
+            ..JobOpts::default()
+        },
+    );
+    assert_eq!(job.codes, vec![Some(OK); 3], "{}", job.stderr);
+    let left: Vec<_> = std::fs::read_dir(dir.join("ficco"))
+        .expect("the secret directory")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,7 +1,9 @@
 //! The launcher environment: what `torchrun` (and `ficco explore --procs N`)
 //! put in every rank's environment, parsed into a checked [`LaunchEnv`].
 
+use super::auth::JobSecret;
 use super::DistError;
+use std::net::IpAddr;
 
 /// The variables every rank needs, as `torchrun` sets them.
 pub const VARS: [&str; 6] = [
@@ -30,6 +32,12 @@ pub struct LaunchEnv {
     /// own store on `MASTER_PORT` (`TORCHELASTIC_USE_AGENT_STORE=True`);
     /// else `MASTER_PORT`.
     pub store_port: u16,
+    /// The job secret, when the launcher gives one (`FICCO_JOB_SECRET`);
+    /// else [`super::auth::SecretSource::for_env`] decides.
+    pub secret: Option<JobSecret>,
+    /// Where rank 0's store listens (`FICCO_STORE_BIND`); else 127.0.0.1
+    /// on one node, the address `master_addr` resolves to on several.
+    pub store_bind: Option<IpAddr>,
 }
 
 impl LaunchEnv {
@@ -93,6 +101,7 @@ impl LaunchEnv {
             })?,
             None => master_port,
         };
+        let (secret, store_bind) = Self::security_from_lookup(&get)?;
         let bad = |var: &'static str, value: usize, why: &'static str| DistError::InvalidVar {
             var,
             value: value.to_string(),
@@ -126,17 +135,57 @@ impl LaunchEnv {
             master_addr,
             master_port,
             store_port,
+            secret,
+            store_bind,
         })
     }
 
+    /// `FICCO_JOB_SECRET` and `FICCO_STORE_BIND` through `get` (the Python
+    /// constructor reads them too), each checked; unset or empty is `None`.
+    pub fn security_from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<(Option<JobSecret>, Option<IpAddr>), DistError> {
+        use ficco_core::settings::{JOB_SECRET, STORE_BIND};
+        let set = |var: &str| get(var).filter(|v| !v.trim().is_empty());
+        let secret = match set(JOB_SECRET) {
+            Some(v) => Some(JobSecret::from_hex(&v).ok_or(DistError::InvalidVar {
+                var: JOB_SECRET,
+                // Never echo (part of) a secret into a log.
+                value: format!("<{} characters>", v.trim().len()),
+                why: "not 64 hex digits (e.g. `openssl rand -hex 32`)",
+            })?),
+            None => None,
+        };
+        let store_bind = match set(STORE_BIND) {
+            Some(v) => Some(
+                v.trim()
+                    .parse::<IpAddr>()
+                    .map_err(|_| DistError::InvalidVar {
+                        var: STORE_BIND,
+                        value: v,
+                        why: "not an IP address",
+                    })?,
+            ),
+            None => None,
+        };
+        Ok((secret, store_bind))
+    }
+
+    /// Whether every rank of the job runs on this node.
+    pub fn one_node(&self) -> bool {
+        self.local_world_size == self.world_size
+    }
+
     /// The variables of rank `rank` of a single-node job of `world` ranks
-    /// whose store is at `addr:port` (what a launcher of child processes,
-    /// such as the tests, gives each child).
+    /// whose store is at `addr:port` and whose secret is `secret` (what a
+    /// launcher of child processes, such as the tests, gives each child;
+    /// the launcher draws the secret once for all of them).
     pub fn vars_for(
         rank: usize,
         world: usize,
         addr: &str,
         port: u16,
+        secret: &JobSecret,
     ) -> Vec<(&'static str, String)> {
         vec![
             ("RANK", rank.to_string()),
@@ -148,6 +197,7 @@ impl LaunchEnv {
             // Explicit, so a torchrun variable inherited from the parent
             // cannot move the store.
             ("FICCO_STORE_PORT", port.to_string()),
+            (ficco_core::settings::JOB_SECRET, secret.to_hex()),
         ]
     }
 }
@@ -197,6 +247,8 @@ mod tests {
                 master_addr: "node0".into(),
                 master_port: 29500,
                 store_port: 29500,
+                secret: None,
+                store_bind: None,
             }
         );
     }
@@ -229,6 +281,38 @@ mod tests {
             port(&[("FICCO_STORE_PORT", "0")]),
             Err(DistError::InvalidVar {
                 var: "FICCO_STORE_PORT",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn the_secret_and_the_bind_address_are_checked_and_the_secret_never_echoed() {
+        let hex = "ab".repeat(32);
+        let e = with("FICCO_JOB_SECRET", Some(&hex)).expect("a secret");
+        assert_eq!(e.secret, JobSecret::from_hex(&hex));
+        let mut pairs: Vec<(&str, &str)> = GOOD.to_vec();
+        pairs.push(("FICCO_STORE_BIND", "10.1.2.3"));
+        assert_eq!(
+            env(&pairs).expect("bind").store_bind,
+            Some("10.1.2.3".parse().expect("ip"))
+        );
+        let short = "ab".repeat(31);
+        match with("FICCO_JOB_SECRET", Some(&short)) {
+            Err(
+                e @ DistError::InvalidVar {
+                    var: "FICCO_JOB_SECRET",
+                    ..
+                },
+            ) => assert!(!e.to_string().contains(&short), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        pairs.pop();
+        pairs.push(("FICCO_STORE_BIND", "node0"));
+        assert!(matches!(
+            env(&pairs),
+            Err(DistError::InvalidVar {
+                var: "FICCO_STORE_BIND",
                 ..
             })
         ));
@@ -284,9 +368,12 @@ mod tests {
 
     #[test]
     fn vars_for_round_trips() {
-        let v = LaunchEnv::vars_for(1, 4, "127.0.0.1", 4000);
+        let secret = JobSecret::generate().expect("random");
+        let v = LaunchEnv::vars_for(1, 4, "127.0.0.1", 4000, &secret);
         let m: HashMap<&str, String> = v.into_iter().collect();
         let e = LaunchEnv::from_lookup(|k| m.get(k).cloned()).expect("valid");
+        assert_eq!(e.secret, Some(secret));
+        assert!(e.one_node());
         assert_eq!(
             (e.rank, e.world_size, e.local_rank, e.local_world_size),
             (1, 4, 1, 4)

@@ -2,10 +2,20 @@
 //! messages over Unix-domain sockets (how PyTorch's symmetric memory passes
 //! its CUDA allocation handles). The sockets are in Linux's abstract
 //! namespace, so no file is left behind by a rank that dies.
+//!
+//! Anyone in the network namespace can connect to an abstract socket, so
+//! both ends check who is on the other side (`SO_PEERCRED`, which the
+//! kernel fills, not the peer): a receiver takes a descriptor only from a
+//! process of this user whose pid a rank of the job announced in the store,
+//! and only with that rank's tag; a connection from anything else is
+//! logged and closed, and the receiver keeps waiting for the real peer
+//! until its deadline. A sender gives its descriptor only to the process
+//! its peer rank announced. The socket names carry a random token that
+//! only the store's holders of the job secret can read.
 
 use super::{DistError, Rendezvous};
 use std::io::{IoSlice, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
@@ -69,23 +79,25 @@ pub fn recv_fd(sock: &UnixStream) -> std::io::Result<(u64, OwnedFd)> {
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // Take ownership of any descriptor first, so it is closed on every error.
-    let mut fd: Option<OwnedFd> = None;
-    // SAFETY: the kernel filled `control` up to msg_controllen; the CMSG
-    // macros walk only inside it.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
-                if fd.is_none() {
-                    fd = Some(OwnedFd::from_raw_fd(raw));
-                } else {
-                    drop(OwnedFd::from_raw_fd(raw));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
+    let controllen = (msg.msg_controllen as usize).min(space);
+    let bytes: Vec<u8> = control
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .take(controllen)
+        .collect();
+    let parsed = scm_rights(&bytes);
+    // Take ownership of every descriptor first, so each is closed on every
+    // error and only the first is kept.
+    let fds: Vec<OwnedFd> = parsed
+        .fds
+        .into_iter()
+        // SAFETY: the kernel installed these descriptors in this process
+        // for this message (SCM_RIGHTS), and nothing else owns them.
+        .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) })
+        .collect();
+    let fd = fds.into_iter().next();
+    if parsed.malformed {
+        return Err(std::io::Error::other("malformed control message"));
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         return Err(std::io::Error::other("SCM_RIGHTS message truncated"));
@@ -96,6 +108,101 @@ pub fn recv_fd(sock: &UnixStream) -> std::io::Result<(u64, OwnedFd)> {
         (&*sock).read_exact(&mut data[n as usize..])?;
     }
     Ok((u64::from_le_bytes(data), fd))
+}
+
+/// The descriptors of the `SCM_RIGHTS` messages in a control buffer, read
+/// within its bounds whatever the headers claim; `malformed` when a header
+/// claims more than the buffer holds (the walk stops there).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ScmRights {
+    pub fds: Vec<RawFd>,
+    pub malformed: bool,
+}
+
+/// Walks `control` as `recvmsg` fills it (what `CMSG_FIRSTHDR` and
+/// `CMSG_NXTHDR` do, in safe bounds-checked code so that a fuzzer can feed
+/// it anything): every descriptor of every `SCM_RIGHTS` message.
+pub fn scm_rights(control: &[u8]) -> ScmRights {
+    let word = std::mem::size_of::<usize>();
+    let align = |n: usize| n.checked_add(word - 1).map(|v| v & !(word - 1));
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let mut out = ScmRights::default();
+    let mut at = 0usize;
+    while control.len().saturating_sub(at) >= hdr {
+        // SAFETY: `hdr` bytes at `at` are inside `control` (checked above);
+        // cmsghdr is plain data, read unaligned.
+        let h: libc::cmsghdr = unsafe { std::ptr::read_unaligned(control[at..].as_ptr().cast()) };
+        let len = h.cmsg_len as usize;
+        if len < hdr || len > control.len() - at {
+            out.malformed = true;
+            break;
+        }
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            let start = align(hdr).map_or(len, |d| at + d.min(len));
+            out.fds.extend(
+                control[start..at + len]
+                    .chunks_exact(4)
+                    .map(|c| RawFd::from_ne_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+        match align(len) {
+            Some(step) => at = at.saturating_add(step),
+            None => break,
+        }
+    }
+    out
+}
+
+/// The credentials the kernel recorded for the other end of `sock`
+/// (`SO_PEERCRED`: the peer's pid and uid when it connected or listened).
+pub fn peer_cred(sock: &UnixStream) -> std::io::Result<libc::ucred> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a live socket and a writable ucred of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred)
+}
+
+/// This process's effective uid (what `SO_PEERCRED` reports for it).
+fn my_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether a connection from `(pid, uid)` may send a descriptor: the same
+/// uid as this process, and a pid announced by a rank still awaited
+/// (`pending`: rank and its announced pid).
+pub fn admit(pid: i32, uid: u32, my_uid: u32, pending: &[(usize, u32)]) -> Result<(), String> {
+    if uid != my_uid {
+        return Err(format!("uid {uid} is not this job's ({my_uid})"));
+    }
+    if !pending.iter().any(|&(_, p)| i64::from(p) == i64::from(pid)) {
+        return Err(format!("pid {pid} is no awaited rank of this job"));
+    }
+    Ok(())
+}
+
+/// The rank a descriptor with `tag` from `pid` counts for: a rank still
+/// awaited that announced exactly that pid (several ranks may share one
+/// process when threads stand in for ranks).
+pub fn rank_of(tag: u64, pid: i32, pending: &[(usize, u32)]) -> Result<usize, String> {
+    pending
+        .iter()
+        .find(|&&(r, p)| r as u64 == tag && i64::from(p) == i64::from(pid))
+        .map(|&(r, _)| r)
+        .ok_or_else(|| format!("tag {tag} is not a rank that pid {pid} announced"))
 }
 
 /// Each local rank's descriptor at every local rank: this rank passes its
@@ -110,10 +217,11 @@ pub fn exchange(
 ) -> Result<Vec<Option<OwnedFd>>, DistError> {
     let deadline = Instant::now() + rv.store().timeout;
     let me = rv.env.rank;
+    let token = if me == 0 { Some(job_token()?) } else { None };
     let token = rv.broadcast(
         &format!("fd/{name}/token"),
         0,
-        (me == 0).then(|| job_token().into_bytes()).as_deref(),
+        token.as_ref().map(|t| t.as_bytes()),
     )?;
     let token = String::from_utf8_lossy(&token).into_owned();
     let sock_name = |r: usize| format!("ficco.{token}.{name}.{r}");
@@ -127,16 +235,26 @@ pub fn exchange(
         .map_err(io("a non-blocking fd socket".into()))?;
     rv.barrier(&format!("fd/{name}/bound"))?;
     let peers: Vec<usize> = rv.local_ranks().into_iter().filter(|&r| r != me).collect();
+    let pids = rv.pids();
+    let expected: Vec<(usize, u32)> = peers.iter().map(|&q| (q, pids[q])).collect();
     let (got, sent) = std::thread::scope(|s| {
         let sender = s.spawn(|| -> std::io::Result<()> {
             for &q in &peers {
                 let a = SocketAddr::from_abstract_name(sock_name(q).as_bytes())?;
                 let c = UnixStream::connect_addr(&a)?;
+                // Whoever listens under rank q's name must be rank q's process.
+                let cred = peer_cred(&c)?;
+                admit(cred.pid, cred.uid, my_uid(), &[(q, pids[q])]).map_err(|why| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("the socket of rank {q} is held by another process: {why}"),
+                    )
+                })?;
                 send_fd(&c, me as u64, fd)?;
             }
             Ok(())
         });
-        let got = accept_all(&listener, peers.len(), deadline);
+        let got = accept_all(&listener, &expected, deadline);
         let sent = sender
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("fd sender thread panicked")));
@@ -145,8 +263,8 @@ pub fn exchange(
     let got = got.map_err(io(format!("rank {me} receiving descriptors")))?;
     sent.map_err(io(format!("rank {me} sending its descriptor")))?;
     let mut out: Vec<Option<OwnedFd>> = (0..rv.env.world_size).map(|_| None).collect();
-    for (tag, fd) in got {
-        if let Some(slot) = out.get_mut(tag as usize) {
+    for (r, fd) in got {
+        if let Some(slot) = out.get_mut(r) {
             *slot = Some(fd);
         }
     }
@@ -162,28 +280,36 @@ pub fn exchange(
     Ok(out)
 }
 
-/// Accepts `n` connections and one descriptor from each before `deadline`.
+/// Accepts one descriptor from each rank of `expected` (rank, announced
+/// pid) before `deadline`, by rank; connections from other processes, with
+/// a wrong tag or a broken message are logged and closed.
 fn accept_all(
     listener: &UnixListener,
-    n: usize,
+    expected: &[(usize, u32)],
     deadline: Instant,
-) -> std::io::Result<Vec<(u64, OwnedFd)>> {
-    let mut got = Vec::with_capacity(n);
-    while got.len() < n {
+) -> std::io::Result<Vec<(usize, OwnedFd)>> {
+    let mut pending = expected.to_vec();
+    let mut got = Vec::with_capacity(expected.len());
+    while !pending.is_empty() {
         match listener.accept() {
-            Ok((c, _)) => {
-                c.set_nonblocking(false)?;
-                let left = deadline.saturating_duration_since(Instant::now());
-                c.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-                got.push(recv_fd(&c)?);
-            }
+            Ok((c, _)) => match take_one(&c, &pending, deadline) {
+                Ok((r, fd)) => {
+                    pending.retain(|&(q, _)| q != r);
+                    got.push((r, fd));
+                }
+                Err(why) => {
+                    eprintln!("ficco: warning: a descriptor socket refused a connection: {why}")
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
+                    let missing: Vec<usize> = pending.iter().map(|&(r, _)| r).collect();
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
-                            "{} of {n} local peers sent their descriptor in time",
-                            got.len()
+                            "{} of {} local peers sent their descriptor in time (missing ranks {missing:?})",
+                            got.len(),
+                            expected.len()
                         ),
                     ));
                 }
@@ -195,13 +321,33 @@ fn accept_all(
     Ok(got)
 }
 
-/// A name unique to this job's run: rank 0's pid and clock.
-fn job_token() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{}-{nanos}", std::process::id())
+/// The rank and descriptor of one accepted connection, or why it is refused.
+fn take_one(
+    c: &UnixStream,
+    pending: &[(usize, u32)],
+    deadline: Instant,
+) -> Result<(usize, OwnedFd), String> {
+    let cred = peer_cred(c).map_err(|e| format!("no peer credentials: {e}"))?;
+    let who = format!("pid {} uid {}", cred.pid, cred.uid);
+    // Checked before reading anything, so a foreign process cannot make
+    // this rank wait on it.
+    admit(cred.pid, cred.uid, my_uid(), pending).map_err(|e| format!("{who}: {e}"))?;
+    let setup = c.set_nonblocking(false).and_then(|()| {
+        let left = deadline.saturating_duration_since(Instant::now());
+        c.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+    });
+    setup.map_err(|e| format!("{who}: {e}"))?;
+    let (tag, fd) = recv_fd(c).map_err(|e| format!("{who}: {e}"))?;
+    let r = rank_of(tag, cred.pid, pending).map_err(|e| format!("{who}: {e}"))?;
+    Ok((r, fd))
+}
+
+/// A name unique to this job's run, that nobody outside the job can
+/// guess: 128 random bits.
+fn job_token() -> Result<String, DistError> {
+    let mut b = [0u8; 16];
+    super::auth::random_bytes(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 #[cfg(test)]
@@ -216,7 +362,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!(
             "ficco-fdpass-{}-{}",
             std::process::id(),
-            job_token()
+            job_token().expect("random")
         ));
         let mut f = std::fs::OpenOptions::new()
             .read(true)
@@ -250,6 +396,94 @@ mod tests {
         assert_eq!(read_all(fd), "over the wire");
     }
 
+    /// A control buffer as `recvmsg` fills it: one `SCM_RIGHTS` message
+    /// per entry of `msgs`, with those descriptors (raw numbers only).
+    fn control_of(msgs: &[Vec<RawFd>]) -> Vec<u8> {
+        let word = std::mem::size_of::<usize>();
+        let hdr = std::mem::size_of::<libc::cmsghdr>();
+        let mut out = vec![];
+        for fds in msgs {
+            let len = hdr + 4 * fds.len();
+            // SAFETY: cmsghdr is plain data.
+            let mut h: libc::cmsghdr = unsafe { std::mem::zeroed() };
+            h.cmsg_len = len as _;
+            h.cmsg_level = libc::SOL_SOCKET;
+            h.cmsg_type = libc::SCM_RIGHTS;
+            // SAFETY: reading the bytes of a plain-data value.
+            let bytes: [u8; std::mem::size_of::<libc::cmsghdr>()] =
+                unsafe { std::mem::transmute(h) };
+            out.extend_from_slice(&bytes);
+            fds.iter()
+                .for_each(|f| out.extend_from_slice(&f.to_ne_bytes()));
+            out.resize(out.len().div_ceil(word) * word, 0);
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Every descriptor of every message is found, in order.
+        #[test]
+        fn control_messages_round_trip(
+            msgs in proptest::collection::vec(proptest::collection::vec(0..4096i32, 0..5), 0..4)
+        ) {
+            let parsed = scm_rights(&control_of(&msgs));
+            proptest::prop_assert!(!parsed.malformed);
+            proptest::prop_assert_eq!(parsed.fds, msgs.concat());
+        }
+
+        /// A truncated buffer yields only descriptors that were in it, in
+        /// order, and never more than the bytes could hold.
+        #[test]
+        fn truncated_control_yields_a_prefix(
+            msgs in proptest::collection::vec(proptest::collection::vec(0..4096i32, 1..5), 1..4),
+            cut in 0usize..200,
+        ) {
+            let full = control_of(&msgs);
+            let cut = cut.min(full.len());
+            let parsed = scm_rights(&full[..cut]);
+            let all = msgs.concat();
+            proptest::prop_assert!(parsed.fds.len() <= cut / 4);
+            proptest::prop_assert_eq!(&parsed.fds[..], &all[..parsed.fds.len()]);
+        }
+
+        /// Arbitrary bytes (huge lengths, unknown levels and types) never
+        /// panic and never yield more descriptors than the bytes hold.
+        #[test]
+        fn arbitrary_control_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let parsed = scm_rights(&bytes);
+            proptest::prop_assert!(parsed.fds.len() <= bytes.len() / 4);
+        }
+
+        /// Only a pending rank's own pid under this uid is admitted, and its
+        /// tag must be a rank that pid announced.
+        #[test]
+        fn only_announced_pids_with_their_ranks_tag_are_taken(
+            pid in 1i32..100, uid in 0u32..3, tag in 0u64..6,
+        ) {
+            let pending = [(1usize, 10u32), (2, 20), (3, 20)];
+            let admitted = admit(pid, uid, 1, &pending).is_ok();
+            proptest::prop_assert_eq!(admitted, uid == 1 && (pid == 10 || pid == 20));
+            let rank = rank_of(tag, pid, &pending).ok();
+            let want = match (pid, tag) {
+                (10, 1) => Some(1),
+                (20, 2) => Some(2),
+                (20, 3) => Some(3),
+                _ => None,
+            };
+            proptest::prop_assert_eq!(rank, want);
+        }
+    }
+
+    #[test]
+    fn a_header_that_claims_more_than_the_buffer_is_malformed() {
+        let mut c = control_of(&[vec![7, 8]]);
+        // cmsg_len is the first field: claim 4 GiB.
+        let word = std::mem::size_of::<usize>();
+        c[..word].copy_from_slice(&(u32::MAX as usize).to_ne_bytes());
+        let parsed = scm_rights(&c);
+        assert!(parsed.malformed && parsed.fds.is_empty(), "{parsed:?}");
+    }
+
     #[test]
     fn a_message_without_a_descriptor_is_an_error() {
         let (a, b) = UnixStream::pair().expect("pair");
@@ -275,6 +509,8 @@ mod tests {
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
                         store_port: port,
+                        secret: crate::runtime::JobSecret::from_hex(&"17".repeat(32)),
+                        store_bind: None,
                     };
                     let rv = Rendezvous::join_as(env, Duration::from_secs(10), "n0").expect("join");
                     let f = file_with(&format!("rank {r}"));

@@ -4,10 +4,11 @@
 //! | module | role |
 //! |---|---|
 //! | [`env`] | the launcher environment (`RANK`, `WORLD_SIZE`, ... as `torchrun` sets them) |
+//! | [`auth`] | the job secret and the challenge every store connection passes |
 //! | [`store`] | a TCP key-value store hosted by rank 0, every wait bounded, dead ranks detected |
 //! | [`Rendezvous`] | joins the job: store, hostnames (one node or several), barriers, broadcast, the NCCL id |
 //! | [`nccl`] | the NCCL unique id through the store; one communicator rank per process |
-//! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket) |
+//! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket), from the job's processes only |
 //! | [`shared`] | VMM device memory exported as a POSIX fd, imported and mapped by the node's other ranks |
 //! | [`job`] | [`job::Job`]: a backend's rank of a job: shared arena and flags, its NCCL communicators, results exchanged |
 //!
@@ -17,18 +18,31 @@
 //! others' waits with "store lost". Across nodes only the NCCL id crosses;
 //! memory is shared only between the ranks of one node, which the hostnames
 //! say.
+//!
+//! Security (the README's "Security" says the same for users): the store
+//! listens on 127.0.0.1 when every rank is on one node, else on the
+//! address `MASTER_ADDR` resolves to (`FICCO_STORE_BIND` overrides), and
+//! serves only connections that prove they know the job secret; each rank
+//! announces its pid in the store, and the descriptor sockets take
+//! descriptors only from those pids under this user's uid.
 
+pub mod auth;
 pub mod env;
 pub mod fdpass;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod job;
 pub(crate) mod nccl;
 pub mod shared;
 pub mod store;
 
+pub use auth::JobSecret;
 pub use env::LaunchEnv;
 pub use store::{StoreClient, StoreServer};
 
-use std::time::Duration;
+use auth::{NodeSecretFile, SecretSource};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 /// Default bound of every rendezvous wait (`FICCO_DIST_TIMEOUT_MS` overrides).
 pub const DEFAULT_TIMEOUT: Duration =
@@ -56,20 +70,110 @@ pub fn hostname() -> Result<String, DistError> {
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
-/// Publishes this rank's host and reads everybody's.
+/// Publishes this rank's host and pid and reads everybody's.
 fn gather_hosts(
     store: &StoreClient,
     env: &LaunchEnv,
     host: &str,
-) -> Result<Vec<String>, DistError> {
+) -> Result<(Vec<String>, Vec<u32>), DistError> {
+    // The pid first: a rank that has every host has every pid too.
+    store.set(
+        &format!("pid/{}", env.rank),
+        &std::process::id().to_le_bytes(),
+    )?;
     store.set(&format!("host/{}", env.rank), host.as_bytes())?;
-    (0..env.world_size)
+    let hosts = (0..env.world_size)
         .map(|r| {
             store
                 .get(&format!("host/{r}"))
                 .map(|h| String::from_utf8_lossy(&h).into_owned())
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let pids = (0..env.world_size)
+        .map(|r| {
+            let v = store.get(&format!("pid/{r}"))?;
+            <[u8; 4]>::try_from(v.as_slice())
+                .map(u32::from_le_bytes)
+                .map_err(|_| DistError::Mismatch(format!("rank {r} announced a malformed pid")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((hosts, pids))
+}
+
+/// Where rank 0's store listens: `FICCO_STORE_BIND`, else 127.0.0.1 when
+/// every rank is on this node, else the first address `MASTER_ADDR`
+/// resolves to that is not a loopback one (other nodes must reach it);
+/// never every interface unless the override says so.
+pub fn store_bind_addr(env: &LaunchEnv) -> Result<SocketAddr, DistError> {
+    if let Some(ip) = env.store_bind {
+        return Ok(SocketAddr::new(ip, env.store_port));
+    }
+    if env.one_node() {
+        return Ok(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), env.store_port));
+    }
+    let resolved: Vec<SocketAddr> = (env.master_addr.as_str(), env.store_port)
+        .to_socket_addrs()
+        .map_err(|e| DistError::Io {
+            what: format!("resolving MASTER_ADDR {:?}", env.master_addr),
+            source: e,
+        })?
+        .collect();
+    resolved
+        .iter()
+        .find(|a| !a.ip().is_loopback())
+        .copied()
+        .ok_or_else(|| DistError::InvalidVar {
+            var: "MASTER_ADDR",
+            value: env.master_addr.clone(),
+            why: "resolves to no address other nodes can reach (only loopback or none); \
+                  set MASTER_ADDR to this node's address, or FICCO_STORE_BIND",
+        })
+}
+
+/// Where the ranks reach the store: 127.0.0.1 (or the bind override) on
+/// one node, whatever `MASTER_ADDR` names, else `MASTER_ADDR`.
+pub fn store_connect_addr(env: &LaunchEnv) -> String {
+    let port = env.store_port;
+    match env.store_bind {
+        _ if !env.one_node() => format!("{}:{port}", env.master_addr),
+        Some(ip) if !ip.is_unspecified() => SocketAddr::new(ip, port).to_string(),
+        _ => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port).to_string(),
+    }
+}
+
+/// Connects to the store with the job's secret: rank 0 passes the secret
+/// it drew or was given (`own`); the others take it from `source`, and
+/// with a node secret file, read it again after a refusal (they may have
+/// read a stale file of an earlier job before rank 0 replaced it).
+fn connect_store(
+    env: &LaunchEnv,
+    timeout: Duration,
+    source: &SecretSource,
+    own: Option<&JobSecret>,
+) -> Result<StoreClient, DistError> {
+    let deadline = Instant::now() + timeout;
+    let addr = store_connect_addr(env);
+    loop {
+        let secret = match (own, source) {
+            (Some(s), _) | (None, SecretSource::Given(s)) => s.clone(),
+            (None, SecretSource::NodeFile(p)) => auth::read_node_secret(p, deadline)?,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        match StoreClient::connect(&addr, env.rank, left.max(Duration::from_millis(1)), &secret) {
+            Err(DistError::StoreAuth { .. })
+                if own.is_none()
+                    && matches!(source, SecretSource::NodeFile(_))
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(mut c) => {
+                c.timeout = timeout;
+                return Ok(c);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// See [`Rendezvous::fail`].
@@ -91,29 +195,44 @@ pub struct Rendezvous {
     store: StoreClient,
     /// Rank r's host name.
     hosts: Vec<String>,
+    /// Rank r's process id, as it announced it.
+    pids: Vec<u32>,
+    // Rank 0 of a job with a node secret file removes it at the end.
+    _secret_file: Option<NodeSecretFile>,
     // Dropped last: the server outlives this rank's own client.
     _server: Option<StoreServer>,
 }
 
 impl Rendezvous {
-    /// Joins the job described by `env`: rank 0 hosts the store at
-    /// `MASTER_ADDR:MASTER_PORT` (on every interface of that port), every
-    /// rank connects, publishes its host name, and waits for everybody's,
-    /// each wait bounded by `timeout`.
+    /// Joins the job described by `env`: rank 0 hosts the store (at
+    /// [`store_bind_addr`], serving only holders of the job secret: see
+    /// [`auth`]), every rank connects, publishes its host name and pid, and
+    /// waits for everybody's, each wait bounded by `timeout`.
     pub fn join(env: LaunchEnv, timeout: Duration) -> Result<Self, DistError> {
         Self::join_as(env, timeout, &hostname()?)
     }
 
     /// [`Self::join`] with a given host name (tests stand in for nodes).
     pub fn join_as(env: LaunchEnv, timeout: Duration, host: &str) -> Result<Self, DistError> {
-        let server = if env.rank == 0 {
-            Some(StoreServer::bind(&format!("0.0.0.0:{}", env.store_port))?)
+        let source = SecretSource::for_env(&env)?;
+        let (server, secret_file, own) = if env.rank == 0 {
+            let secret = match &source {
+                SecretSource::Given(s) => s.clone(),
+                SecretSource::NodeFile(_) => JobSecret::generate()?,
+            };
+            let server = StoreServer::bind(&store_bind_addr(&env)?.to_string(), secret.clone())?;
+            // Written once the port is this job's, so the file at this
+            // port's name is this job's too.
+            let file = match &source {
+                SecretSource::NodeFile(p) => Some(NodeSecretFile::write(p, &secret)?),
+                SecretSource::Given(_) => None,
+            };
+            (Some(server), file, Some(secret))
         } else {
-            None
+            (None, None, None)
         };
-        let addr = format!("{}:{}", env.master_addr, env.store_port);
-        let store = StoreClient::connect(&addr, env.rank, timeout)?;
-        let hosts = match gather_hosts(&store, &env, host) {
+        let store = connect_store(&env, timeout, &source, own.as_ref())?;
+        let (hosts, pids) = match gather_hosts(&store, &env, host) {
             Ok(h) => h,
             Err(e) => return Err(fail(&store, e)),
         };
@@ -121,6 +240,8 @@ impl Rendezvous {
             env,
             store,
             hosts,
+            pids,
+            _secret_file: secret_file,
             _server: server,
         };
         // Everybody has every host before anybody may fail on them: a rank
@@ -154,6 +275,11 @@ impl Rendezvous {
     /// Rank r's host name.
     pub fn hosts(&self) -> &[String] {
         &self.hosts
+    }
+
+    /// Rank r's process id, as it announced it in the store.
+    pub fn pids(&self) -> &[u32] {
+        &self.pids
     }
 
     /// Whether every rank runs on this rank's host: copy-engine and fused
@@ -259,6 +385,7 @@ pub(crate) fn run_children(
         .map(|a| a.port())
         .expect("a free port");
     let exe = std::env::current_exe().expect("test binary");
+    let secret = JobSecret::generate().expect("a job secret");
     // A child that matches no test exits 0 having run nothing: check the name
     // first (a module move once left a test passing without its ranks).
     let listed = Command::new(&exe)
@@ -280,7 +407,7 @@ pub(crate) fn run_children(
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port))
+            .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port, &secret))
             .env(child_var, "1")
             .env("FICCO_DIST_TIMEOUT_MS", "30000")
             .stdout(Stdio::inherit())
@@ -353,6 +480,9 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: port,
             store_port: port,
+            secret: JobSecret::from_hex(&"17".repeat(32)),
+            // Nodes stood in for by threads: all on this machine.
+            store_bind: Some(Ipv4Addr::LOCALHOST.into()),
         }
     }
 

@@ -291,6 +291,8 @@ mod tests {
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
                         store_port: port,
+                        secret: crate::runtime::JobSecret::from_hex(&"17".repeat(32)),
+                        store_bind: None,
                     };
                     // Rank 0 may still be joining when rank 1 fails.
                     let rv = match Rendezvous::join_as(env, Duration::from_secs(20), "n") {

@@ -9,10 +9,16 @@
 //! ([`DistError::StoreLost`]). So a rank that dies or never arrives ends
 //! every other rank with an error within the timeout.
 //!
-//! Wire format: frames of a one-byte opcode, then length-prefixed fields
-//! (u32 little-endian lengths, u64 numbers); one thread per connection on
-//! the server, requests answered in order.
+//! Who may connect: every connection first passes the job secret's
+//! challenge ([`super::auth`]); one that fails it is logged with its
+//! address and closed, and nothing else is served to it (no key, no abort),
+//! while the job goes on.
+//!
+//! Wire format (after the challenge): frames of a one-byte opcode, then
+//! length-prefixed fields (u32 little-endian lengths, u64 numbers); one
+//! thread per connection on the server, requests answered in order.
 
+use super::auth::{answer_challenge, serve_challenge, JobSecret};
 use super::DistError;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -35,7 +41,11 @@ const REPLY_LOST: u8 = 2;
 const REPLY_ABORTED: u8 = 3;
 
 /// Keys and values larger than this are refused (a corrupt or foreign peer).
-const MAX_FIELD: u32 = 1 << 20;
+pub const MAX_FIELD: u32 = 1 << 20;
+
+/// How long a new connection may take to answer the challenge (a silent
+/// one then loses its thread, not the job's time).
+const CHALLENGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct State {
@@ -49,8 +59,9 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    /// Open client connections.
+    /// Open client connections that passed the challenge.
     clients: std::sync::atomic::AtomicUsize,
+    secret: JobSecret,
 }
 
 impl Shared {
@@ -76,8 +87,9 @@ pub struct StoreServer {
 }
 
 impl StoreServer {
-    /// Listens on `addr` (port 0 picks a free one: see [`Self::addr`]).
-    pub fn bind(addr: &str) -> Result<Self, DistError> {
+    /// Listens on `addr` (port 0 picks a free one: see [`Self::addr`]),
+    /// serving only connections that prove they know `secret`.
+    pub fn bind(addr: &str, secret: JobSecret) -> Result<Self, DistError> {
         let listener = TcpListener::bind(addr).map_err(|e| DistError::Io {
             what: format!(
                 "binding the rendezvous store at {addr}{}",
@@ -101,6 +113,7 @@ impl StoreServer {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             clients: std::sync::atomic::AtomicUsize::new(0),
+            secret,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -158,8 +171,26 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Arc<AtomicBool>
     }
 }
 
-/// Serves one client until it says goodbye or disconnects.
-fn serve(conn: TcpStream, shared: &Shared) {
+/// Challenges one connection, then serves it until it says goodbye or
+/// disconnects; one that fails the challenge is logged and closed.
+fn serve(mut conn: TcpStream, shared: &Shared) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_nodelay(true);
+    let peer = conn
+        .peer_addr()
+        .map_or_else(|_| "an unknown address".to_string(), |a| a.to_string());
+    let passed = conn
+        .set_read_timeout(Some(CHALLENGE_TIMEOUT))
+        .map_err(super::auth::AuthError::Io)
+        .and_then(|()| serve_challenge(&mut conn, &shared.secret))
+        .and_then(|()| {
+            conn.set_read_timeout(None)
+                .map_err(super::auth::AuthError::Io)
+        });
+    if let Err(e) = passed {
+        eprintln!("ficco: warning: the rendezvous store refused a connection from {peer}: {e}");
+        return;
+    }
     shared.clients.fetch_add(1, Ordering::AcqRel);
     serve_requests(conn, shared);
     shared.clients.fetch_sub(1, Ordering::AcqRel);
@@ -167,7 +198,7 @@ fn serve(conn: TcpStream, shared: &Shared) {
 
 /// One request of the wire format (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Request {
+pub(crate) enum Request {
     /// The client's rank.
     Hello(u64),
     Set(Vec<u8>, Vec<u8>),
@@ -182,7 +213,7 @@ enum Request {
 
 impl Request {
     /// The frame of this request: what [`read_request`] reads.
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![];
         match self {
             Request::Hello(r) => {
@@ -216,7 +247,7 @@ impl Request {
 /// Reads one request. `Ok(None)`: the connection closed between requests;
 /// an error: a truncated frame, an unknown opcode or a field over
 /// [`MAX_FIELD`] (refused before anything is allocated for it).
-fn read_request(r: &mut impl Read) -> std::io::Result<Option<Request>> {
+pub(crate) fn read_request(r: &mut impl Read) -> std::io::Result<Option<Request>> {
     let Ok(op) = read_u8(r) else {
         return Ok(None);
     };
@@ -237,8 +268,6 @@ fn read_request(r: &mut impl Read) -> std::io::Result<Option<Request>> {
 }
 
 fn serve_requests(mut conn: TcpStream, shared: &Shared) {
-    let _ = conn.set_nonblocking(false);
-    let _ = conn.set_nodelay(true);
     let mut rank: Option<usize> = None;
     let clean = loop {
         let req = match read_request(&mut conn) {
@@ -394,9 +423,15 @@ pub struct StoreClient {
 
 impl StoreClient {
     /// Connects to the store at `addr` as `rank`, retrying until `timeout`
-    /// (rank 0 may not be listening yet). `timeout` is also the default
-    /// wait of every `get`.
-    pub fn connect(addr: &str, rank: usize, timeout: Duration) -> Result<Self, DistError> {
+    /// (rank 0 may not be listening yet), and answers its challenge with
+    /// `secret` ([`DistError::StoreAuth`] when the two do not share it).
+    /// `timeout` is also the default wait of every `get`.
+    pub fn connect(
+        addr: &str,
+        rank: usize,
+        timeout: Duration,
+        secret: &JobSecret,
+    ) -> Result<Self, DistError> {
         let deadline = Instant::now() + timeout;
         let conn = loop {
             let last = match addr.to_socket_addrs() {
@@ -405,7 +440,7 @@ impl StoreClient {
                     for a in addrs {
                         let left = deadline.saturating_duration_since(Instant::now());
                         match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
-                            Ok(c) => return Self::hello(c, addr, rank, timeout),
+                            Ok(c) => return Self::hello(c, addr, rank, timeout, secret),
                             Err(e) => last = Some(e.to_string()),
                         }
                     }
@@ -426,12 +461,20 @@ impl StoreClient {
     }
 
     fn hello(
-        conn: TcpStream,
+        mut conn: TcpStream,
         addr: &str,
         rank: usize,
         timeout: Duration,
+        secret: &JobSecret,
     ) -> Result<Self, DistError> {
         let _ = conn.set_nodelay(true);
+        let auth = |e: super::auth::AuthError| DistError::StoreAuth {
+            addr: addr.to_string(),
+            why: e.to_string(),
+        };
+        conn.set_read_timeout(Some(CHALLENGE_TIMEOUT))
+            .map_err(|e| auth(e.into()))?;
+        answer_challenge(&mut conn, secret).map_err(auth)?;
         let c = StoreClient {
             conn: Mutex::new(conn),
             addr: addr.to_string(),
@@ -572,12 +615,31 @@ fn bad_reply(s: u8) -> std::io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::auth::{NONCE_LEN, PROOF_LEN};
     use proptest::prelude::*;
 
+    fn key() -> JobSecret {
+        JobSecret::from_hex(&"5a".repeat(32)).expect("hex")
+    }
+
     fn server() -> (StoreServer, String) {
-        let s = StoreServer::bind("127.0.0.1:0").expect("bind");
+        let s = StoreServer::bind("127.0.0.1:0", key()).expect("bind");
         let a = s.addr().to_string();
         (s, a)
+    }
+
+    /// A client of the test store (its secret).
+    fn connect(addr: &str, rank: usize, t: Duration) -> Result<StoreClient, DistError> {
+        StoreClient::connect(addr, rank, t, &key())
+    }
+
+    /// A raw connection that passed the challenge (to send hand-made frames).
+    fn raw_client(addr: &str) -> TcpStream {
+        let mut raw = TcpStream::connect(addr).expect("raw client");
+        raw.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        answer_challenge(&mut raw, &key()).expect("challenge");
+        raw
     }
 
     fn request() -> impl Strategy<Value = Request> {
@@ -614,6 +676,7 @@ mod tests {
         /// MAX_FIELD is accepted.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            crate::runtime::fuzzing::store_frames(&bytes);
             let mut r = bytes.as_slice();
             while let Ok(Some(req)) = read_request(&mut r) {
                 let longest = match &req {
@@ -642,13 +705,11 @@ mod tests {
     #[test]
     fn the_longest_wait_a_client_can_ask_for_is_served() {
         let (_s, addr) = server();
-        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
         a.set("k", b"v").expect("set");
-        let mut raw = TcpStream::connect(&addr).expect("raw client");
+        let mut raw = raw_client(&addr);
         raw.write_all(&Request::Get(b"k".to_vec(), u64::MAX).encode())
             .expect("send");
-        raw.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
         let mut status = [0u8; 1];
         raw.read_exact(&mut status)
             .expect("a reply, not a closed connection");
@@ -656,7 +717,8 @@ mod tests {
         assert_eq!(read_bytes(&mut raw).expect("value"), b"v");
     }
 
-    /// A connection that sends garbage or nothing does not stop the others.
+    /// A connection that sends garbage or nothing, before or after the
+    /// challenge, does not stop the others.
     #[test]
     fn a_bad_client_does_not_stop_the_others() {
         let (_s, addr) = server();
@@ -664,17 +726,61 @@ mod tests {
         let mut garbage = TcpStream::connect(&addr).expect("garbage");
         garbage.write_all(&[0xff, 1, 2, 3]).expect("garbage");
         let _ = silent.write_all(&[OP_SET, 0xff, 0xff]);
-        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
-        let b = StoreClient::connect(&addr, 1, Duration::from_secs(5)).expect("b");
+        let mut proven = raw_client(&addr);
+        proven
+            .write_all(&[OP_SET, 0xff, 0xff])
+            .expect("a truncated frame");
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let b = connect(&addr, 1, Duration::from_secs(5)).expect("b");
         a.set("k", b"value").expect("set");
         assert_eq!(b.get("k").expect("get"), b"value");
+    }
+
+    /// A client with another secret is refused before any operation: it
+    /// gets an error naming the store, its abort reaches nobody, and the
+    /// ranks that hold the secret go on.
+    #[test]
+    fn a_client_without_the_secret_is_refused_and_cannot_abort() {
+        let (_s, addr) = server();
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let other = JobSecret::from_hex(&"a5".repeat(32)).expect("hex");
+        match StoreClient::connect(&addr, 1, Duration::from_secs(5), &other) {
+            Err(DistError::StoreAuth { addr: at, .. }) => assert_eq!(at, addr),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a client with another secret was served"),
+        }
+        // A raw connection that skips the challenge and sends an abort and a
+        // set as its "answer" (exactly the answer's 64 bytes, so the server
+        // reads them as one).
+        let mut raw = TcpStream::connect(&addr).expect("raw");
+        let mut frames = Request::Abort(b"evil".to_vec()).encode();
+        frames.extend(Request::Set(b"k".to_vec(), b"evil".to_vec()).encode());
+        frames.resize(NONCE_LEN + PROOF_LEN, 0);
+        raw.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut hello = [0u8; 8 + NONCE_LEN];
+        raw.read_exact(&mut hello).expect("the challenge");
+        raw.write_all(&frames).expect("send");
+        let mut rest = vec![];
+        let _ = raw.read_to_end(&mut rest);
+        assert!(
+            rest.is_empty(),
+            "the server answered a failed proof: {rest:?}"
+        );
+        // The job goes on: no abort, no key set by the intruder.
+        a.set("k", b"good").expect("set");
+        assert_eq!(a.get("k").expect("get"), b"good");
+        assert!(matches!(
+            a.get_within("absent", Duration::from_millis(100)),
+            Err(DistError::Timeout { .. })
+        ));
     }
 
     #[test]
     fn set_then_get_and_get_waits_for_a_later_set() {
         let (_s, addr) = server();
-        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
-        let b = StoreClient::connect(&addr, 1, Duration::from_secs(5)).expect("b");
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let b = connect(&addr, 1, Duration::from_secs(5)).expect("b");
         a.set("k", b"value").expect("set");
         assert_eq!(b.get("k").expect("get"), b"value");
         let t = std::thread::spawn(move || {
@@ -693,7 +799,7 @@ mod tests {
     #[test]
     fn a_missing_key_times_out_within_its_bound() {
         let (_s, addr) = server();
-        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
         let t0 = Instant::now();
         match a.get_within("never", Duration::from_millis(200)) {
             Err(DistError::Timeout { key, waited_ms }) => {
@@ -711,8 +817,8 @@ mod tests {
     #[test]
     fn a_rank_that_disconnects_without_bye_fails_every_waiter() {
         let (_s, addr) = server();
-        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
-        let dying = StoreClient::connect(&addr, 3, Duration::from_secs(5)).expect("dying");
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let dying = connect(&addr, 3, Duration::from_secs(5)).expect("dying");
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             drop(dying);
@@ -728,8 +834,8 @@ mod tests {
         t.join().expect("thread");
         // A clean goodbye is not a death.
         let (_s2, addr2) = server();
-        let c = StoreClient::connect(&addr2, 0, Duration::from_secs(5)).expect("c");
-        let d = StoreClient::connect(&addr2, 1, Duration::from_secs(5)).expect("d");
+        let c = connect(&addr2, 0, Duration::from_secs(5)).expect("c");
+        let d = connect(&addr2, 1, Duration::from_secs(5)).expect("d");
         d.bye();
         drop(d);
         assert!(matches!(
@@ -741,8 +847,8 @@ mod tests {
     #[test]
     fn an_abort_ends_every_wait_with_the_reason() {
         let (_s, addr) = server();
-        let a = StoreClient::connect(&addr, 0, Duration::from_secs(5)).expect("a");
-        let b = StoreClient::connect(&addr, 2, Duration::from_secs(5)).expect("b");
+        let a = connect(&addr, 0, Duration::from_secs(5)).expect("a");
+        let b = connect(&addr, 2, Duration::from_secs(5)).expect("b");
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             b.abort("out of memory");
@@ -766,12 +872,12 @@ mod tests {
     #[test]
     fn a_stopped_store_is_unreachable_within_the_bound() {
         let (s, addr) = server();
-        let a = StoreClient::connect(&addr, 1, Duration::from_secs(5)).expect("a");
+        let a = connect(&addr, 1, Duration::from_secs(5)).expect("a");
         drop(s);
         // The accept thread is gone but the connection thread still serves;
         // a fresh client finds nobody listening.
         let t0 = Instant::now();
-        match StoreClient::connect(&addr, 2, Duration::from_millis(300)) {
+        match connect(&addr, 2, Duration::from_millis(300)) {
             Err(DistError::StoreUnreachable { waited_ms, .. }) => assert_eq!(waited_ms, 300),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("connected to a stopped store"),
