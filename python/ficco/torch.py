@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
 import os
 import socket
 import threading
@@ -522,7 +523,7 @@ def _check_schedule_arg(fn, op, schedule, gpus, sms) -> Optional[str]:
     if schedule == "auto":
         return None
     try:
-        return _native.check_schedule(op, schedule, gpus, sms)
+        return _checked_name(op, schedule, gpus, sms)
     except ValueError as e:
         p = gpus if gpus is not None else "P"
         raise ValueError(
@@ -530,6 +531,13 @@ def _check_schedule_arg(fn, op, schedule, gpus, sms) -> Optional[str]:
             f"`ficco schedules --op {op} --gpus {p}` lists "
             f"(ficco.schedules('{op}', {p}))"
         ) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_name(op: str, schedule: str, gpus: Optional[int], sms: Optional[int]) -> str:
+    """The native grammar check (a few hundred microseconds: it enumerates
+    the design space), once per distinct name: a call must cost far less."""
+    return _native.check_schedule(op, schedule, gpus, sms)
 
 
 def _initialised() -> bool:

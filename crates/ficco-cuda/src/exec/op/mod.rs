@@ -153,6 +153,8 @@ pub(crate) struct OpRunner {
     watch: Option<Watch>,
     /// Recorded on the caller's stream; the control stream waits for it.
     caller: Option<CudaEvent>,
+    /// Joins the caller's stream to a call under CUDA graph capture.
+    capture_join: Option<CudaEvent>,
     /// Calls issued fast so far (the watch thread's numbering; a call
     /// captured in a graph keeps its number at every replay).
     seq: u32,
@@ -169,6 +171,7 @@ impl OpRunner {
             peer_wait,
             watch: None,
             caller: None,
+            capture_join: None,
             seq: 0,
         }
     }
@@ -225,10 +228,6 @@ impl OpRunner {
         if self.watch.is_none() {
             let bound = watchdog_ms.max(self.peer_wait.as_millis() as u64);
             self.watch = Some(Watch::new(rank, bound)?);
-        }
-        // Made once, at the first fast call (no allocation per call).
-        if self.caller.is_none() {
-            self.caller = Some(rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
         }
         let (Some(watch), Some(caller)) = (&self.watch, &self.caller) else {
             return Err(CudaError::Plan("the call's events are missing".into()));
@@ -302,7 +301,15 @@ impl OpRunner {
                 Step::SignalDone => st.iss.signal_done(&sh, parity)?,
             }
         }
-        let done = &watch.state.done_event;
+        // Under capture the join needs an event of its own: an event last
+        // recorded in a capture cannot be synchronized, and `done_event`
+        // is what [`OpRunner::wait_idle`] synchronizes.
+        // SAFETY: the caller's stream is live on this context.
+        let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
+        let done = match (&self.capture_join, capturing) {
+            (Some(ev), true) => ev,
+            _ => &watch.state.done_event,
+        };
         // SAFETY: the watch's live mapped host words; the events and
         // streams are live on this context.
         unsafe {
@@ -327,6 +334,13 @@ impl OpRunner {
         if self.watch.is_none() {
             let bound = watchdog_ms.max(self.peer_wait.as_millis() as u64);
             self.watch = Some(Watch::new(rank, bound)?);
+        }
+        // Made here, outside any capture (a fast call may be the first
+        // thing captured), once.
+        for ev in [&mut self.caller, &mut self.capture_join] {
+            if ev.is_none() {
+                *ev = Some(rank.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+            }
         }
         let Some(watch) = &self.watch else {
             return Err(CudaError::Plan("the call watchdog is missing".into()));
