@@ -344,6 +344,14 @@ pub(crate) unsafe fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
     check("cuStreamSynchronize", sys::cuStreamSynchronize(stream))
 }
 
+/// Launches an instantiated graph on `stream`.
+///
+/// # Safety
+/// `exec` and `stream` must be live on the current context.
+pub(crate) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
+    check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream))
+}
+
 /// Whether work issued on `stream` is being captured into a CUDA graph
 /// (then nothing may synchronize it, or the device).
 ///

@@ -233,6 +233,82 @@ pub struct Bound {
     pub copy_out: Vec<(DevicePtr, DevicePtr, usize)>,
 }
 
+impl Bound {
+    /// Where the call's operands are: every address the issued work uses
+    /// that can change from call to call (a graph of the call is valid for
+    /// calls with the same key).
+    pub fn where_key(&self) -> Vec<u64> {
+        let mut k: Vec<u64> = self.ptrs.iter().flatten().map(|p| p.raw()).collect();
+        for &(d, s, n) in self.copy_in.iter().chain(&self.copy_out) {
+            k.extend([d.raw(), s.raw(), n as u64]);
+        }
+        k
+    }
+}
+
+/// What a fast call does about its graph ([`CallGraphs::action`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen<'a, V> {
+    /// Operands never seen at these addresses: issue the call directly.
+    First,
+    /// Seen once before: capture the call into a graph and launch it.
+    Again,
+    /// A graph of the call at these addresses: launch it.
+    Replay(&'a V),
+}
+
+/// Graphs of one call shape's calls, by where their operands are. A model
+/// calls each site with the same addresses step after step (PyTorch's
+/// caching allocator hands the same blocks back), so its second call at an
+/// address set is captured and later ones replay; addresses seen once cost
+/// nothing but a key. At most `cap` address sets: past that every entry
+/// goes (the graphs are freed) and the counting starts again.
+#[derive(Debug)]
+pub struct CallGraphs<V> {
+    seen: HashMap<Vec<u64>, Option<V>>,
+    cap: usize,
+}
+
+/// Address sets kept per call shape.
+pub const GRAPHS_PER_SHAPE: usize = 32;
+
+impl<V> CallGraphs<V> {
+    pub fn new(cap: usize) -> Self {
+        CallGraphs {
+            seen: HashMap::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// What to do for a call with operands at `key`. Call
+    /// [`CallGraphs::clear`] first when [`CallGraphs::full`] says so.
+    pub fn action(&mut self, key: Vec<u64>) -> Seen<'_, V> {
+        if !self.seen.contains_key(&key) {
+            self.seen.insert(key, None);
+            return Seen::First;
+        }
+        match self.seen.get(&key) {
+            Some(Some(g)) => Seen::Replay(g),
+            _ => Seen::Again,
+        }
+    }
+
+    /// The graph of calls at `key`.
+    pub fn insert(&mut self, key: Vec<u64>, graph: V) {
+        self.seen.insert(key, Some(graph));
+    }
+
+    /// Whether a call at a new address set must first clear the entries
+    /// (once the graphs of earlier calls finished: they may be in flight).
+    pub fn full(&self, key: &[u64]) -> bool {
+        self.seen.len() >= self.cap && !self.seen.contains_key(key)
+    }
+
+    pub fn clear(&mut self) {
+        self.seen.clear();
+    }
+}
+
 /// One operand of an operator call on caller memory.
 #[derive(Debug, Clone)]
 pub struct Operand {
@@ -333,6 +409,8 @@ pub(crate) struct OpPlan {
     /// issue's flag addresses are baked in: any change drops the cache).
     pub flags: Vec<DevicePtr>,
     pub(super) iss: RankIssue,
+    /// Graphs of this shape's calls by operand addresses.
+    pub(super) graphs: CallGraphs<cudarc::driver::CudaGraph>,
     pub(super) start: std::sync::Barrier,
     pub(super) abort: AtomicBool,
     pub(super) issuing: Issuing,
@@ -412,6 +490,7 @@ impl OpPlan {
             local,
             flags,
             iss,
+            graphs: CallGraphs::new(GRAPHS_PER_SHAPE),
             start,
             abort,
             issuing,

@@ -39,6 +39,15 @@
 //!   session holds shared allocations, one store exchange that decides
 //!   which operands are in place: another rank's operand may lie elsewhere.)
 //!
+//! **Repeated calls replay a graph.** Issuing a fast call takes some
+//! forty driver calls (about 100 µs of host time); a model calls each site
+//! with its operands at the same addresses step after step. So the second
+//! call of a shape at an address set is captured into a CUDA graph (the
+//! same steps, from the start mark to the end mark), and later calls there
+//! launch it on the caller's stream ([`CallGraphs`]; `FICCO_GRAPHS=0` turns
+//! it off). It is the same protocol, issued once: a call leaves the flags
+//! as it found them, so a graph of it replays any number of times.
+//!
 //! **Why skipping the reset and the barriers is safe.** The flag protocol
 //! of [`crate::signal`] already makes consecutive iterations of one run
 //! safe without either; a fast call is the next iteration of the same
@@ -130,6 +139,7 @@ use watch::*;
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::exec::check::precheck;
+use crate::exec::iter::capture;
 use crate::exec::rank::Rank;
 use crate::exec::shared::CommHandle;
 use crate::mem::DevicePtr;
@@ -158,6 +168,9 @@ pub(crate) struct OpRunner {
     /// Calls issued fast so far (the watch thread's numbering; a call
     /// captured in a graph keeps its number at every replay).
     seq: u32,
+    /// Repeated calls replay a graph of their first ([`CallGraphs`]);
+    /// `FICCO_GRAPHS=0` turns it off.
+    graphs: bool,
 }
 
 impl OpRunner {
@@ -173,6 +186,7 @@ impl OpRunner {
             caller: None,
             capture_join: None,
             seq: 0,
+            graphs: ficco_core::settings::Settings::current().graphs,
         }
     }
 
@@ -213,6 +227,10 @@ impl OpRunner {
     /// of `parity`, ordered after the work queued on the caller's `stream`
     /// and before the caller's later work on it. `flags` is this rank's
     /// flag memory (base, words) for the watch thread.
+    ///
+    /// A call whose operands are where they were at an earlier call of the
+    /// shape is issued as a CUDA graph of that call ([`CallGraphs`]): one
+    /// launch on the caller's stream instead of some forty driver calls.
     #[allow(clippy::too_many_arguments)]
     pub fn issue_fast(
         &mut self,
@@ -229,93 +247,83 @@ impl OpRunner {
             let bound = watchdog_ms.max(self.peer_wait.as_millis() as u64);
             self.watch = Some(Watch::new(rank, bound)?);
         }
-        let (Some(watch), Some(caller)) = (&self.watch, &self.caller) else {
+        let (Some(watch), Some(caller), Some(capture_join)) =
+            (&self.watch, &self.caller, &self.capture_join)
+        else {
             return Err(CudaError::Plan("the call's events are missing".into()));
         };
         let st = self
             .cache
             .get_mut(key)
             .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
-        precheck(&st.plan, &bound.ptrs)?;
         *watch.state.flags.lock().unwrap_or_else(|p| p.into_inner()) = flags;
-        let sh = st.shared(&bound.ptrs, &watch.state.words);
         let caller_stream = stream as cudarc::driver::sys::CUstream;
         let control = rank.control().clone();
-        self.seq = self.seq.wrapping_add(1).max(1);
         let words = &watch.state.words;
-        // SAFETY: the caller's stream and the event are live on this
-        // context; the watch's mapped host words are live.
+        let done = &watch.state.done_event;
+        // SAFETY: the caller's stream is live on this context.
+        let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
+        let action = if capturing || !self.graphs {
+            GraphAction::Issue
+        } else {
+            let at = bound.where_key();
+            if st.graphs.full(&at) {
+                // Graphs of earlier calls may still run: free them only
+                // once this rank's calls finished (once per GRAPHS_PER_SHAPE
+                // new address sets).
+                done.synchronize().map_err(drv("cuEventSynchronize"))?;
+                st.graphs.clear();
+            }
+            match st.graphs.action(at) {
+                Seen::First => GraphAction::Issue,
+                Seen::Again => GraphAction::Capture,
+                Seen::Replay(g) => GraphAction::Launch(g.cu_graph_exec()),
+            }
+        };
+        if let GraphAction::Launch(g) = action {
+            // SAFETY: the graph was captured from this shape's state with
+            // these very operand addresses; the caller's stream is live.
+            unsafe {
+                cu::graph_launch(g, caller_stream)?;
+                cu::event_record(done.cu_event(), caller_stream)?;
+            }
+            self.epoch.after_fast();
+            return Ok(());
+        }
+        precheck(&st.plan, &bound.ptrs)?;
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let seq = self.seq;
+        let sh = st.shared(&bound.ptrs, words);
+        if action == GraphAction::Capture {
+            // Issued into a graph (nothing runs yet), then launched.
+            let graph = capture(&control, || {
+                issue_steps(st, rank, &sh, bound, parity, words, seq)
+            })?;
+            let exec = graph.cu_graph_exec();
+            st.graphs.insert(bound.where_key(), graph);
+            // SAFETY: as above.
+            unsafe {
+                cu::graph_launch(exec, caller_stream)?;
+                cu::event_record(done.cu_event(), caller_stream)?;
+            }
+            self.epoch.after_fast();
+            return Ok(());
+        }
+        // Under capture the join needs an event of its own: an event last
+        // recorded in a capture cannot be synchronized, and `done` is what
+        // [`OpRunner::wait_idle`] synchronizes.
+        let join = if capturing { capture_join } else { done };
+        // SAFETY: the caller's stream and the events are live on this
+        // context.
         unsafe {
             cu::event_record(caller.cu_event(), caller_stream)?;
             cu::stream_wait_event(control.cu_stream(), caller.cu_event())?;
-            cu::stream_write_value32(control.cu_stream(), words.device(STARTED), self.seq)?;
         }
-        for step in fast_steps(&st.handoff, rank.rank) {
-            match step {
-                Step::WaitPeers => st.iss.wait_peers(&sh, parity)?,
-                Step::CopyIn => {
-                    for &(dst, src, bytes) in &bound.copy_in {
-                        // SAFETY: the arena buffer and the caller's operand hold `bytes`.
-                        unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
-                    }
-                }
-                Step::SignalReady => {
-                    let l = &st.layout;
-                    st.iss
-                        .signal_peers(&sh, &st.handoff.ready_to[rank.rank], |q| l.ready_slot(q))?
-                }
-                Step::WaitReady => {
-                    let l = &st.layout;
-                    st.iss
-                        .wait_peers_and_clear(&sh, &st.handoff.ready_from[rank.rank], |q| {
-                            l.ready_slot(q)
-                        })?
-                }
-                Step::Tasks => {
-                    st.iss.fork()?;
-                    for i in 0..st.plan.ranks[rank.rank].tasks.len() {
-                        st.iss.task(rank, &sh, i, false, None)?;
-                    }
-                    st.iss.join()?;
-                }
-                Step::SignalLanded => {
-                    let l = &st.layout;
-                    st.iss
-                        .signal_peers(&sh, &st.handoff.landed_to[rank.rank], |q| l.landed_slot(q))?
-                }
-                Step::WaitLanded => {
-                    let l = &st.layout;
-                    st.iss
-                        .wait_peers_and_clear(&sh, &st.handoff.landed_from[rank.rank], |q| {
-                            l.landed_slot(q)
-                        })?
-                }
-                Step::CopyOut => {
-                    for &(dst, src, bytes) in &bound.copy_out {
-                        // SAFETY: as above.
-                        unsafe { cu::memcpy_dtod_async(dst, src, bytes, control.cu_stream())? };
-                    }
-                }
-                Step::SignalEnd => st.iss.signal_end(&sh, parity)?,
-                Step::WaitAllEnded => st.iss.wait_all_ended(&sh, parity)?,
-                Step::SignalDone => st.iss.signal_done(&sh, parity)?,
-            }
-        }
-        // Under capture the join needs an event of its own: an event last
-        // recorded in a capture cannot be synchronized, and `done_event`
-        // is what [`OpRunner::wait_idle`] synchronizes.
-        // SAFETY: the caller's stream is live on this context.
-        let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
-        let done = match (&self.capture_join, capturing) {
-            (Some(ev), true) => ev,
-            _ => &watch.state.done_event,
-        };
-        // SAFETY: the watch's live mapped host words; the events and
-        // streams are live on this context.
+        issue_steps(st, rank, &sh, bound, parity, words, seq)?;
+        // SAFETY: as above.
         unsafe {
-            cu::stream_write_value32(control.cu_stream(), words.device(DONE), self.seq)?;
-            cu::event_record(done.cu_event(), control.cu_stream())?;
-            cu::stream_wait_event(caller_stream, done.cu_event())?;
+            cu::event_record(join.cu_event(), control.cu_stream())?;
+            cu::stream_wait_event(caller_stream, join.cu_event())?;
         }
         self.epoch.after_fast();
         Ok(())
@@ -365,4 +373,87 @@ impl OpRunner {
             .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
         bind_operands(&st.plan, r, &st.uses, ptrs, operands)
     }
+}
+
+/// How a fast call is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GraphAction {
+    /// Step by step on the control stream, joined to the caller's stream
+    /// by events.
+    Issue,
+    /// Captured into a graph, kept for the next calls at these addresses,
+    /// and launched on the caller's stream.
+    Capture,
+    /// A kept graph, launched on the caller's stream.
+    Launch(cudarc::driver::sys::CUgraphExec),
+}
+
+/// The steps of one fast call on the control stream, from its start mark
+/// to its end mark in the watch's words (see the module doc).
+fn issue_steps(
+    st: &OpPlan,
+    rank: &mut Rank,
+    sh: &crate::exec::shared::Shared<'_>,
+    bound: &Bound,
+    parity: usize,
+    words: &crate::signal::HostWords,
+    seq: u32,
+) -> Result<()> {
+    let control = rank.control().clone();
+    let c = control.cu_stream();
+    // SAFETY: the watch's mapped host words are live.
+    unsafe { cu::stream_write_value32(c, words.device(STARTED), seq)? };
+    for step in fast_steps(&st.handoff, rank.rank) {
+        match step {
+            Step::WaitPeers => st.iss.wait_peers(sh, parity)?,
+            Step::CopyIn => {
+                for &(dst, src, bytes) in &bound.copy_in {
+                    // SAFETY: the arena buffer and the caller's operand hold `bytes`.
+                    unsafe { cu::memcpy_dtod_async(dst, src, bytes, c)? };
+                }
+            }
+            Step::SignalReady => {
+                let l = &st.layout;
+                st.iss
+                    .signal_peers(sh, &st.handoff.ready_to[rank.rank], |q| l.ready_slot(q))?
+            }
+            Step::WaitReady => {
+                let l = &st.layout;
+                st.iss
+                    .wait_peers_and_clear(sh, &st.handoff.ready_from[rank.rank], |q| {
+                        l.ready_slot(q)
+                    })?
+            }
+            Step::Tasks => {
+                st.iss.fork()?;
+                for i in 0..st.plan.ranks[rank.rank].tasks.len() {
+                    st.iss.task(rank, sh, i, false, None)?;
+                }
+                st.iss.join()?;
+            }
+            Step::SignalLanded => {
+                let l = &st.layout;
+                st.iss
+                    .signal_peers(sh, &st.handoff.landed_to[rank.rank], |q| l.landed_slot(q))?
+            }
+            Step::WaitLanded => {
+                let l = &st.layout;
+                st.iss
+                    .wait_peers_and_clear(sh, &st.handoff.landed_from[rank.rank], |q| {
+                        l.landed_slot(q)
+                    })?
+            }
+            Step::CopyOut => {
+                for &(dst, src, bytes) in &bound.copy_out {
+                    // SAFETY: as above.
+                    unsafe { cu::memcpy_dtod_async(dst, src, bytes, c)? };
+                }
+            }
+            Step::SignalEnd => st.iss.signal_end(sh, parity)?,
+            Step::WaitAllEnded => st.iss.wait_all_ended(sh, parity)?,
+            Step::SignalDone => st.iss.signal_done(sh, parity)?,
+        }
+    }
+    // SAFETY: as above.
+    unsafe { cu::stream_write_value32(c, words.device(DONE), seq) }
 }

@@ -281,3 +281,42 @@ fn fast_calls_keep_the_barrier_banks_in_step_under_every_interleaving() {
         }
     }
 }
+
+#[test]
+fn a_call_graph_is_captured_at_the_second_call_at_an_address_set_and_replayed_after() {
+    let mut g: CallGraphs<&str> = CallGraphs::new(2);
+    let (x, y, z) = (vec![1, 2, 3], vec![1, 2, 4], vec![9]);
+    assert_eq!(g.action(x.clone()), Seen::First);
+    assert_eq!(g.action(x.clone()), Seen::Again);
+    g.insert(x.clone(), "graph x");
+    assert_eq!(g.action(x.clone()), Seen::Replay(&"graph x"));
+    // Another address set is counted on its own.
+    assert!(!g.full(&y));
+    assert_eq!(g.action(y.clone()), Seen::First);
+    assert_eq!(g.action(x.clone()), Seen::Replay(&"graph x"));
+    // Full: a third set must clear first (after the graphs in flight
+    // finished); known sets need not.
+    assert!(g.full(&z) && !g.full(&x));
+    g.clear();
+    assert_eq!(g.action(z), Seen::First);
+    assert_eq!(g.action(x), Seen::First);
+}
+
+#[test]
+fn the_graph_key_names_every_address_the_call_uses() {
+    let b = Bound {
+        ptrs: vec![
+            vec![DevicePtr(0x10), DevicePtr(0x20)],
+            vec![DevicePtr(0x30)],
+        ],
+        copy_in: vec![(DevicePtr(0x40), DevicePtr(0x50), 8)],
+        copy_out: vec![(DevicePtr(0x60), DevicePtr(0x70), 16)],
+    };
+    assert_eq!(
+        b.where_key(),
+        vec![0x10, 0x20, 0x30, 0x40, 0x50, 8, 0x60, 0x70, 16]
+    );
+    let mut moved = b.clone();
+    moved.copy_in[0].1 = DevicePtr(0x58);
+    assert_ne!(moved.where_key(), b.where_key());
+}
