@@ -68,7 +68,7 @@ pub const VARS: &[Var] = &[
         name: GRAPHS,
         takes: "0 or 1",
         default: "1",
-        what: "replay each iteration from a CUDA graph where capture works (`--no-graph` sets 0)",
+        what: "replay each iteration from a CUDA graph where capture works (`--no-graph` sets 0); for the Python ops, replay repeated calls at the same addresses from a graph of the call",
     },
     Var {
         name: OP_SYNC,

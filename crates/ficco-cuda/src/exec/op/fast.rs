@@ -309,6 +309,17 @@ impl<V> CallGraphs<V> {
     }
 }
 
+/// A captured fast call. cudarc's graph holds raw driver handles, so it is
+/// not `Send`; the session that owns it moves between threads (Python's),
+/// but only ever one thread uses it at a time (the session's lock), with
+/// the graph's context bound first, and the driver's graph calls may come
+/// from any thread.
+pub struct CallGraph(pub cudarc::driver::CudaGraph);
+
+// SAFETY: see the type's doc: exclusive use under the owner's lock; CUDA
+// graph and graph-exec handles are not tied to the thread that made them.
+unsafe impl Send for CallGraph {}
+
 /// One operand of an operator call on caller memory.
 #[derive(Debug, Clone)]
 pub struct Operand {
@@ -410,7 +421,7 @@ pub(crate) struct OpPlan {
     pub flags: Vec<DevicePtr>,
     pub(super) iss: RankIssue,
     /// Graphs of this shape's calls by operand addresses.
-    pub(super) graphs: CallGraphs<cudarc::driver::CudaGraph>,
+    pub(super) graphs: CallGraphs<CallGraph>,
     pub(super) start: std::sync::Barrier,
     pub(super) abort: AtomicBool,
     pub(super) issuing: Issuing,

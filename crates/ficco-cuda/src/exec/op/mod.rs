@@ -277,7 +277,7 @@ impl OpRunner {
             match st.graphs.action(at) {
                 Seen::First => GraphAction::Issue,
                 Seen::Again => GraphAction::Capture,
-                Seen::Replay(g) => GraphAction::Launch(g.cu_graph_exec()),
+                Seen::Replay(g) => GraphAction::Launch(g.0.cu_graph_exec()),
             }
         };
         if let GraphAction::Launch(g) = action {
@@ -300,7 +300,7 @@ impl OpRunner {
                 issue_steps(st, rank, &sh, bound, parity, words, seq)
             })?;
             let exec = graph.cu_graph_exec();
-            st.graphs.insert(bound.where_key(), graph);
+            st.graphs.insert(bound.where_key(), CallGraph(graph));
             // SAFETY: as above.
             unsafe {
                 cu::graph_launch(exec, caller_stream)?;
