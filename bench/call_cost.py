@@ -9,7 +9,9 @@ For each op at a small, a medium and a large shape, and each schedule of
   back-to-back calls, after a warm-up; the slowest rank's median of
   ``--reps`` repetitions);
 * ``graph_us``: the same calls captured in one CUDA graph and replayed
-  (no host work per call).
+  (no host work per call);
+* ``native_us``: host time per call of the native call alone
+  (``Session.run_op`` with the same arguments, no Python checks).
 
 Rank 0 writes them, with the scenarios as a suite TOML, into ``--out``;
 ``bench/call_cost.sh`` then times the same plans in ficco's harness
@@ -94,6 +96,19 @@ def measure(args):
                         torch.cuda.synchronize()
                         host.append(spent / args.calls * 1e6)
                         device.append(e0.elapsed_time(e1) / args.calls * 1e3)
+                    sess = ft.session()
+                    stream = torch.cuda.current_stream().cuda_stream
+                    name = ft.last_schedule()
+                    args_ = (op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
+                    native = []
+                    for _ in range(args.reps):
+                        spent = 0.0
+                        for _ in range(args.calls):
+                            t0 = time.perf_counter()
+                            sess.run_op(*args_)
+                            spent += time.perf_counter() - t0
+                        torch.cuda.synchronize()
+                        native.append(spent / args.calls * 1e6)
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g):
                         for _ in range(args.calls):
@@ -115,11 +130,12 @@ def measure(args):
                         "host_us": slowest(statistics.median(host)),
                         "device_us": slowest(statistics.median(device)),
                         "graph_us": slowest(statistics.median(graph)),
+                        "native_us": slowest(statistics.median(native)),
                     })
                     if rank == 0:
                         r = rows[-1]
-                        print(f"{size:6} {op:7} {s:18} host {r['host_us']:8.1f} us  device {r['device_us']:9.1f} us"
-                              f"  graph {r['graph_us']:9.1f} us", flush=True)
+                        print(f"{size:6} {op:7} {s:18} host {r['host_us']:8.1f} us (native {r['native_us']:6.1f})"
+                              f"  device {r['device_us']:9.1f} us  graph {r['graph_us']:9.1f} us", flush=True)
     if rank == 0 and args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "calls.json").write_text(json.dumps(rows, indent=1))
@@ -140,15 +156,15 @@ def summarize(d: Path):
             for s in sc["schedules"]:
                 if s.get("time_ms") is not None:
                     harness[(sc["op"], sc["m"], sc["k"], sc["n"], sc["gpus"], s["name"])] = s["time_ms"] * 1e3
-    print(f"# {'size':6} {'op':7} {'P':>2} {'schedule':18} {'host':>7} {'device':>9} {'graph':>9} {'harness':>9} "
-          f"{'cost':>8} {'cost(graph)':>11}   (us per call)")
+    print(f"# {'size':6} {'op':7} {'P':>2} {'schedule':18} {'host':>7} {'native':>7} {'device':>9} {'graph':>9} "
+          f"{'harness':>9} {'cost':>8} {'cost(graph)':>11}   (us per call)")
     for r in calls:
         h = harness.get((r["op"], r["m"], r["k"], r["n"], r["gpus"], r["schedule"]))
         cost = f"{r['device_us'] - h:8.1f}" if h is not None else f"{'-':>8}"
         gcost = f"{r['graph_us'] - h:11.1f}" if h is not None else f"{'-':>11}"
         hs = f"{h:9.1f}" if h is not None else f"{'-':>9}"
         print(f"  {r['size']:6} {r['op']:7} {r['gpus']:2} {r['schedule']:18} {r['host_us']:7.1f} "
-              f"{r['device_us']:9.1f} {r['graph_us']:9.1f} {hs} {cost} {gcost}")
+              f"{r.get('native_us', float('nan')):7.1f} {r['device_us']:9.1f} {r['graph_us']:9.1f} {hs} {cost} {gcost}")
 
 
 if __name__ == "__main__":
