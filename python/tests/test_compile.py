@@ -97,3 +97,28 @@ def test_decisions_are_empty_before_any_call(world4):
     assert ft.decisions() == {}
     d = ft.Decision("seq", "shard-copy-ring", "predicted", 1.0, 0.9, 0.06, 0.1)
     assert d.schedule == "seq" and d.gain_ms < d.cost_ms
+
+
+def test_a_call_unlike_the_checked_one_gets_the_full_checks(world4, monkeypatch):
+    """The fast path of repeated calls only takes calls that pass the same
+    checks; anything else raises the full message."""
+    g = dist.group.WORLD
+    a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 32, dtype=torch.bfloat16)
+    # As a checked call of this shape leaves it.
+    ft._steady[("ag-gemm", g, a.shape, b.shape, "auto", True, a.device)] = (None, 32, 16, 32, 4, (32, 32))
+    ran = []
+    monkeypatch.setattr(ft, "_execute", lambda *args: ran.append(args) or "ran")
+    monkeypatch.setitem(ft._sessions, g, object())
+    try:
+        with torch.no_grad():
+            # CPU tensors: the quick checks refuse them (not on the current
+            # CUDA device), so the full checks run and say why.
+            with pytest.raises(ValueError, match="a_shard is on cpu"):
+                ft.all_gather_matmul(a, b)
+            with pytest.raises(TypeError, match="a_shard has dtype torch.float32"):
+                ft.all_gather_matmul(a.float(), b)
+            with pytest.raises(ValueError, match="b is not contiguous"):
+                ft.all_gather_matmul(a, torch.empty(32, 16, dtype=torch.bfloat16).t())
+        assert ran == []
+    finally:
+        ft._steady.clear()

@@ -76,6 +76,8 @@ pub static CUDA: LibSpec = LibSpec {
         "cuStreamQuery",
         "cuStreamGetPriority",
         "cuStreamGetCtx",
+        "cuStreamIsCapturing",
+        "cuGraphLaunch",
         "cuStreamWaitEvent",
         "cuStreamWriteValue32_v2",
         "cuStreamWaitValue32_v2",

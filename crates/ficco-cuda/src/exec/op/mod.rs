@@ -263,7 +263,7 @@ impl OpRunner {
         let done = &watch.state.done_event;
         // SAFETY: the caller's stream is live on this context.
         let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
-        let action = if capturing || !self.graphs {
+        let action = if capturing || !self.graphs || !st.graphable {
             GraphAction::Issue
         } else {
             let at = bound.where_key();
