@@ -283,13 +283,15 @@ impl<V> CallGraphs<V> {
     /// What to do for a call with operands at `key`. Call
     /// [`CallGraphs::clear`] first when [`CallGraphs::full`] says so.
     pub fn action(&mut self, key: Vec<u64>) -> Seen<'_, V> {
-        if !self.seen.contains_key(&key) {
-            self.seen.insert(key, None);
-            return Seen::First;
-        }
-        match self.seen.get(&key) {
-            Some(Some(g)) => Seen::Replay(g),
-            _ => Seen::Again,
+        match self.seen.entry(key) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(None);
+                Seen::First
+            }
+            std::collections::hash_map::Entry::Occupied(e) => match e.into_mut() {
+                Some(g) => Seen::Replay(g),
+                None => Seen::Again,
+            },
         }
     }
 

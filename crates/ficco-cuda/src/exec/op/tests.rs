@@ -215,9 +215,11 @@ fn fast_calls_keep_the_barrier_banks_in_step_under_every_interleaving() {
             // bank[b][r][q]: rank q's word in rank r's bank b, with the call
             // that set it. Bank 0 is preset (the last full run's end).
             let mut bank = vec![vec![vec![None::<i64>; world]; world]; 2];
-            for r in 0..world {
-                for q in (0..world).filter(|&q| q != r) {
-                    bank[0][r][q] = Some(-1);
+            for (r, words) in bank[0].iter_mut().enumerate() {
+                for (q, w) in words.iter_mut().enumerate() {
+                    if q != r {
+                        *w = Some(-1);
+                    }
                 }
             }
             let (wait_bank, end_bank) = (0, 1);
@@ -272,10 +274,10 @@ fn fast_calls_keep_the_barrier_banks_in_step_under_every_interleaving() {
                 }
                 pc[r] += 1;
             }
-            for r in 0..world {
+            for (r, (waits, ends)) in bank[wait_bank].iter().zip(&bank[end_bank]).enumerate() {
                 for q in (0..world).filter(|&q| q != r) {
-                    assert_eq!(bank[wait_bank][r][q], Some(calls as i64 - 1));
-                    assert_eq!(bank[end_bank][r][q], None);
+                    assert_eq!(waits[q], Some(calls as i64 - 1));
+                    assert_eq!(ends[q], None);
                 }
             }
         }
