@@ -426,8 +426,9 @@ pub(crate) struct OpPlan {
     pub(super) graphs: CallGraphs<CallGraph>,
     /// Whether its calls may replay graphs: not with NCCL tasks, whose
     /// graph launches wait on the host for the previous one (measured: a
-    /// 1.5 ms host stall per call at 16384 x 8192 x 8192).
-    pub(super) graphable: bool,
+    /// 1.5 ms host stall per call at 16384 x 8192 x 8192), nor after a
+    /// capture of one failed.
+    pub(super) graphable: std::cell::Cell<bool>,
     pub(super) start: std::sync::Barrier,
     pub(super) abort: AtomicBool,
     pub(super) issuing: Issuing,
@@ -513,7 +514,7 @@ impl OpPlan {
             flags,
             iss,
             graphs: CallGraphs::new(GRAPHS_PER_SHAPE),
-            graphable,
+            graphable: std::cell::Cell::new(graphable),
             start,
             abort,
             issuing,

@@ -263,7 +263,7 @@ impl OpRunner {
         let done = &watch.state.done_event;
         // SAFETY: the caller's stream is live on this context.
         let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
-        let action = if capturing || !self.graphs || !st.graphable {
+        let action = if capturing || !self.graphs || !st.graphable.get() {
             GraphAction::Issue
         } else {
             let at = bound.where_key();
@@ -295,19 +295,35 @@ impl OpRunner {
         let seq = self.seq;
         let sh = st.shared(&bound.ptrs, words);
         if action == GraphAction::Capture {
-            // Issued into a graph (nothing runs yet), then launched.
-            let graph = capture(&control, || {
+            // Issued into a graph (nothing runs yet), then launched. A
+            // capture that fails ran nothing and was ended: the call is
+            // issued directly below, and so are the shape's later calls.
+            match capture(&control, || {
                 issue_steps(st, rank, &sh, bound, parity, words, seq)
-            })?;
-            let exec = graph.cu_graph_exec();
-            st.graphs.insert(bound.where_key(), CallGraph(graph));
-            // SAFETY: as above.
-            unsafe {
-                cu::graph_launch(exec, caller_stream)?;
-                cu::event_record(done.cu_event(), caller_stream)?;
+            }) {
+                Ok(graph) => {
+                    let exec = graph.cu_graph_exec();
+                    st.graphs.insert(bound.where_key(), CallGraph(graph));
+                    // SAFETY: as above.
+                    unsafe {
+                        cu::graph_launch(exec, caller_stream)?;
+                        cu::event_record(done.cu_event(), caller_stream)?;
+                    }
+                    self.epoch.after_fast();
+                    return Ok(());
+                }
+                Err(e) => {
+                    ficco_core::settings::trace(|| {
+                        format!(
+                            "op {}: no graph of the call ({e}); issued directly",
+                            key.plan
+                        )
+                    });
+                    // (Graphs made before stay until the shape's state goes:
+                    // they may be in flight.)
+                    st.graphable.set(false);
+                }
             }
-            self.epoch.after_fast();
-            return Ok(());
         }
         // Under capture the join needs an event of its own: an event last
         // recorded in a capture cannot be synchronized, and `done` is what
