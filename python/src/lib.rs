@@ -38,9 +38,7 @@ fn cuda_err(e: CudaError) -> PyErr {
         CudaError::Plan(_)
         | CudaError::Skipped(_)
         | CudaError::NotPrepared(_)
-        | CudaError::Capture(_) => {
-            PyValueError::new_err(text)
-        }
+        | CudaError::Capture(_) => PyValueError::new_err(text),
         _ => PyRuntimeError::new_err(text),
     }
 }
