@@ -152,7 +152,8 @@ def summarize(d: Path):
     calls = json.loads((d / "calls.json").read_text())
     harness = {}
     for f in sorted(d.glob("harness-*.json")):
-        for sc in json.loads(f.read_text())["scenarios"]:
+        d = json.loads(f.read_text())
+        for sc in d.get("scenarios", [d]):
             for s in sc["schedules"]:
                 if s.get("time_ms") is not None:
                     harness[(sc["op"], sc["m"], sc["k"], sc["n"], sc["gpus"], s["name"])] = s["time_ms"] * 1e3

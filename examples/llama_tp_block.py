@@ -69,6 +69,9 @@ def parse_args():
     p.add_argument("--loopback", action="store_true", help="every rank on cuda:0, gloo; no async-TP")
     p.add_argument("--mode", choices=["eager", "graphs", "compile", "all"], default="eager",
                    help="eager calls, a CUDA graph per block, torch.compile(fullgraph=True), or all three")
+    p.add_argument("--json", metavar="FILE",
+                   help="rank 0 writes the times per mode and way and what each ficco call site ran "
+                        "(bench/block_vs_harness.py compares it with the harness)")
     return p.parse_args()
 
 
@@ -344,6 +347,8 @@ def main():
     say(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, ficco {ft._native.version()}")
     modes = ["eager", "graphs", "compile"] if args.mode == "all" else [args.mode]
     failed = False
+    record = {"tokens": args.tokens, "P": p, "device": torch.cuda.get_device_name(dev),
+              "times": {}, "sites": []}
     with torch.no_grad():
         # The reference: PyTorch sequential, eager.
         ref = block(x, w, ways[0], cfg)
@@ -356,6 +361,7 @@ def main():
                 except Exception as e:
                     say(f"{mode} {way.name}: failed: {type(e).__name__}: {str(e)[:400]}")
                     failed |= way.name != "async-tp"
+            record["times"][mode] = dict(times)
             say(f"# mode {mode}")
             say(f"# {'way':10} {'ms/block':>9} {'vs pytorch':>10} {'rel err':>9}")
             for way in ways:
@@ -374,9 +380,12 @@ def main():
                 gains = 0.0
                 for site, shape in fc.shape.items():
                     d = decided.get(shape)
+                    op, m, k, n = shape
+                    record["sites"].append({"site": site, "op": op, "m": m, "k": k, "n": n,
+                                            "ran": fc.ran.get(site),
+                                            "decision": d._asdict() if d is not None else None})
                     if d is None:  # a forced schedule
                         continue
-                    op, m, k, n = shape
                     say(f"  auto {site}: {op} m={m} k={k} n={n}: runs {d.schedule}; candidate "
                         f"{d.candidate} ({d.basis}: seq {d.seq_ms:.3f} ms, candidate "
                         f"{d.candidate_ms:.3f} ms, gain {d.gain_ms:.3f} ms, call cost {d.cost_ms:.3f} ms)")
@@ -385,6 +394,11 @@ def main():
                 if "pytorch" in times and "ficco" in times:
                     say(f"  block saving {times['pytorch'] - times['ficco']:.3f} ms; "
                         f"the chosen schedules' gains per block (as decided) {gains:.3f} ms")
+    if args.json and rank == 0:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
     ft.close()
     dist.destroy_process_group()
     sys.exit(1 if failed else 0)
