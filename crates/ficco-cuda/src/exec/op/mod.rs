@@ -44,7 +44,8 @@
 //! with its operands at the same addresses step after step. So the second
 //! call of a shape at an address set is captured into a CUDA graph (the
 //! same steps, from the start mark to the end mark), and later calls there
-//! launch it on the caller's stream ([`CallGraphs`]; `FICCO_GRAPHS=0` turns
+//! launch it on the control stream, between the same two events that order
+//! an issued call with the caller's stream ([`CallGraphs`]; `FICCO_GRAPHS=0` turns
 //! it off). It is the same protocol, issued once: a call leaves the flags
 //! as it found them, so a graph of it replays any number of times.
 //!
@@ -230,7 +231,7 @@ impl OpRunner {
     ///
     /// A call whose operands are where they were at an earlier call of the
     /// shape is issued as a CUDA graph of that call ([`CallGraphs`]): one
-    /// launch on the caller's stream instead of some forty driver calls.
+    /// launch instead of some forty driver calls.
     #[allow(clippy::too_many_arguments)]
     pub fn issue_fast(
         &mut self,
@@ -280,65 +281,69 @@ impl OpRunner {
                 Seen::Replay(g) => GraphAction::Launch(g.0.cu_graph_exec()),
             }
         };
-        if let GraphAction::Launch(g) = action {
-            // SAFETY: the graph was captured from this shape's state with
-            // these very operand addresses; the caller's stream is live.
-            unsafe {
-                cu::graph_launch(g, caller_stream)?;
-                cu::event_record(done.cu_event(), caller_stream)?;
-            }
-            self.epoch.after_fast();
-            return Ok(());
-        }
-        precheck(&st.plan, &bound.ptrs)?;
-        self.seq = self.seq.wrapping_add(1).max(1);
-        let seq = self.seq;
-        let sh = st.shared(&bound.ptrs, words);
-        if action == GraphAction::Capture {
-            // Issued into a graph (nothing runs yet), then launched. A
-            // capture that fails ran nothing and was ended: the call is
-            // issued directly below, and so are the shape's later calls.
-            match capture(&control, || {
-                issue_steps(st, rank, &sh, bound, parity, words, seq)
-            }) {
-                Ok(graph) => {
-                    let exec = graph.cu_graph_exec();
-                    st.graphs.insert(bound.where_key(), CallGraph(graph));
-                    // SAFETY: as above.
-                    unsafe {
-                        cu::graph_launch(exec, caller_stream)?;
-                        cu::event_record(done.cu_event(), caller_stream)?;
-                    }
-                    self.epoch.after_fast();
-                    return Ok(());
-                }
-                Err(e) => {
-                    ficco_core::settings::trace(|| {
-                        format!(
-                            "op {}: no graph of the call ({e}); issued directly",
-                            key.plan
-                        )
-                    });
-                    // (Graphs made before stay until the shape's state goes:
-                    // they may be in flight.)
-                    st.graphable.set(false);
-                }
-            }
-        }
-        // Under capture the join needs an event of its own: an event last
-        // recorded in a capture cannot be synchronized, and `done` is what
-        // [`OpRunner::wait_idle`] synchronizes.
+        // Every call runs on the control stream, after the caller's work
+        // so far and before the caller's later work: calls of this rank
+        // stay in order (the flag protocol needs it) whatever streams the
+        // caller uses. Under capture the join needs an event of its own:
+        // an event last recorded in a capture cannot be synchronized, and
+        // `done` is what [`OpRunner::wait_idle`] synchronizes.
         let join = if capturing { capture_join } else { done };
+        let c = control.cu_stream();
         // SAFETY: the caller's stream and the events are live on this
         // context.
         unsafe {
             cu::event_record(caller.cu_event(), caller_stream)?;
-            cu::stream_wait_event(control.cu_stream(), caller.cu_event())?;
+            cu::stream_wait_event(c, caller.cu_event())?;
         }
-        issue_steps(st, rank, &sh, bound, parity, words, seq)?;
-        // SAFETY: as above.
+        let mut graph = match action {
+            GraphAction::Launch(g) => Some(g),
+            _ => None,
+        };
+        let mut captured = None;
+        if graph.is_none() {
+            precheck(&st.plan, &bound.ptrs)?;
+            self.seq = self.seq.wrapping_add(1).max(1);
+            let seq = self.seq;
+            let sh = st.shared(&bound.ptrs, words);
+            if action == GraphAction::Capture {
+                // Issued into a graph (nothing runs yet), launched below. A
+                // capture that fails ran nothing and was ended: the call
+                // is issued directly, and so are the shape's later calls
+                // (graphs made before stay until the shape's state goes:
+                // they may be in flight).
+                match capture(&control, || {
+                    issue_steps(st, rank, &sh, bound, parity, words, seq)
+                }) {
+                    Ok(g) => {
+                        graph = Some(g.cu_graph_exec());
+                        captured = Some(g);
+                    }
+                    Err(e) => {
+                        ficco_core::settings::trace(|| {
+                            format!(
+                                "op {}: no graph of the call ({e}); issued directly",
+                                key.plan
+                            )
+                        });
+                        st.graphable.set(false);
+                    }
+                }
+            }
+            if graph.is_none() {
+                issue_steps(st, rank, &sh, bound, parity, words, seq)?;
+            }
+        }
+        if let Some(g) = captured {
+            st.graphs.insert(bound.where_key(), CallGraph(g));
+        }
+        // SAFETY: a graph of this shape's state captured with these very
+        // operand addresses (still held in `st.graphs`); the streams and
+        // events are live on this context.
         unsafe {
-            cu::event_record(join.cu_event(), control.cu_stream())?;
+            if let Some(g) = graph {
+                cu::graph_launch(g, c)?;
+            }
+            cu::event_record(join.cu_event(), c)?;
             cu::stream_wait_event(caller_stream, join.cu_event())?;
         }
         self.epoch.after_fast();
@@ -398,9 +403,9 @@ enum GraphAction {
     /// by events.
     Issue,
     /// Captured into a graph, kept for the next calls at these addresses,
-    /// and launched on the caller's stream.
+    /// and launched.
     Capture,
-    /// A kept graph, launched on the caller's stream.
+    /// A kept graph, launched.
     Launch(cudarc::driver::sys::CUgraphExec),
 }
 
