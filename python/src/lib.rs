@@ -262,12 +262,6 @@ struct PySession {
     inner: Mutex<Option<Session>>,
 }
 
-/// Why a call on a session did not reach the library.
-enum Call<E> {
-    Closed,
-    Failed(E),
-}
-
 impl PySession {
     fn lock(&self) -> MutexGuard<'_, Option<Session>> {
         // A panic while the lock was held cannot leave a session half
@@ -278,6 +272,21 @@ impl PySession {
     /// `f` of the open session, or `RuntimeError` once closed.
     fn with<T>(&self, f: impl FnOnce(&Session) -> T) -> PyResult<T> {
         self.lock().as_ref().map(f).ok_or_else(closed)
+    }
+
+    /// `f` of the open session with the GIL released (the calls it runs
+    /// wait for the other ranks, whose threads in this process, and
+    /// Python's, must keep running); `RuntimeError` once closed, and the
+    /// library's error as the Python exception it means.
+    fn blocking<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Session) -> Result<T, CudaError> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| match self.lock().as_mut() {
+            None => Err(closed()),
+            Some(s) => f(s).map_err(cuda_err),
+        })
     }
 }
 
@@ -376,21 +385,7 @@ impl PySession {
             out,
             stream,
         };
-        let inner = &self.inner;
-        // The operator waits for the other ranks: release the GIL so their
-        // threads in this process (and Python's) keep running.
-        let done = py.detach(|| {
-            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-            match guard.as_mut() {
-                None => Err(Call::Closed),
-                Some(s) => s.run_op(&call).map_err(Call::Failed),
-            }
-        });
-        match done {
-            Ok(d) => Ok(d.schedule),
-            Err(Call::Closed) => Err(closed()),
-            Err(Call::Failed(e)) => Err(cuda_err(e)),
-        }
+        self.blocking(py, |s| s.run_op(&call)).map(|d| d.schedule)
     }
 
     /// What `schedule="auto"` runs for an operator call of this shape in a
@@ -409,49 +404,26 @@ impl PySession {
         n: usize,
     ) -> PyResult<(String, String, String, f64, f64, f64, f64)> {
         let op = parse_op(op)?;
-        let inner = &self.inner;
-        let got = py.detach(|| {
-            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-            match guard.as_mut() {
-                None => Err(Call::Closed),
-                Some(s) => s.decide_op(op, m, k, n).map_err(Call::Failed),
-            }
-        });
-        match got {
-            Ok(d) => Ok((
-                d.schedule,
-                d.candidate,
-                match d.basis {
-                    Basis::Measured => "measured".into(),
-                    Basis::Predicted => "predicted".into(),
-                },
-                d.seq_ms,
-                d.candidate_ms,
-                d.gain_ms,
-                d.cost_ms,
-            )),
-            Err(Call::Closed) => Err(closed()),
-            Err(Call::Failed(e)) => Err(cuda_err(e)),
-        }
+        let d = self.blocking(py, |s| s.decide_op(op, m, k, n))?;
+        Ok((
+            d.schedule,
+            d.candidate,
+            match d.basis {
+                Basis::Measured => "measured".into(),
+                Basis::Predicted => "predicted".into(),
+            },
+            d.seq_ms,
+            d.candidate_ms,
+            d.gain_ms,
+            d.cost_ms,
+        ))
     }
 
     /// A shared allocation of `bytes` on this rank's device (collective:
     /// every rank calls it with the same size); returns its address.
     /// Operands in such memory are used in place by `run_op`.
     fn alloc(&self, py: Python<'_>, bytes: usize) -> PyResult<u64> {
-        let inner = &self.inner;
-        let got = py.detach(|| {
-            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-            match guard.as_mut() {
-                None => Err(Call::Closed),
-                Some(s) => s.alloc(bytes).map_err(Call::Failed),
-            }
-        });
-        match got {
-            Ok(a) => Ok(a),
-            Err(Call::Closed) => Err(closed()),
-            Err(Call::Failed(e)) => Err(cuda_err(e)),
-        }
+        self.blocking(py, |s| s.alloc(bytes))
     }
 
     /// Releases this rank's shared allocation at `addr` (local), once this
@@ -473,19 +445,7 @@ impl PySession {
     /// `RuntimeError` if one of them hung (a rank died): its result, and
     /// those of the calls after it, are not valid.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
-        let inner = &self.inner;
-        let done = py.detach(|| {
-            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-            match guard.as_mut() {
-                None => Err(Call::Closed),
-                Some(s) => s.synchronize().map_err(Call::Failed),
-            }
-        });
-        match done {
-            Ok(()) => Ok(()),
-            Err(Call::Closed) => Err(closed()),
-            Err(Call::Failed(e)) => Err(cuda_err(e)),
-        }
+        self.blocking(py, |s| s.synchronize())
     }
 
     /// Leaves the job (a last barrier with the other ranks); later calls

@@ -368,6 +368,24 @@ def run_compile(rank, world, out_path):
     ft.close()
 
 
+def after_victim_dies(rank, victim, out_path, call):
+    """Every rank past a barrier; the victim exits, the others run `call`
+    (which must raise because the victim is gone) and write whether and
+    when it raised."""
+    dist.barrier()
+    if rank == victim:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        call()
+        row = {"raised": None}
+    except Exception as e:
+        row = {"raised": type(e).__name__, "message": str(e)}
+    row["after_s"] = time.monotonic() - t0
+    with open(out_path, "w") as fh:
+        json.dump(row, fh)
+
+
 def run_graphdead(rank, world, victim, out_path):
     """The ops captured in a graph and replayed; then the victim dies and
     the others replay again: the watch thread releases their streams and
@@ -379,20 +397,13 @@ def run_graphdead(rank, world, victim, out_path):
     ])
     g.replay()
     torch.cuda.synchronize()
-    dist.barrier()
-    if rank == victim:
-        os._exit(3)
-    t0 = time.monotonic()
-    try:
+
+    def replay():
         g.replay()
         torch.cuda.synchronize()
         ft.synchronize()
-        row = {"raised": None}
-    except Exception as e:
-        row = {"raised": type(e).__name__, "message": str(e)}
-    row["after_s"] = time.monotonic() - t0
-    with open(out_path, "w") as fh:
-        json.dump(row, fh)
+
+    after_victim_dies(rank, victim, out_path, replay)
 
 
 def run_fail(rank, world, victim, out_path):
@@ -401,21 +412,14 @@ def run_fail(rank, world, victim, out_path):
         ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
     torch.cuda.synchronize()
     # Everybody has joined the session and finished a call.
-    dist.barrier()
-    if rank == victim:
-        os._exit(3)
     a, b = operands("gemm-rs", 2, rank, world)
-    t0 = time.monotonic()
-    try:
+
+    def call():
         with torch.no_grad():
             ft.matmul_reduce_scatter(a, b, schedule="shard-copy-ring")
         torch.cuda.synchronize()
-        row = {"raised": None}
-    except Exception as e:
-        row = {"raised": type(e).__name__, "message": str(e)}
-    row["after_s"] = time.monotonic() - t0
-    with open(out_path, "w") as fh:
-        json.dump(row, fh)
+
+    after_victim_dies(rank, victim, out_path, call)
 
 
 def run_failfast(rank, world, victim, out_path):
@@ -428,21 +432,14 @@ def run_failfast(rank, world, victim, out_path):
         for _ in range(3):
             ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
     torch.cuda.synchronize()
-    dist.barrier()
-    if rank == victim:
-        os._exit(3)
-    t0 = time.monotonic()
-    try:
+
+    def call():
         with torch.no_grad():
             ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
         torch.cuda.synchronize()
         ft.synchronize()
-        row = {"raised": None}
-    except Exception as e:
-        row = {"raised": type(e).__name__, "message": str(e)}
-    row["after_s"] = time.monotonic() - t0
-    with open(out_path, "w") as fh:
-        json.dump(row, fh)
+
+    after_victim_dies(rank, victim, out_path, call)
 
 
 def main():

@@ -153,8 +153,9 @@ def check_time(world, tmp_path):
 
 
 def check_dead_rank(world, victim, mode, tmp_path):
-    """`mode`: "fail" (the victim dies in a call's full path) or "failfast"
-    (in its fast path). `tmp_path` last, as every check takes it."""
+    """`mode`: "fail" (the victim dies in a call's full path), "failfast"
+    (in its fast path) or "graphdead" (while the others replay a graph).
+    `tmp_path` last, as every check takes it."""
     codes, ended, results = launch(
         world,
         f"{mode}:{victim}",
@@ -210,22 +211,9 @@ def check_compile(world, tmp_path):
 
 
 def check_graph_dead(world, victim, tmp_path):
-    codes, ended, results = launch(
-        world,
-        f"graphdead:{victim}",
-        tmp_path,
-        limit_s=90,
-        extra_env={"FICCO_DIST_TIMEOUT_MS": "10000", "FICCO_WATCHDOG_MS": "5000"},
-    )
-    assert codes[victim] == 3, f"the victim's exit code {codes[victim]}; all {codes}"
-    for r in range(world):
-        if r == victim:
-            continue
-        row = results[r]
-        assert row is not None, f"rank {r} never got past the replay (exit code {codes[r]})"
-        assert row["raised"] == "RuntimeError", f"rank {r}: {row}"
-        assert row["after_s"] < 40, f"rank {r} raised only after {row['after_s']:.1f} s"
-    assert ended < 60, f"the processes ended only after {ended:.1f} s (codes {codes})"
+    """The same ending during graph replays (the device marks each call's
+    start and end; no host code runs per replay)."""
+    check_dead_rank(world, victim, "graphdead", tmp_path)
 
 
 OPS_CASES = [2, 4]

@@ -199,7 +199,7 @@ fn child_work(role: &str, me: usize, dead: usize, rv: Rendezvous) -> i32 {
             } else {
                 "files"
             };
-            let mut f = tempfile(&format!("from rank {me}"));
+            let mut f = ficco_testkit::unlinked_file(&format!("from rank {me}"));
             let fds = fdpass::exchange(&rv, name, f.as_fd()).expect("fd exchange");
             for (q, fd) in fds.into_iter().enumerate() {
                 match fd {
@@ -264,7 +264,7 @@ fn intruder_child() {
     let addr = format!("127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut attacked: Vec<String> = vec![];
-    let f = tempfile("from the intruder");
+    let f = ficco_testkit::unlinked_file("from the intruder");
     let mut held = vec![];
     while attacked.len() < 3 && Instant::now() < deadline {
         for name in abstract_sockets(&format!(".{INTRUDED}.")) {
@@ -320,23 +320,6 @@ fn intruder_child() {
     } else {
         1
     });
-}
-
-fn tempfile(text: &str) -> std::fs::File {
-    let path = std::env::temp_dir().join(format!(
-        "ficco-dist-procs-{}-{:?}",
-        std::process::id(),
-        Instant::now()
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .expect("temp file");
-    let _ = std::fs::remove_file(&path);
-    f.write_all(text.as_bytes()).expect("write");
-    f
 }
 
 #[test]

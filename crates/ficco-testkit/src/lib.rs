@@ -160,6 +160,32 @@ pub fn copy_schedules(op: ficco_core::problem::workload::Op) -> Vec<ficco_core::
     out
 }
 
+/// A file holding `text` whose name is already gone (a descriptor to hand
+/// between processes in the fd-passing tests). Panics on an I/O failure:
+/// test support.
+pub fn unlinked_file(text: &str) -> std::fs::File {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "ficco-test-{}-{}-{}",
+        std::process::id(),
+        MADE.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .expect("temp file");
+    let _ = std::fs::remove_file(&path);
+    f.write_all(text.as_bytes()).expect("write");
+    f
+}
+
 #[cfg(test)]
 mod policy_tests {
     use super::*;

@@ -357,24 +357,6 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsFd;
 
-    /// A file with `text`, as an owned descriptor.
-    fn file_with(text: &str) -> std::fs::File {
-        let path = std::env::temp_dir().join(format!(
-            "ficco-fdpass-{}-{}",
-            std::process::id(),
-            job_token().expect("random")
-        ));
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .expect("temp file");
-        let _ = std::fs::remove_file(&path);
-        f.write_all(text.as_bytes()).expect("write");
-        f
-    }
-
     /// The file's text, read at offset 0 (`pread`: the descriptors of one
     /// file share its offset, and other ranks read it concurrently).
     fn read_all(fd: OwnedFd) -> String {
@@ -388,7 +370,7 @@ mod tests {
     #[test]
     fn a_descriptor_crosses_a_socket_pair_with_its_tag() {
         let (a, b) = UnixStream::pair().expect("pair");
-        let f = file_with("over the wire");
+        let f = ficco_testkit::unlinked_file("over the wire");
         send_fd(&a, 42, f.as_fd()).expect("send");
         let (tag, fd) = recv_fd(&b).expect("recv");
         assert_eq!(tag, 42);
@@ -513,7 +495,7 @@ mod tests {
                         store_bind: None,
                     };
                     let rv = Rendezvous::join_as(env, Duration::from_secs(10), "n0").expect("join");
-                    let f = file_with(&format!("rank {r}"));
+                    let f = ficco_testkit::unlinked_file(&format!("rank {r}"));
                     let got = exchange(&rv, "t", f.as_fd()).expect("exchange");
                     assert_eq!(got.len(), 3);
                     for (q, fd) in got.into_iter().enumerate() {
