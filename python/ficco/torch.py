@@ -31,8 +31,11 @@ on every surviving rank within ficco's bounds (``FICCO_DIST_TIMEOUT_MS``,
 ran reports such a failure at the next ficco call or at ``synchronize()``;
 meanwhile its stream is released, so nothing waits forever.
 
-The ops have no backward: call them under ``torch.no_grad()`` (or on tensors
-that do not require grad).
+Autograd: each op has a backward (``ficco._grad`` documents the formulas);
+the input gradients of ``all_gather_matmul`` and ``matmul_reduce_scatter``
+are the other op, run on ficco's schedules where that beats PyTorch. A
+call with ``out=`` has no backward: pass no ``out`` when ``a`` or ``b``
+requires grad.
 
 Sessions: the first call on a group joins a ficco session of that group's
 ranks (its own rendezvous, bootstrapped through the process group's store:
@@ -258,18 +261,31 @@ def _close_at_exit() -> None:
 
 
 def _op(op, a_name, a, b, group, schedule, out):
-    """Eager calls go straight to :func:`_run` (no dispatcher on the host
-    path); under ``torch.compile`` the call becomes one of the ``ficco::``
-    custom ops below, opaque to the compiler, whose fake implementation
-    gives the output's shape, and whose real one is :func:`_run`."""
-    if not torch.compiler.is_compiling():
+    """Eager calls without autograd go straight to :func:`_run` (no
+    dispatcher on the host path); under ``torch.compile``, or where a
+    gradient is needed, the call becomes one of the ``ficco::`` custom ops
+    below: opaque to the compiler, with a fake implementation giving the
+    output's shape, a real one that is :func:`_run`, and a backward
+    (``ficco._grad``)."""
+    grad = (
+        torch.is_grad_enabled()
+        and isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and (a.requires_grad or b.requires_grad)
+    )
+    if not grad and not torch.compiler.is_compiling():
         return _run(op, a_name, a, b, group, schedule, out)
     fn = f"ficco.torch.{_OPS[op]}"
     _check_tensor(fn, a_name, a)
     _check_tensor(fn, "b", b)
-    _check_grad(fn, a, b)
     if not isinstance(schedule, str):
         raise TypeError(f"{fn}: schedule must be a str ('auto' or a schedule name)")
+    if grad and out is not None:
+        raise ValueError(
+            f"{fn}: out= has no backward, and {a_name} or b requires grad; drop out= "
+            "(or call under torch.no_grad())"
+        )
+    _check_initialised(fn)
     name = _group_name(_resolve(group))
     ops = getattr(torch.ops.ficco, _OPS[op])
     if out is None:
@@ -300,7 +316,7 @@ def _register(op: str, a_name: str) -> None:
 
     @torch.library.custom_op(f"ficco::{name}", mutates_args=())
     def call(a: torch.Tensor, b: torch.Tensor, group_name: str, schedule: str) -> torch.Tensor:
-        return _run(op, a_name, a, b, _group_of(group_name), schedule, None, check_grad=False)
+        return _run(op, a_name, a, b, _group_of(group_name), schedule, None)
 
     @call.register_fake
     def _(a, b, group_name, schedule):
@@ -311,7 +327,7 @@ def _register(op: str, a_name: str) -> None:
     def call_out(
         a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, group_name: str, schedule: str
     ) -> None:
-        _run(op, a_name, a, b, _group_of(group_name), schedule, out, check_grad=False)
+        _run(op, a_name, a, b, _group_of(group_name), schedule, out)
 
     @call_out.register_fake
     def _(a, b, out, group_name, schedule):
@@ -333,7 +349,7 @@ def _needs_one_node(name: str) -> bool:
     return parts[0] == "tile" or "copy" in parts[1:2]
 
 
-def _run(op, a_name, a, b, group, schedule, out, check_grad=True):
+def _run(op, a_name, a, b, group, schedule, out):
     # A call like an earlier one (same op, group, shapes, schedule, device)
     # needs only the checks that can differ between such calls: a model's
     # calls cost microseconds, not the full checks' tens.
@@ -341,25 +357,23 @@ def _run(op, a_name, a, b, group, schedule, out, check_grad=True):
     if isinstance(schedule, str) and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         g = dist.group.WORLD if group is None else group
         seen = _steady.get((op, g, a.shape, b.shape, schedule, out is None, a.device))
-    if seen is not None and _quick_ok(a, b, out, check_grad, seen):
+    if seen is not None and _quick_ok(a, b, out, seen):
         sess = _sessions.get(g)
         if sess is not None:
             name, m, k, n, size, out_shape = seen
             if out is None:
                 out = torch.empty(out_shape, dtype=torch.bfloat16, device=a.device)
             return _execute(op, g, sess, name, a, b, out, m, k, n, size)
-    return _run_checked(op, a_name, a, b, group, schedule, out, check_grad)
+    return _run_checked(op, a_name, a, b, group, schedule, out)
 
 
-def _quick_ok(a, b, out, check_grad, seen) -> bool:
+def _quick_ok(a, b, out, seen) -> bool:
     """The per-call checks of a call shape seen before (else the full
     checks run, and raise the full message)."""
     bf = torch.bfloat16
     if a.dtype != bf or b.dtype != bf or not a.is_contiguous() or not b.is_contiguous():
         return False
     if not b.is_cuda or b.device != a.device or a.device.index != torch.cuda.current_device():
-        return False
-    if check_grad and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return False
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != bf or not out.is_contiguous():
@@ -369,7 +383,7 @@ def _quick_ok(a, b, out, check_grad, seen) -> bool:
     return True
 
 
-def _run_checked(op, a_name, a, b, group, schedule, out, check_grad):
+def _run_checked(op, a_name, a, b, group, schedule, out):
     fn = f"ficco.torch.{_OPS[op]}"
     _check_tensor(fn, a_name, a)
     _check_tensor(fn, "b", b)
@@ -383,8 +397,6 @@ def _run_checked(op, a_name, a, b, group, schedule, out, check_grad):
     for what, v in ((f"{a_name}.shape[0]", rows), ("k", k), ("n", n)):
         if v == 0:
             raise ValueError(f"{fn}: {what} is 0; ficco ops need non-empty operands")
-    if check_grad:
-        _check_grad(fn, a, b)
     name = _check_schedule_arg(fn, op, schedule, None, None)
     _check_initialised(fn)
     group = _resolve(group)
@@ -524,14 +536,6 @@ def decisions(group: Optional[dist.ProcessGroup] = None) -> Dict[Tuple[str, int,
     if not _initialised():
         return {}
     return dict(_decisions.get(_resolve(group), {}))
-
-
-def _check_grad(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        raise ValueError(
-            f"{fn}: ficco ops have no backward; call them under torch.no_grad() "
-            "or pass tensors that do not require grad"
-        )
 
 
 def _shape(t: torch.Tensor) -> Tuple[int, ...]:
@@ -762,3 +766,6 @@ def _join(fn: str, group) -> "_native.Session":
         )
     return s
 
+
+# Registers each op's backward (after the ops above exist).
+from ficco import _grad  # noqa: E402,F401

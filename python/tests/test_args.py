@@ -257,12 +257,14 @@ def test_empty_operands_are_refused(op, f, a_name):
 
 
 @pytest.mark.parametrize("op,f,a_name", OPS, ids=ids)
-def test_inputs_that_require_grad_are_refused(op, f, a_name):
+def test_out_with_autograd_is_refused(op, f, a_name):
     a = bf16(4, 4).requires_grad_()
-    with pytest.raises(ValueError, match="ficco ops have no backward; call them under torch.no_grad()"):
-        f(a, bf16(4, 4))
-    # Under no_grad the check passes and the next one (no process group) fires.
-    with torch.no_grad(), pytest.raises(ValueError, match="not initialised"):
+    with pytest.raises(ValueError, match="out= has no backward, and .* requires grad; drop out="):
+        f(a, bf16(4, 4), out=bf16(4, 4))
+    # A call that needs a gradient gets the same argument checks.
+    with pytest.raises(TypeError, match="b has dtype torch.float32"):
+        f(a, torch.randn(4, 4))
+    with pytest.raises(ValueError, match="not initialised"):
         f(a, bf16(4, 4))
 
 

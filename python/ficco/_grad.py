@@ -1,0 +1,244 @@
+"""Autograd for ``ficco.torch``'s ops (imported by it; nothing public here).
+
+Each op's backward is registered on its ``ficco::`` custom op
+(``torch.library.register_autograd``), so eager autograd and
+``torch.compile`` (AOTAutograd traces the same formula) take the same
+path. A backward with communication is itself one opaque custom op
+(``ficco::<op>_backward``): it forks a side stream, which a traced graph
+cannot express.
+
+With ``P`` ranks, rank ``r``'s weight shard ``b_r`` ``[k, n]`` and
+upstream gradient ``dc``:
+
+=========================  =====================================  ==============================
+op                         input gradient                         weight gradient
+=========================  =====================================  ==============================
+``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``
+                           ``matmul_reduce_scatter`` on ficco     (``a`` gathered again, on a
+                                                                  side stream, during the input
+                                                                  gradient)
+``matmul_reduce_scatter``  ``all_gather(dc) @ b_rᵀ``:              ``aᵀ @ all_gather(dc)``
+                           ``all_gather_matmul`` on ficco          (``dc`` gathered on a side
+                                                                  stream, during the input
+                                                                  gradient)
+``matmul_all_reduce``      ``dc @ b_rᵀ`` (no communication)        ``aᵀ @ dc`` (no communication)
+=========================  =====================================  ==============================
+
+``matmul_all_reduce``'s backward has no collective: its output is the same
+on every rank, and every rank computes the same loss from it, so each rank's
+``dc`` already is the gradient of its own partial product (Megatron's "g"
+operator). A model whose ranks consume different parts of that output must
+all-reduce ``dc`` itself.
+
+**Never slower than PyTorch, in the backward too.** ficco's ops take the
+weight ``[k, n]`` row-major; the input gradient needs ``b_rᵀ``, which
+``torch.mm`` reads in place but ficco's op needs copied (``2·k·n`` bytes
+read and written). So the input gradient runs on ficco only when the
+``auto`` decision for its shape picks an overlapped schedule whose gain
+covers the call's cost plus that copy (:data:`HBM_BYTES_PER_MS`); else
+PyTorch's sequential backward runs (NCCL and ``torch.mm`` on the
+transposed view), with the weight gradient's collective on the side
+stream. A schedule forced on the forward call applies to the forward
+only; the backward's ops are ``auto``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ficco import torch as ft
+
+#: The bandwidth a weight transpose gets, in bytes per ms (2.5 TB/s: about
+#: what a transpose copy reaches on H100/H200; used only to price it).
+HBM_BYTES_PER_MS = 2.5e9
+
+_side: Dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    s = _side.get(device.index)
+    if s is None:
+        s = torch.cuda.Stream(device=device)
+        _side[device.index] = s
+    return s
+
+
+def _nccl(group) -> bool:
+    return dist.get_backend(group) == "nccl"
+
+
+def all_gather(shard: torch.Tensor, group) -> torch.Tensor:
+    """``all_gather(shard, dim 0)`` on the current stream. On gloo (the
+    loopback tests' group: every rank on one GPU) through host copies."""
+    size = dist.get_world_size(group)
+    if _nccl(group):
+        full = shard.new_empty((shard.shape[0] * size, shard.shape[1]))
+        dist.all_gather_into_tensor(full, shard, group=group)
+        return full
+    parts = [torch.empty(shard.shape, dtype=torch.float32) for _ in range(size)]
+    dist.all_gather(parts, shard.float().cpu(), group=group)
+    return torch.cat(parts).to(device=shard.device, dtype=shard.dtype)
+
+
+def reduce_scatter(full: torch.Tensor, group) -> torch.Tensor:
+    """This rank's rows of ``sum over ranks(full)`` (gloo: an all-reduce of
+    a host copy, and the rows)."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    rows = full.shape[0] // size
+    if _nccl(group):
+        out = full.new_empty((rows, full.shape[1]))
+        dist.reduce_scatter_tensor(out, full.contiguous(), group=group)
+        return out
+    host = full.float().cpu()
+    dist.all_reduce(host, group=group)
+    return host[rank * rows:(rank + 1) * rows].to(device=full.device, dtype=full.dtype)
+
+
+def _on_ficco(op: str, x: torch.Tensor, b: torch.Tensor, group) -> bool:
+    """Whether the input gradient (`op` on `x` and `b`ᵀ) runs on ficco: see
+    the module's doc. Loopback jobs always do (gloo has no device
+    collectives)."""
+    sess = ft._session(f"ficco.torch.{ft._OPS[op]} (backward)", group)
+    if sess.loopback:
+        return True
+    size = dist.get_world_size(group)
+    m = x.shape[0] * size if op == "ag-gemm" else x.shape[0]
+    # The op computes x @ bᵀ: its k is b's n, its n is b's k.
+    d = ft._decision(sess, group, op, m, b.shape[1], b.shape[0])
+    copy_ms = 2 * b.numel() * b.element_size() / HBM_BYTES_PER_MS
+    return d.schedule != "seq" and d.gain_ms > d.cost_ms + copy_ms
+
+
+def _ficco_op(op: str, x: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+    """`op` of `x` and `b`ᵀ on ficco (``auto``), `b` transposed by a copy."""
+    return ft._run(op, "a", x, b.t().contiguous(), group, "auto", None)
+
+
+class _Beside:
+    """Runs a block on the side stream, after the work already queued on
+    the current stream; :meth:`join` makes the current stream wait for it.
+    Tensors used on the side are allocated on the current stream, and the
+    current stream joins the side before any of them can be freed, so no
+    ``record_stream`` is needed (and capture works). CPU tensors (the CPU
+    tests) run in line."""
+
+    def __init__(self, device: torch.device):
+        self.cur = self.side = None
+        if device.type == "cuda":
+            self.cur = torch.cuda.current_stream(device)
+            self.side = _side_stream(device)
+            self.side.wait_stream(self.cur)
+        self._ctx = contextlib.nullcontext()
+
+    def __enter__(self):
+        if self.side is not None:
+            self._ctx = torch.cuda.stream(self.side)
+        return self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+    def join(self) -> None:
+        if self.side is not None:
+            self.cur.wait_stream(self.side)
+
+
+def ag_mm_backward(
+    dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group, need_a: bool, need_b: bool
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Gradients of ``c = all_gather(a) @ b``: ``(da, db)``, None where not
+    needed."""
+    dc = dc.contiguous()
+    da = db = None
+    beside = None
+    if need_b:
+        beside = _Beside(dc.device)
+        db = torch.empty_like(b)
+        with beside:
+            torch.mm(all_gather(a, group).t(), dc, out=db)
+    if need_a:
+        if _on_ficco("gemm-rs", dc, b, group):
+            da = _ficco_op("gemm-rs", dc, b, group)
+        else:
+            da = reduce_scatter(torch.mm(dc, b.t()), group)
+    if beside is not None:
+        beside.join()
+    return da, db
+
+
+def mm_rs_backward(
+    dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group, need_a: bool, need_b: bool
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Gradients of ``c = reduce_scatter(a @ b)``: ``(da, db)``."""
+    dc = dc.contiguous()
+    if need_a and _on_ficco("ag-gemm", dc, b, group):
+        # ficco gathers dc inside its op; the weight gradient gathers it
+        # again beside it (the op does not hand its gathered operand out).
+        db = None
+        beside = None
+        if need_b:
+            beside = _Beside(dc.device)
+            db = torch.empty_like(b)
+            with beside:
+                torch.mm(a.t(), all_gather(dc, group), out=db)
+        da = _ficco_op("ag-gemm", dc, b, group)
+        if beside is not None:
+            beside.join()
+        return da, db
+    # PyTorch's own: one gather serves both GEMMs.
+    full = all_gather(dc, group)
+    da = torch.mm(full, b.t()) if need_a else None
+    db = torch.mm(a.t(), full) if need_b else None
+    return da, db
+
+
+_BACKWARD = {"ag-gemm": ag_mm_backward, "gemm-rs": mm_rs_backward}
+
+
+def _register(op: str) -> None:
+    name = ft._OPS[op]
+    impl = _BACKWARD.get(op)
+
+    if impl is not None:
+
+        @torch.library.custom_op(f"ficco::{name}_backward", mutates_args=())
+        def backward_op(
+            dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_name: str,
+            need_a: bool, need_b: bool,
+        ) -> List[torch.Tensor]:
+            da, db = impl(dc, a, b, ft._group_of(group_name), need_a, need_b)
+            # A custom op returns tensors: an empty one stands for "not needed".
+            return [a.new_empty(0) if da is None else da, b.new_empty(0) if db is None else db]
+
+        @backward_op.register_fake
+        def _(dc, a, b, group_name, need_a, need_b):
+            return [a.new_empty(a.shape if need_a else 0), b.new_empty(b.shape if need_b else 0)]
+
+    def setup_context(ctx, inputs, output):
+        a, b, group_name, _schedule = inputs
+        ctx.save_for_backward(a, b)
+        ctx.group_name = group_name
+
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if impl is None:
+            # matmul_all_reduce: no collective (see the module's doc).
+            da = torch.mm(dc, b.t()) if need_a else None
+            db = torch.mm(a.t(), dc) if need_b else None
+        else:
+            da, db = getattr(torch.ops.ficco, f"{name}_backward")(
+                dc, a, b, ctx.group_name, need_a, need_b
+            )
+            da, db = (da if need_a else None), (db if need_b else None)
+        return da, db, None, None
+
+    torch.library.register_autograd(f"ficco::{name}", backward, setup_context=setup_context)
+
+
+for _op in ft._OPS:
+    _register(_op)
