@@ -14,6 +14,8 @@ MASTER_PORT) comes from the test.
                                                 fresh data, eager calls in between
     python loopback_worker.py compile OUT.json  torch.compile(fullgraph=True) of ops
     python loopback_worker.py graphdead:V OUT.json  rank V dies while the others replay
+    python loopback_worker.py grad OUT.json     each op's gradients (autograd) against fp32
+                                                autograd of the whole job
 
 Each rank writes its results to OUT.json as soon as it has them, so the test
 can tell what happened even if the process does not end afterwards.
@@ -442,6 +444,64 @@ def run_failfast(rank, world, victim, out_path):
     after_victim_dies(rank, victim, out_path, call)
 
 
+# Gradients: rows per rank, k, n (the input gradients run the other op on
+# ficco, m x n x k).
+GRAD_SHAPE = (1024, 1024, 768)
+
+
+def grad_reference(op, rank, world, shape=GRAD_SHAPE):
+    """fp32 gradients of the job's loss (the sum of every rank's
+    sum(w_q * c_q); gemm-ar: rank 0's loss of the replicated output) with
+    respect to this rank's a and b."""
+    ins = [operands(op, 9000, q, world, shape) for q in range(world)]
+    a = [x.float().requires_grad_() for x, _ in ins]
+    b = [y.float().requires_grad_() for _, y in ins]
+    ws = [grad_weights(op, q, world, shape).float() for q in range(world)]
+    if op == "ag-gemm":
+        full = torch.cat(a)
+        loss = sum((ws[q] * (full @ b[q])).sum() for q in range(world))
+    else:
+        total = sum(a[q] @ b[q] for q in range(world))
+        if op == "gemm-ar":
+            loss = (ws[0] * total).sum()
+        else:
+            rows = total.shape[0] // world
+            loss = sum((ws[q] * total[q * rows:(q + 1) * rows]).sum() for q in range(world))
+    loss.backward()
+    return a[rank].grad, b[rank].grad
+
+
+def grad_weights(op, q, world, shape=GRAD_SHAPE):
+    g = torch.Generator(device="cuda:0")
+    g.manual_seed(9500 + q)
+    return torch.randn(out_shape(op, world, shape), device="cuda:0", generator=g).to(torch.bfloat16)
+
+
+def run_grad(rank, world, out_path):
+    results = []
+    for op, f in OPS.items():
+        row = {"op": op}
+        try:
+            a0, b0 = operands(op, 9000, rank, world, GRAD_SHAPE)
+            a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+            w = grad_weights(op, 0 if op == "gemm-ar" else rank, world)
+            c = f(a, b)
+            (w.float() * c.float()).sum().backward()
+            torch.cuda.synchronize()
+            want_a, want_b = grad_reference(op, rank, world)
+            for name, got, want in (("a", a.grad, want_a), ("b", b.grad, want_b)):
+                row[f"nan_{name}"] = bool(torch.isnan(got).any())
+                row[f"err_{name}"] = float((got.float() - want).norm() / want.norm())
+            row["ran"] = ft.last_schedule()
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"
+        results.append(row)
+    ft.synchronize()
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+    ft.close()
+
+
 def main():
     mode, out_path = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -461,6 +521,9 @@ def main():
         dist.destroy_process_group()
     elif mode == "compile":
         run_compile(rank, world, out_path)
+        dist.destroy_process_group()
+    elif mode == "grad":
+        run_grad(rank, world, out_path)
         dist.destroy_process_group()
     elif mode.startswith("graphdead:"):
         run_graphdead(rank, world, int(mode[10:]), out_path)

@@ -6,7 +6,7 @@ Skipped without CUDA, unless FICCO_REQUIRE_GPU=1, where that fails. Run on
 a GPU machine with:
 
     pytest -q python/tests/test_gpu_loopback.py
-    python python/tests/test_gpu_loopback.py [ops|repeat|time|dead]   # the same without pytest
+    python python/tests/test_gpu_loopback.py [ops|repeat|time|dead|graphs|grad]   # without pytest
 
 `time` prints the per-call wall time of a small ag-gemm on 2 ranks, with
 the fast path and with FICCO_OP_SYNC=1 (the full path on every call).
@@ -210,6 +210,22 @@ def check_compile(world, tmp_path):
         assert row["equal"] and not row["nan"], f"rank {rank}: compiled != eager: {row}"
 
 
+def check_grad(world, tmp_path):
+    """Each op's gradients, through autograd and ficco's backward ops,
+    against fp32 autograd of the whole job."""
+    codes, _, results = launch(
+        world, "grad", tmp_path, limit_s=300, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
+    )
+    assert codes == [0] * world, f"exit codes {codes}; results {results}"
+    for rank, rows in enumerate(results):
+        assert rows is not None, f"rank {rank} wrote nothing"
+        assert len(rows) == 3, rows
+        for row in rows:
+            assert "error" not in row, f"rank {rank}: {row}"
+            assert not row["nan_a"] and not row["nan_b"], f"rank {rank}: {row}"
+            assert row["err_a"] < TOLERANCE and row["err_b"] < TOLERANCE, f"rank {rank}: {row}"
+
+
 def check_graph_dead(world, victim, tmp_path):
     """The same ending during graph replays (the device marks each call's
     start and end; no host code runs per replay)."""
@@ -241,6 +257,10 @@ if pytest is not None:
     def test_compiled_ops_equal_eager(tmp_path):
         check_compile(2, tmp_path)
 
+    @pytest.mark.parametrize("world", OPS_CASES)
+    def test_gradients_equal_fp32_autograd(world, tmp_path):
+        check_grad(world, tmp_path)
+
     def test_a_dead_rank_ends_graph_replays_with_an_error(tmp_path):
         check_graph_dead(4, 1, tmp_path)
 
@@ -256,7 +276,7 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
         sys.exit(0)
-    # `python test_gpu_loopback.py [ops|repeat|time|dead|graphs]`: one half (each well within a 10-minute call).
+    # `python test_gpu_loopback.py [ops|repeat|time|dead|graphs|grad]`: one half (each well within a 10-minute call).
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     cases = [(f"ops world={w}", check_ops, (w,)) for w in OPS_CASES if only in ("", "ops")]
     cases += [(f"repeat world={w}", check_repeat, (w,)) for w in OPS_CASES if only in ("", "repeat")]
@@ -265,6 +285,7 @@ if __name__ == "__main__":
               for w, v, mode in DEAD_CASES if only in ("", "dead")]
     cases += [(f"graphs world={w}", check_graphs, (w,)) for w in OPS_CASES if only in ("", "graphs")]
     cases += [("compile world=2", check_compile, (2,))] if only in ("", "graphs") else []
+    cases += [(f"grad world={w}", check_grad, (w,)) for w in OPS_CASES if only in ("", "grad")]
     cases += [("graph replay, dead rank world=4 victim=1", check_graph_dead, (4, 1))] if only in ("", "graphs") else []
     failed = 0
     for name, fn, args in cases:
