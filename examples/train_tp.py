@@ -8,7 +8,10 @@ ranks of a job, three ways, side by side:
   micro-pipeline TP pass (``torch._inductor.config._micro_pipeline_tp``,
   symmetric memory), which fuses the collectives with their matmuls,
   forward and backward; it exists only compiled (``--mode compile``);
-* ``ficco``: ``ficco.torch``'s ops, with their backward (``ficco._grad``).
+* ``ficco``: ``ficco.torch``'s ops, with their backward (``ficco._grad``):
+  ``all_gather_matmul``'s weight gradient gathers its operand again in the
+  backward; ``ficco-keep`` keeps it from the forward instead (as PyTorch's
+  forward does: more memory, and a second gather beside the forward op).
 
 The block is ``examples/llama_tp_block.py``'s (RMSNorm without a learned
 weight here, so every parameter is a TP shard): per block, all-gather ->
@@ -24,8 +27,9 @@ PyTorch sequential within bf16 tolerance: relative difference below
 (relative Frobenius error, the worst parameter), and the median step time
 (forward, backward and optimizer step, CUDA events, the slowest rank's)
 with the forward and backward apart, and each way's peak memory per rank:
-PyTorch's allocator peak, and what the way added outside it (NCCL, ficco's
-shared buffers).
+PyTorch's allocator peak above what was allocated before the way started,
+and what the way added outside the allocator (NCCL, ficco's shared
+buffers).
 
     torchrun --nproc-per-node 4 examples/train_tp.py --layers 4 --tokens 8192
     torchrun --nproc-per-node 4 examples/train_tp.py --mode all --json train.json
@@ -48,6 +52,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 import ficco.torch as ft
+from ficco import _grad as ft_grad
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_tp_block import rope, rope_tables  # noqa: E402
@@ -65,12 +70,15 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=4, help="steps left out of the timing")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--mode", choices=["eager", "graphs", "compile", "all"], default="eager")
-    p.add_argument("--ways", default="pytorch,async-tp,ficco")
+    p.add_argument("--ways", default="pytorch,async-tp,ficco,ficco-keep")
     p.add_argument("--loss-tol", type=float, default=2e-2,
                    help="largest relative difference of a step's loss from PyTorch sequential's")
     p.add_argument("--grad-tol", type=float, default=5e-2,
                    help="largest relative error of a first-step weight gradient against PyTorch's")
     p.add_argument("--json", metavar="FILE", help="rank 0 writes every way's losses, times and memory")
+    p.add_argument("--profile", metavar="DIR",
+                   help="after the timed steps, profile one more step of each way: rank 0 prints its "
+                        "GPU kernels by time and writes a Chrome/Perfetto trace to DIR")
     return p.parse_args()
 
 
@@ -193,7 +201,13 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     first step's weight gradients, the times and the memory."""
     outside0 = outside_torch_bytes()
     torch.cuda.reset_peak_memory_stats()
-    comm = Comm("ficco" if way == "ficco" else "pytorch", group)
+    # What is allocated before this way starts (the batch, the reference
+    # gradients) is not the way's.
+    held0 = torch.cuda.memory_allocated()
+    ficco = way.startswith("ficco")
+    if ficco:
+        ft_grad.keep_gathered(way == "ficco-keep")
+    comm = Comm("ficco" if ficco else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     fwd = model
@@ -224,6 +238,8 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
             times["step"].append(ev[0].elapsed_time(ev[3]))
             times["forward"].append(ev[0].elapsed_time(ev[1]))
             times["backward"].append(ev[1].elapsed_time(ev[2]))
+    if args.profile:
+        profile_step(way, mode, args.profile, lambda: train_step(fwd, opt, x, target))
     # The job's loss: the mean over ranks of each rank's (its tokens).
     per_step = torch.stack(losses)
     dist.all_reduce(per_step, group=group)
@@ -231,7 +247,7 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     red = dev
     med = {k: slowest(statistics.median(v), red) for k, v in times.items()}
     mem = {
-        "peak_gib": slowest(torch.cuda.max_memory_allocated() / 2**30, red),
+        "peak_gib": slowest((torch.cuda.max_memory_allocated() - held0) / 2**30, red),
         "outside_torch_gib": slowest((outside_torch_bytes() - outside0) / 2**30, red),
     }
     del fwd, model, opt
@@ -241,6 +257,26 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
         inductor._micro_pipeline_tp = False
     torch._dynamo.reset()
     return per_step, first_grads, med, mem
+
+
+def train_step(fwd, opt, x, target):
+    opt.zero_grad(set_to_none=False)
+    F.mse_loss(fwd(x).float(), target).backward()
+    opt.step()
+
+
+def profile_step(way, mode, out_dir, step):
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    if dist.get_rank() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(out_dir, f"{mode}-{way}.json"))
+        print(f"# profile {mode} {way}: GPU kernels by total time (rank 0, one step)")
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=70))
 
 
 def grad_err(got, want):
@@ -327,7 +363,7 @@ def main():
                 f"{r['memory']['peak_gib']:8.2f} {r['memory']['outside_torch_gib']:8.2f} "
                 f"{r['losses'][0]:9.5f} {r['losses'][-1]:9.5f} {diff:13.2e} "
                 f"{r.get('grad_err', float('nan')):9.2e}{'' if ok else '  MISMATCH'}")
-        if "ficco" in res:
+        if any(w.startswith("ficco") for w in res):
             d = ft.decisions(group)
             say("  ficco auto: " + "; ".join(
                 f"{op} {m}x{k}x{n}: {v.schedule} (candidate {v.candidate}, {v.basis} gain "

@@ -35,7 +35,7 @@ weight ``[k, n]`` row-major; the input gradient needs ``b_rᵀ``, which
 ``torch.mm`` reads in place but ficco's op needs copied (``2·k·n`` bytes
 read and written). So the input gradient runs on ficco only when the
 ``auto`` decision for its shape picks an overlapped schedule whose gain
-covers the call's cost plus that copy (:data:`HBM_BYTES_PER_MS`); else
+covers the call's cost plus that copy (:data:`TRANSPOSE_BYTES_PER_MS`); else
 PyTorch's sequential backward runs (NCCL and ``torch.mm`` on the
 transposed view), with the weight gradient's collective on the side
 stream. A schedule forced on the forward call applies to the forward
@@ -45,6 +45,7 @@ only; the backward's ops are ``auto``.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -52,9 +53,11 @@ import torch.distributed as dist
 
 from ficco import torch as ft
 
-#: The bandwidth a weight transpose gets, in bytes per ms (2.5 TB/s: about
-#: what a transpose copy reaches on H100/H200; used only to price it).
-HBM_BYTES_PER_MS = 2.5e9
+#: What a weight transpose (``b.t().contiguous()``) moves per ms, bytes read
+#: plus written: 0.6 TB/s, measured on H100 (a [8192, 5120] bf16 transpose
+#: took 0.28 ms in a profiled training step; PyTorch's strided copy is far
+#: from HBM bandwidth). Used only to price it.
+TRANSPOSE_BYTES_PER_MS = 6e8
 
 _side: Dict[int, torch.cuda.Stream] = {}
 
@@ -109,7 +112,7 @@ def _on_ficco(op: str, x: torch.Tensor, b: torch.Tensor, group) -> bool:
     m = x.shape[0] * size if op == "ag-gemm" else x.shape[0]
     # The op computes x @ bᵀ: its k is b's n, its n is b's k.
     d = ft._decision(sess, group, op, m, b.shape[1], b.shape[0])
-    copy_ms = 2 * b.numel() * b.element_size() / HBM_BYTES_PER_MS
+    copy_ms = 2 * b.numel() * b.element_size() / TRANSPOSE_BYTES_PER_MS
     return d.schedule != "seq" and d.gain_ms > d.cost_ms + copy_ms
 
 
@@ -148,23 +151,39 @@ class _Beside:
 
 
 def ag_mm_backward(
-    dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group, need_a: bool, need_b: bool
+    dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group, need_a: bool, need_b: bool,
+    kept: bool = False,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Gradients of ``c = all_gather(a) @ b``: ``(da, db)``, None where not
-    needed."""
+    needed. `kept`: `a` is the gathered operand the forward kept
+    (:func:`keep_gathered`), else this rank's shard."""
     dc = dc.contiguous()
     da = db = None
     beside = None
-    if need_b:
+
+    def weight_grad_beside(gather: bool) -> None:
+        nonlocal beside, db
         beside = _Beside(dc.device)
         db = torch.empty_like(b)
         with beside:
-            torch.mm(all_gather(a, group).t(), dc, out=db)
+            torch.mm((all_gather(a, group) if gather else a).t(), dc, out=db)
+
+    if need_b and not kept:
+        # The gather starts at once, beside the input gradient.
+        weight_grad_beside(gather=True)
     if need_a:
         if _on_ficco("gemm-rs", dc, b, group):
+            if need_b and kept:
+                weight_grad_beside(gather=False)
             da = _ficco_op("gemm-rs", dc, b, group)
         else:
-            da = reduce_scatter(torch.mm(dc, b.t()), group)
+            part = torch.mm(dc, b.t())
+            if need_b and kept:
+                # The weight gradient beside the reduce-scatter.
+                weight_grad_beside(gather=False)
+            da = reduce_scatter(part, group)
+    elif need_b and kept:
+        db = torch.mm(a.t(), dc)
     if beside is not None:
         beside.join()
     return da, db
@@ -198,6 +217,61 @@ def mm_rs_backward(
 
 _BACKWARD = {"ag-gemm": ag_mm_backward, "gemm-rs": mm_rs_backward}
 
+_keep = os.environ.get("FICCO_KEEP_GATHERED", "0") == "1"
+
+
+def keep_gathered(on: Optional[bool] = None) -> bool:
+    """Whether ``all_gather_matmul`` keeps its gathered operand for the
+    weight gradient (``FICCO_KEEP_GATHERED=1``), else the backward gathers
+    it again (the default: measured faster, and it holds less memory; see
+    the README, "Training"). Returns the setting; ``on`` sets it."""
+    global _keep
+    if on is not None:
+        _keep = bool(on)
+    return _keep
+
+
+def _register_keep() -> None:
+    """``ficco::all_gather_matmul_keep(a, b, group_name, schedule) ->
+    [c, all_gather(a)]``: the forward of ``all_gather_matmul`` where the
+    weight gradient will need the gathered ``a``. PyTorch's sequential
+    forward gathers ``a`` and keeps it for the same reason; here the
+    gather is an NCCL all-gather on the side stream, beside ficco's
+    overlapped op, which cannot hand out its own gathered copy."""
+
+    @torch.library.custom_op("ficco::all_gather_matmul_keep", mutates_args=())
+    def keep_op(a: torch.Tensor, b: torch.Tensor, group_name: str, schedule: str) -> List[torch.Tensor]:
+        group = ft._group_of(group_name)
+        full = None
+        beside = _Beside(a.device)
+        with beside:
+            full = all_gather(a, group)
+        c = ft._run("ag-gemm", "a_shard", a, b, group, schedule, None)
+        beside.join()
+        return [c, full]
+
+    @keep_op.register_fake
+    def _(a, b, group_name, schedule):
+        size = ft._group_of(group_name).size()
+        return [a.new_empty((a.shape[0] * size, b.shape[1])), a.new_empty((a.shape[0] * size, a.shape[1]))]
+
+    def setup_context(ctx, inputs, output):
+        _a, b, group_name, _schedule = inputs
+        ctx.save_for_backward(output[1], b)
+        ctx.group_name = group_name
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(ctx, grads):
+        dc = grads[0]  # the kept operand has no gradient
+        full, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        da, db = torch.ops.ficco.all_gather_matmul_backward(
+            dc, full, b, ctx.group_name, need_a, need_b, True
+        )
+        return (da if need_a else None), (db if need_b else None), None, None
+
+    torch.library.register_autograd("ficco::all_gather_matmul_keep", backward, setup_context=setup_context)
+
 
 def _register(op: str) -> None:
     name = ft._OPS[op]
@@ -208,15 +282,22 @@ def _register(op: str) -> None:
         @torch.library.custom_op(f"ficco::{name}_backward", mutates_args=())
         def backward_op(
             dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_name: str,
-            need_a: bool, need_b: bool,
+            need_a: bool, need_b: bool, kept: bool = False,
         ) -> List[torch.Tensor]:
-            da, db = impl(dc, a, b, ft._group_of(group_name), need_a, need_b)
+            group = ft._group_of(group_name)
+            if kept:
+                da, db = impl(dc, a, b, group, need_a, need_b, kept=True)
+            else:
+                da, db = impl(dc, a, b, group, need_a, need_b)
             # A custom op returns tensors: an empty one stands for "not needed".
             return [a.new_empty(0) if da is None else da, b.new_empty(0) if db is None else db]
 
         @backward_op.register_fake
-        def _(dc, a, b, group_name, need_a, need_b):
-            return [a.new_empty(a.shape if need_a else 0), b.new_empty(b.shape if need_b else 0)]
+        def _(dc, a, b, group_name, need_a, need_b, kept=False):
+            # With `kept`, `a` is the gathered operand: da is a shard of it.
+            rows = a.shape[0] // ft._group_of(group_name).size() if kept else a.shape[0]
+            return [a.new_empty((rows, a.shape[1]) if need_a else 0),
+                    b.new_empty(b.shape if need_b else 0)]
 
     def setup_context(ctx, inputs, output):
         a, b, group_name, _schedule = inputs
@@ -242,3 +323,4 @@ def _register(op: str) -> None:
 
 for _op in ft._OPS:
     _register(_op)
+_register_keep()

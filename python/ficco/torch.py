@@ -287,6 +287,9 @@ def _op(op, a_name, a, b, group, schedule, out):
         )
     _check_initialised(fn)
     name = _group_name(_resolve(group))
+    if grad and op == "ag-gemm" and b.requires_grad and _grad.keep_gathered():
+        # The weight gradient needs all_gather(a): kept from here.
+        return torch.ops.ficco.all_gather_matmul_keep(a, b, name, schedule)[0]
     ops = getattr(torch.ops.ficco, _OPS[op])
     if out is None:
         return ops(a, b, name, schedule)

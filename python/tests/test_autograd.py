@@ -101,12 +101,13 @@ def reference(op, r):
     return a[r].grad, b[r].grad
 
 
-def worker(rank, port, out_dir, decision):
+def worker(rank, port, out_dir, decision, keep):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     group = dist.group.WORLD
     calls = []
     ft._run = cpu_run(calls)
     ft._sessions[group] = sess = Session(decision)
+    _grad.keep_gathered(keep)
     i = inputs(rank)
     rows = {}
     for op, f in (("ag-gemm", ft.all_gather_matmul), ("gemm-rs", ft.matmul_reduce_scatter),
@@ -134,10 +135,11 @@ def worker(rank, port, out_dir, decision):
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "regather"])
 @pytest.mark.parametrize("decision", ["gain", "seq"])
-def test_gradients_match_float64_autograd_of_the_whole_job(decision, tmp_path):
+def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_path):
     port = ficco.free_port()
-    mp.spawn(worker, args=(port, str(tmp_path), decision), nprocs=WORLD)
+    mp.spawn(worker, args=(port, str(tmp_path), decision, keep), nprocs=WORLD)
     for r in range(WORLD):
         rows = json.loads((tmp_path / f"rank{r}.json").read_text())
         for op in ("ag-gemm", "gemm-rs", "gemm-ar"):
