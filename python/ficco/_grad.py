@@ -26,8 +26,8 @@ op                         input gradient                         weight gradien
 
 One GEMM runs at a time: two GEMMs side by side each ran slower than alone
 (measured: a training step's backward 3% slower on 2 H100s). The
-collectives are NCCL's, asynchronous on the group's NCCL stream, each
-waited for where its result is used.
+collectives are NCCL's, issued from a side stream so that they run while
+the current stream goes on, each waited for where its result is used.
 
 ``matmul_all_reduce``'s backward has no collective: its output is the same
 on every rank, and every rank computes the same loss from it, so each rank's
@@ -35,15 +35,14 @@ on every rank, and every rank computes the same loss from it, so each rank's
 operator). A model whose ranks consume different parts of that output must
 all-reduce ``dc`` itself.
 
-**Never slower than PyTorch, in the backward too.** ficco's ops take the
-weight ``[k, n]`` row-major; the input gradient needs ``b_rᵀ``, which
-``torch.mm`` reads in place but ficco's op needs copied (``2·k·n`` bytes
-read and written). So the input gradient runs on ficco only when the
-``auto`` decision for its shape picks an overlapped schedule whose gain
-covers the call's cost plus that copy (:data:`TRANSPOSE_BYTES_PER_MS`);
-else PyTorch's sequential backward runs (NCCL, and ``torch.mm`` on the
-transposed view). A schedule forced on the forward call applies to the
-forward only; the backward's ops are ``auto``.
+**Never slower than PyTorch, in the backward too.** The input gradient
+reads the forward's weight ``[k, n]`` as the op's B transposed, in place
+(cuBLASLt transposes it; no copy). It runs on ficco where ``auto``'s
+decision for its shape picks an overlapped schedule (whose gain covers
+the call's cost) that can read a transposed B (not ``tile``, grouped or
+ficco's own GEMMs); else PyTorch's sequential backward runs it (NCCL, and
+``torch.mm`` on the transposed view). A schedule forced on the forward
+call applies to the forward only; the backward's ops are ``auto``.
 """
 
 from __future__ import annotations
@@ -55,12 +54,6 @@ import torch
 import torch.distributed as dist
 
 from ficco import torch as ft
-
-#: What a weight transpose (``b.t().contiguous()``) moves per ms, bytes read
-#: plus written: 0.6 TB/s, measured on H100 (a [8192, 5120] bf16 transpose
-#: took 0.28 ms in a profiled training step; PyTorch's strided copy is far
-#: from HBM bandwidth). Used only to price it.
-TRANSPOSE_BYTES_PER_MS = 6e8
 
 def _nccl(group) -> bool:
     return dist.get_backend(group) == "nccl"
@@ -100,15 +93,48 @@ class _Done:
         pass
 
 
+class _Joined:
+    """The handle of a collective issued from the side stream: ``wait()``
+    makes the current stream wait for it."""
+
+    def __init__(self, cur: torch.cuda.Stream, side: torch.cuda.Stream):
+        self.cur, self.side = cur, side
+
+    def wait(self) -> None:
+        self.cur.wait_stream(self.side)
+
+
+_side = {}
+
+
+def _beside(collective, *tensors) -> "_Joined":
+    """Issues ``collective(*tensors)`` (a synchronous ``torch.distributed``
+    call) from a side stream that first waits for the current one: it runs
+    on the group's NCCL stream while the current stream goes on. Not
+    ``async_op=True``: work left pending inside a CUDA graph capture made
+    ``destroy_process_group`` hang at exit (measured). The tensors are
+    allocated on the current stream, which waits for the side (the
+    handle) before any of them can be freed."""
+    dev = tensors[0].device
+    side = _side.get(dev.index)
+    if side is None:
+        side = _side[dev.index] = torch.cuda.Stream(device=dev)
+    cur = torch.cuda.current_stream(dev)
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        collective(*tensors)
+    return _Joined(cur, side)
+
+
 def all_gather_async(shard: torch.Tensor, group):
-    """``(full, handle)``: the gather is queued on the group's NCCL stream
-    after the current stream's work so far; ``handle.wait()`` makes the
-    current stream wait for it. Nothing may read ``full`` before that."""
+    """``(full, handle)``: the gather runs beside the current stream's later
+    work; ``handle.wait()`` makes the current stream wait for it. Nothing
+    may read ``full`` before that."""
     if not _nccl(group):
         return all_gather(shard, group), _Done()
     size = dist.get_world_size(group)
     full = shard.new_empty((shard.shape[0] * size, shard.shape[1]))
-    return full, dist.all_gather_into_tensor(full, shard, group=group, async_op=True)
+    return full, _beside(lambda o, i: dist.all_gather_into_tensor(o, i, group=group), full, shard)
 
 
 def reduce_scatter_async(full: torch.Tensor, group):
@@ -117,27 +143,43 @@ def reduce_scatter_async(full: torch.Tensor, group):
         return reduce_scatter(full, group), _Done()
     rows = full.shape[0] // dist.get_world_size(group)
     out = full.new_empty((rows, full.shape[1]))
-    return out, dist.reduce_scatter_tensor(out, full.contiguous(), group=group, async_op=True)
+    full = full.contiguous()
+    return out, _beside(lambda o, i: dist.reduce_scatter_tensor(o, i, group=group), out, full)
 
 
-def _on_ficco(op: str, x: torch.Tensor, b: torch.Tensor, group) -> bool:
-    """Whether the input gradient (`op` on `x` and `b`ᵀ) runs on ficco: see
-    the module's doc. Loopback jobs always do (gloo has no device
+# Input-gradient shapes whose schedule cannot read a transposed weight
+# (tile, grouped or ficco's own GEMMs): PyTorch's backward runs them.
+_refused = set()
+
+
+def _input_grad(op: str, x: torch.Tensor, w: torch.Tensor, group) -> Optional[torch.Tensor]:
+    """`op` of `x` and `w`ᵀ on ficco (`w` read transposed in place: the
+    forward's weight ``[k, n]`` is the op's B stored ``[n, k]``), or None
+    where PyTorch's backward should run it: `auto` decided ``seq`` (the
+    gain does not cover the call's cost), or the schedule cannot read a
+    transposed B. Loopback jobs always run ficco (gloo has no device
     collectives)."""
-    sess = ft._session(f"ficco.torch.{ft._OPS[op]} (backward)", group)
-    if sess.loopback:
-        return True
+    fn = f"ficco.torch.{ft._OPS[op]} (backward)"
+    sess = ft._session(fn, group)
     size = dist.get_world_size(group)
     m = x.shape[0] * size if op == "ag-gemm" else x.shape[0]
-    # The op computes x @ bᵀ: its k is b's n, its n is b's k.
-    d = ft._decision(sess, group, op, m, b.shape[1], b.shape[0])
-    copy_ms = 2 * b.numel() * b.element_size() / TRANSPOSE_BYTES_PER_MS
-    return d.schedule != "seq" and d.gain_ms > d.cost_ms + copy_ms
-
-
-def _ficco_op(op: str, x: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
-    """`op` of `x` and `b`ᵀ on ficco (``auto``), `b` transposed by a copy."""
-    return ft._run(op, "a", x, b.t().contiguous(), group, "auto", None)
+    k, n = w.shape[1], w.shape[0]
+    key = (op, m, k, n, group)
+    if key in _refused:
+        return None
+    name = None  # auto: loopback picks among the schedules it can run
+    if not sess.loopback:
+        d = ft._decision(sess, group, op, m, k, n)
+        if d.schedule == "seq":
+            return None
+        name = d.schedule
+    out = x.new_empty((m // size if op == "gemm-rs" else m, n))
+    try:
+        return ft._execute(op, group, sess, name, x, w, out, m, k, n, size, b_transposed=True)
+    except ValueError:
+        # Refused before anything ran, alike on every rank (same plan).
+        _refused.add(key)
+        return None
 
 
 def ag_mm_backward(
@@ -152,9 +194,8 @@ def ag_mm_backward(
     full, gathered = (a, _Done()) if kept or not need_b else all_gather_async(a, group)
     scattered = _Done()
     if need_a:
-        if _on_ficco("gemm-rs", dc, b, group):
-            da = _ficco_op("gemm-rs", dc, b, group)
-        else:
+        da = _input_grad("gemm-rs", dc, b, group)
+        if da is None:
             # The reduce-scatter runs during the weight gradient's GEMM.
             da, scattered = reduce_scatter_async(torch.mm(dc, b.t()), group)
     if need_b:
@@ -169,19 +210,22 @@ def mm_rs_backward(
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Gradients of ``c = reduce_scatter(a @ b)``: ``(da, db)``."""
     dc = dc.contiguous()
-    if need_a and _on_ficco("ag-gemm", dc, b, group):
-        # ficco gathers dc inside its op (on the copy engines); the weight
-        # gradient's gather runs beside it (the op does not hand its
-        # gathered operand out).
-        full, gathered = all_gather_async(dc, group) if need_b else (None, _Done())
-        da = _ficco_op("ag-gemm", dc, b, group)
+    # ficco gathers dc inside its op (on the copy engines); the weight
+    # gradient's gather runs beside it (the op does not hand its gathered
+    # operand out).
+    full, gathered = all_gather_async(dc, group) if need_b and need_a else (None, None)
+    da = _input_grad("ag-gemm", dc, b, group) if need_a else None
+    if da is not None:
         db = None
         if need_b:
             gathered.wait()
             db = torch.mm(a.t(), full)
         return da, db
     # PyTorch's own: one gather serves both GEMMs.
-    full = all_gather(dc, group)
+    if gathered is not None:
+        gathered.wait()
+    else:
+        full = all_gather(dc, group)
     da = torch.mm(full, b.t()) if need_a else None
     db = torch.mm(a.t(), full) if need_b else None
     return da, db

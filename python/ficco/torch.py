@@ -452,8 +452,9 @@ def _run_checked(op, a_name, a, b, group, schedule, out):
     return _execute(op, group, sess, name, a, b, out, m, k, n, size)
 
 
-def _execute(op, group, sess, name, a, b, out, m, k, n, size):
-    """Runs a checked call: `name` None is "auto"."""
+def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False):
+    """Runs a checked call: `name` None is "auto". `b_transposed`: `b` is
+    B's transpose, ``[n, k]`` (the backward's input gradients)."""
     try:
         if name is None:
             d = _decision(sess, group, op, m, k, n)
@@ -461,12 +462,13 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size):
             if name == "seq" and not sess.loopback:
                 # The candidate's gain does not cover the call's own cost:
                 # PyTorch's sequential reference, on the caller's stream.
-                _torch_seq(op, a, b, out, group, size)
+                _torch_seq(op, a, b.t() if b_transposed else b, out, group, size)
                 _last[group] = "seq"
                 return out
         stream = _raw_stream(a.device.index)
         ran = sess.run_op(
-            op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream
+            op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream,
+            b_transposed=b_transposed,
         )
     except RuntimeError:
         # The job failed (a rank died or hung): this session is unusable.

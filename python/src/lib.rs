@@ -343,8 +343,10 @@ impl PySession {
     /// operands on this rank's device, `stream` the caller's `CUstream`.
     /// Every rank calls it with the same op, shapes and schedule. `schedule`
     /// `None` takes the tuning cache's winner, else the rule selector's
-    /// pick. Returns the canonical name of the schedule that ran.
-    #[pyo3(signature = (op, m, k, n, schedule, a, b, out, stream))]
+    /// pick. `b_transposed`: `b` holds B as `[n, k]` row-major (cuBLASLt
+    /// reads it transposed; schedules with `tile`, grouped or ficco's own
+    /// GEMMs refuse it). Returns the canonical name of the schedule that ran.
+    #[pyo3(signature = (op, m, k, n, schedule, a, b, out, stream, b_transposed=false))]
     #[allow(clippy::too_many_arguments)]
     fn run_op(
         &self,
@@ -358,6 +360,7 @@ impl PySession {
         b: u64,
         out: u64,
         stream: u64,
+        b_transposed: bool,
     ) -> PyResult<String> {
         let op = parse_op(op)?;
         for (name, v) in [("m", m), ("k", k), ("n", n)] {
@@ -384,6 +387,7 @@ impl PySession {
             b,
             out,
             stream,
+            b_transposed,
         };
         self.blocking(py, |s| s.run_op(&call)).map(|d| d.schedule)
     }

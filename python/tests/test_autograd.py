@@ -5,9 +5,10 @@ whole job's computation, which every process rebuilds from every rank's
 inputs.
 
 What runs the forward and backward ops is replaced by a CPU stand-in (the
-sequential reference on gloo, ``_run``), and the session by one whose
-decision is given: the input gradient then takes ficco's op (``gain``) or
-PyTorch's sequential backward (``seq``). Both are checked. A wrong operand,
+sequential reference on gloo, ``_run`` and ``_execute``), and the session by
+one whose decision is given: the input gradient then takes ficco's op
+(``gain``), PyTorch's sequential backward (``seq``), or PyTorch's after the
+schedule refused a transposed B (``refused``). All are checked. A wrong operand,
 transpose or collective in a formula gives an error of order 1; bf16
 rounding, ~1e-2. The GPU tests check the same gradients with the real ops.
 """
@@ -39,7 +40,7 @@ class Session:
 
     def decide(self, op, m, k, n):
         self.decided.append((op, m, k, n))
-        name = "seq" if self.decision == "seq" else "shard-copy-ring"
+        name = {"seq": "seq", "gain": "shard-copy-ring", "refused": "tile-copy-ring"}[self.decision]
         return (name, "shard-copy-ring", "measured", 1.0, 0.5, 0.5, 0.01)
 
 
@@ -58,6 +59,22 @@ def cpu_run(calls):
         return c.to(torch.bfloat16)
 
     return run
+
+
+def cpu_execute(calls):
+    """A stand-in for ``ft._execute``, which the input gradients call with
+    the forward's weight as B transposed."""
+    run = cpu_run([])
+
+    def execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False):
+        calls.append((op, tuple(a.shape), tuple(b.shape), b_transposed))
+        if name.startswith("tile"):
+            raise ValueError(f"schedule {name} cannot take a transposed b")
+        assert (k, n) == ((b.shape[1], b.shape[0]) if b_transposed else tuple(b.shape))
+        out.copy_(run(op, "a", a, (b.t() if b_transposed else b).contiguous(), group, name, None))
+        return out
+
+    return execute
 
 
 def inputs(q):
@@ -106,6 +123,7 @@ def worker(rank, port, out_dir, decision, keep):
     group = dist.group.WORLD
     calls = []
     ft._run = cpu_run(calls)
+    ft._execute = cpu_execute(calls)
     ft._sessions[group] = sess = Session(decision)
     _grad.keep_gathered(keep)
     i = inputs(rank)
@@ -136,7 +154,7 @@ def worker(rank, port, out_dir, decision, keep):
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["keep", "regather"])
-@pytest.mark.parametrize("decision", ["gain", "seq"])
+@pytest.mark.parametrize("decision", ["gain", "seq", "refused"])
 def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_path):
     port = ficco.free_port()
     mp.spawn(worker, args=(port, str(tmp_path), decision, keep), nprocs=WORLD)
@@ -146,11 +164,13 @@ def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_p
             row = rows[op]
             assert row["err_a"] < TOLERANCE and row["err_b"] < TOLERANCE, (r, op, row)
         # The forward op, then the input gradient as the other op on ficco's
-        # path (b transposed: [n, k]) or nothing more (PyTorch's backward).
+        # path (the forward's weight [k, n] as B transposed) or nothing more
+        # (PyTorch's backward).
         fwd_ag, fwd_rs = ["ag-gemm", [M // WORLD, K], [K, N]], ["gemm-rs", [M, K], [K, N]]
-        if decision == "gain":
-            assert rows["ag-gemm"]["calls"] == [fwd_ag, ["gemm-rs", [M, N], [N, K]]]
-            assert rows["gemm-rs"]["calls"] == [fwd_rs, ["ag-gemm", [M // WORLD, N], [N, K]]]
+        if decision in ("gain", "refused"):
+            # (A refused call raised before it ran; PyTorch's backward ran it.)
+            assert rows["ag-gemm"]["calls"] == [fwd_ag, ["gemm-rs", [M, N], [K, N], True]]
+            assert rows["gemm-rs"]["calls"] == [fwd_rs, ["ag-gemm", [M // WORLD, N], [K, N], True]]
         else:
             assert rows["ag-gemm"]["calls"] == [fwd_ag]
             assert rows["gemm-rs"]["calls"] == [fwd_rs]

@@ -3,7 +3,10 @@
 //! cuBLASLt is column-major. A row-major C[M,N] = A[M,K] · B[K,N] with leading
 //! dimensions lda, ldb, ldc is, read column-major, C^T[N,M] = B^T[N,K] · A^T[K,M]
 //! with the same leading dimensions and no transposes: cuBLASLt's A is our B and
-//! its B is our A. Descriptors and the chosen algorithm are cached per
+//! its B is our A. B may also come as its transpose (`b_transposed`: the
+//! caller's `[N, K]` row-major, as a weight `W` of `x @ W^T`): read
+//! column-major that is B itself, `[K x N]` at leading dimension `ldb`, and
+//! cuBLASLt transposes it (`TRANSA`), at no cost. Descriptors and the chosen algorithm are cached per
 //! (shape, leading dimensions, SM target); each compute stream has its own
 //! workspace.
 //!
@@ -34,6 +37,8 @@ pub struct GemmKey {
     pub ldb: usize,
     pub ldc: usize,
     pub sm_target: Option<usize>,
+    /// B is stored transposed, `[N, K]` row-major, `ldb` its pitch (>= K).
+    pub b_transposed: bool,
 }
 
 struct Cached {
@@ -73,11 +78,17 @@ impl Gemms {
     }
 
     fn build(&self, key: GemmKey) -> Result<Cached> {
-        let desc = lt::matmul_desc(key.sm_target.map(|s| s as i32))?;
+        let desc = lt::matmul_desc(key.sm_target.map(|s| s as i32), key.b_transposed)?;
         // Column-major view: cuBLASLt A = our B^T [N x K], B = our A^T [K x M], D = C^T [N x M].
+        // A transposed B is stored as B^T row-major, i.e. B [K x N] column-major: op(A) = T.
+        let (a_rows, a_cols) = if key.b_transposed {
+            (key.k, key.n)
+        } else {
+            (key.n, key.k)
+        };
         let a = lt::layout_bf16(
-            key.n as u64,
-            key.k as u64,
+            a_rows as u64,
+            a_cols as u64,
             key.ldb as i64,
             "cublasLtMatrixLayoutCreate(A)",
         )?;

@@ -263,6 +263,7 @@ fn grouped_matches_the_cublaslt_loop_at_moe_size() {
             ldb: n,
             ldc: n,
             sm_target: None,
+            b_transposed: false,
         };
         let c = grp.c.addr() - dc.ptr().raw() + dr.ptr().raw();
         // SAFETY: the views lie inside the live buffers; one stream.

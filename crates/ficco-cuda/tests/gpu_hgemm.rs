@@ -314,6 +314,7 @@ fn large_gemm_matches_cublaslt() {
             ldb: n,
             ldc: n,
             sm_target: None,
+            b_transposed: false,
         };
         // SAFETY: buffers sized for the shape.
         unsafe {
@@ -1416,6 +1417,7 @@ fn autotuned_schedule_matches_cublaslt_and_is_cached() {
             ldb: n,
             ldc: n,
             sm_target: None,
+            b_transposed: false,
         };
         // SAFETY: buffers sized for the shape.
         unsafe {
@@ -1465,6 +1467,7 @@ fn cublaslt_reference(ctx: &Arc<CudaContext>, d: &Dev, m: usize, n: usize, k: us
         ldb: n,
         ldc: n,
         sm_target: None,
+        b_transposed: false,
     };
     // SAFETY: buffers sized for the shape.
     unsafe {

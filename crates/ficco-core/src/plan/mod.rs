@@ -377,6 +377,12 @@ pub struct Resources {
     /// The library every GEMM task runs on (`-own`, `-smN`, `-occS`: ficco's kernel).
     #[serde(default)]
     pub gemm: GemmEngine,
+    /// The B operand comes transposed: `[n, k]` row-major (a weight `W` of
+    /// `x @ W^T`, as the input gradient of an operator call reads its
+    /// forward weight). Set on an operator call's plan by the caller, never
+    /// by lowering; only plans whose GEMMs run on cuBLASLt take it.
+    #[serde(default)]
+    pub b_transposed: bool,
 }
 
 /// A lowered schedule: one `RankPlan` per rank (index = rank).

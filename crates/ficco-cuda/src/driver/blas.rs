@@ -28,14 +28,29 @@ pub(crate) unsafe fn destroy_handle(h: Handle) {
     let _ = lt::destroy_handle(h);
 }
 
+/// `CUBLAS_OP_T` (cublasOperation_t; not in cudarc's cuBLASLt bindings).
+const OP_T: i32 = 1;
+
 /// A bf16-in, f32-compute matmul descriptor, with `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`
-/// when `sm_target` is given.
-pub(crate) fn matmul_desc(sm_target: Option<i32>) -> Result<MatmulDesc> {
+/// when `sm_target` is given, and cuBLASLt's A read transposed with `trans_a`.
+pub(crate) fn matmul_desc(sm_target: Option<i32>, trans_a: bool) -> Result<MatmulDesc> {
     let desc = lt::create_matmul_desc(
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         sys::cudaDataType::CUDA_R_32F,
     )
     .map_err(blas("cublasLtMatmulDescCreate"))?;
+    if trans_a {
+        // SAFETY: desc is live; the attribute is an int32 read during the call.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &OP_T as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+            .map_err(blas("cublasLtMatmulDescSetAttribute(TRANSA)"))?;
+        }
+    }
     if let Some(v) = sm_target {
         // SAFETY: desc is live; the attribute is an int32 read during the call.
         unsafe {

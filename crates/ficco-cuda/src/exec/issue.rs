@@ -13,7 +13,7 @@
 //! iteration to exactly the target). Every value is a constant, so a
 //! captured iteration replays unchanged.
 
-use super::addr::view_addr;
+use super::addr::{b_view_addr, view_addr};
 use super::gemm_args::{own_gemm_args, tile_gemm_args, TileFlags};
 use super::rank::Rank;
 use super::shared::Shared;
@@ -105,9 +105,22 @@ fn gemm(
         return Err(CudaError::Plan("not a GEMM task".into()));
     };
     let (pa, lda) = local(rank, sh, a, "gemm a")?;
-    let (pb, ldb) = local(rank, sh, b, "gemm b")?;
+    let b_transposed = sh.plan.resources.b_transposed;
+    let r = rank.rank;
+    let (pb, ldb) = b_view_addr(
+        &sh.plan.ranks[r].buffers,
+        &sh.ptrs[r],
+        b,
+        b_transposed,
+        "gemm b",
+    )?;
     let (pc, ldc) = local(rank, sh, c, "gemm c")?;
     if sh.plan.resources.gemm == GemmEngine::Own {
+        if b_transposed {
+            return Err(CudaError::Plan(
+                "a transposed B operand needs GEMMs on cuBLASLt, not ficco's own kernel".into(),
+            ));
+        }
         let g = rank.own_gemms.get(stream_idx).ok_or_else(|| {
             CudaError::Plan(format!(
                 "ficco's own GEMM not loaded for stream {stream_idx} before the run"
@@ -137,6 +150,7 @@ fn gemm(
         ldb: ldb / ELEM_BYTES,
         ldc: ldc / ELEM_BYTES,
         sm_target: *sm_target,
+        b_transposed,
     };
     let ws = rank.workspaces[stream_idx].ptr();
     // SAFETY: views are bounds-checked against live pool allocations;
@@ -160,6 +174,11 @@ fn grouped_gemm(
     groups: &[GemmGroup],
     sm_target: Option<usize>,
 ) -> Result<()> {
+    if sh.plan.resources.b_transposed {
+        return Err(CudaError::Plan(
+            "a transposed B operand is for plain GEMM tasks, not grouped ones".into(),
+        ));
+    }
     if let Some(launch) = rank.grouped.get(&index) {
         let g = rank.own_gemms.get(stream_idx).ok_or_else(|| {
             CudaError::Plan(format!(
@@ -186,6 +205,7 @@ fn grouped_gemm(
             ldb: ldb / ELEM_BYTES,
             ldc: ldc / ELEM_BYTES,
             sm_target,
+            b_transposed: false,
         };
         // SAFETY: views are bounds-checked against live pool allocations
         // (validated: groups' outputs are disjoint from each other and from

@@ -4,7 +4,7 @@
 //! kernels. Allocation and kernel loading happen here, before rank threads
 //! start issuing (either can wait for the device to go idle).
 
-use super::addr::view_addr;
+use super::addr::{b_view_addr, view_addr};
 use super::gemm_args::{
     own_gemm_args, own_grouped_args, takes_kernel, tile_gemm_args, GroupedRoute, TileFlags,
 };
@@ -509,7 +509,7 @@ impl Rank {
             });
         for (a, b, c, sm_target, accumulate) in gemms {
             let (pa, lda) = view_addr(&rp.buffers, ptrs, a, "gemm a")?;
-            let (pb, ldb) = view_addr(&rp.buffers, ptrs, b, "gemm b")?;
+            let (pb, ldb) = b_view_addr(&rp.buffers, ptrs, b, res.b_transposed, "gemm b")?;
             let (_, ldc) = view_addr(&rp.buffers, ptrs, c, "gemm c")?;
             let key = GemmKey {
                 m: a.rows,
@@ -519,6 +519,7 @@ impl Rank {
                 ldb: ldb / ELEM_BYTES,
                 ldc: ldc / ELEM_BYTES,
                 sm_target: *sm_target,
+                b_transposed: res.b_transposed,
             };
             if self.warmed.contains(&(key, accumulate)) || a.cols != b.rows {
                 continue;

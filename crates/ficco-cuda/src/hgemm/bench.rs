@@ -243,6 +243,7 @@ impl Bench {
             ldb: n,
             ldc: n,
             sm_target: None,
+            b_transposed: false,
         };
         let mut args = GemmArgs::dense(
             m,

@@ -19,9 +19,9 @@ use ficco_core::choose::call::CallDecision;
 use ficco_core::choose::explore::check_named;
 use ficco_core::choose::tune::TuneCache;
 use ficco_core::plan::lower::lower;
-use ficco_core::plan::{BufferRole, Plan};
+use ficco_core::plan::{BufferRole, Plan, TaskKind};
 use ficco_core::problem::workload::{Op, Problem, ELEM_BYTES};
-use ficco_core::space::{Schedule, SpaceOptions};
+use ficco_core::space::{GemmEngine, Schedule, SpaceOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +77,11 @@ pub struct OpCall<'a> {
     /// the operator starts after the work queued on it and the caller's
     /// later work on it starts after the operator.
     pub stream: u64,
+    /// `b` holds B transposed: `[n, k]` row-major (a weight `W` of
+    /// `a @ W^T`). Only schedules whose GEMMs are plain cuBLASLt ones take
+    /// it (not `tile`, grouped or ficco's own GEMM); cuBLASLt reads it
+    /// transposed, with no copy.
+    pub b_transposed: bool,
 }
 
 /// What a call ran.
@@ -103,10 +108,14 @@ pub struct Session {
     /// while it is 0 no operand can be in shared memory and the exchange
     /// that finds out is skipped).
     allocs: u64,
-    /// Lowered plans by call (problem and schedule), so a repeated call
-    /// neither parses nor lowers again.
-    plans: HashMap<(Problem, Option<String>), (Schedule, Arc<Plan>)>,
+    /// Lowered plans by call, so a repeated call neither parses nor
+    /// lowers again.
+    plans: HashMap<PlanKey, (Schedule, Arc<Plan>)>,
 }
+
+/// A call's problem, schedule name (`None`: auto) and whether B comes
+/// transposed.
+type PlanKey = (Problem, Option<String>, bool);
 
 /// Call shapes whose lowered plan a session keeps (then it forgets them all).
 const PLANS_KEPT: usize = 256;
@@ -345,11 +354,21 @@ impl Session {
             )));
         }
         let p = Problem::new(call.op, call.m, call.k, call.n, self.world()).map_err(bad)?;
-        let key = (p, call.schedule.map(str::to_owned));
+        let key = (p, call.schedule.map(str::to_owned), call.b_transposed);
         let (schedule, plan) = match self.plans.get(&key) {
             Some((s, plan)) => (*s, plan.clone()),
             None => {
-                let (s, plan) = self.plan_of(&p, call)?;
+                let (s, mut plan) = self.plan_of(&p, call)?;
+                if call.b_transposed {
+                    if let Some(why) = refuses_transposed_b(&plan) {
+                        return Err(bad(format!(
+                            "schedule {} cannot take a transposed b: {why}; use a schedule whose \
+                             GEMMs run on cuBLASLt (not tile, grouped, -own, -smN or -occS)",
+                            s.name()
+                        )));
+                    }
+                    plan.resources.b_transposed = true;
+                }
                 let plan = Arc::new(plan);
                 if self.plans.len() >= PLANS_KEPT {
                     self.plans.clear();
@@ -387,6 +406,22 @@ impl Session {
             None => Ok(()),
         }
     }
+}
+
+/// Why `plan` cannot read its B operand transposed, if it cannot: only plain
+/// GEMM tasks on cuBLASLt can ([`crate::gemm`]).
+fn refuses_transposed_b(plan: &Plan) -> Option<&'static str> {
+    if plan.resources.gemm != GemmEngine::Cublas {
+        return Some("its GEMMs run on ficco's own kernel");
+    }
+    plan.ranks
+        .iter()
+        .flat_map(|r| &r.tasks)
+        .find_map(|t| match t.kind {
+            TaskKind::GroupedGemm { .. } => Some("it has grouped GEMM tasks"),
+            TaskKind::TileGemm(_) => Some("it has tile GEMM tasks"),
+            _ => None,
+        })
 }
 
 #[cfg(test)]
@@ -543,6 +578,7 @@ mod tests {
                 b,
                 out,
                 stream: 0,
+                b_transposed: false,
             };
             let done = s
                 .run_op(&call(a.ptr().raw(), b.ptr().raw(), out.ptr().raw()))
@@ -560,6 +596,23 @@ mod tests {
             if let Some(name) = schedule {
                 assert_eq!(done.schedule, name);
             }
+            // B given transposed ([n, k] row-major): the same result, on a
+            // schedule that forces cuBLASLt-only GEMMs.
+            let bt: Vec<u16> = {
+                let b = b_of(me);
+                (0..N * K).map(|i| b[(i % K) * N + i / K]).collect()
+            };
+            let bt = upload(&bt);
+            let out_t = upload(&poison);
+            s.run_op(&OpCall {
+                schedule: Some(schedule.unwrap_or("shard-copy-ring")),
+                b_transposed: true,
+                ..call(a.ptr().raw(), bt.ptr().raw(), out_t.ptr().raw())
+            })
+            .unwrap_or_else(|e| panic!("rank {me} {op} b transposed: {e}"));
+            let err = rel_err(&download(&out_t), &reference);
+            eprintln!("rank {me}/{world} {op} b transposed: rel err {err:.2e}");
+            assert!(err < 2e-2, "rank {me} {op} b transposed: rel err {err}");
             // The same operands in shared allocations: bound in place. The
             // output sits at an offset, so offsets are exercised too.
             let bytes = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -617,6 +670,7 @@ mod tests {
                     b: b.ptr().raw(),
                     out: out.ptr().raw(),
                     stream: 0,
+                    b_transposed: false,
                 })
                 .unwrap_or_else(|e| panic!("rank {me} repeat {round} {op}: {e}"));
                 issued.push((op, seed, a, b, out));
@@ -643,6 +697,7 @@ mod tests {
                 b: 0,
                 out: 0,
                 stream: 0,
+                b_transposed: false,
             })
             .expect_err("m not divisible by the ranks");
         assert!(

@@ -51,6 +51,7 @@ pub(crate) fn resources_of(s: &Schedule) -> Resources {
         green_sms: s.green_sms,
         nccl_ctas: s.nccl_ctas,
         gemm: s.gemm,
+        b_transposed: false,
     }
 }
 

@@ -165,6 +165,8 @@ pub struct OpKey {
     pub problem: Problem,
     /// The plan's name (its schedule's canonical name).
     pub plan: String,
+    /// B comes transposed (its GEMMs differ).
+    pub b_transposed: bool,
 }
 
 impl OpKey {
@@ -172,6 +174,7 @@ impl OpKey {
         OpKey {
             problem: plan.problem,
             plan: plan.name.clone(),
+            b_transposed: plan.resources.b_transposed,
         }
     }
 }

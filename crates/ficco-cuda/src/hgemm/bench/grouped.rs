@@ -219,6 +219,7 @@ impl Bench {
                     ldb: n,
                     ldc: n,
                     sm_target: None,
+                    b_transposed: false,
                 };
                 calls.push((key, pa, pb, pc, pr));
             }
