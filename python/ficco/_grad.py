@@ -13,14 +13,14 @@ upstream gradient ``dc``:
 =========================  =====================================  ================================
 op                         input gradient                         weight gradient
 =========================  =====================================  ================================
-``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``: ``a``
-                           ``matmul_reduce_scatter`` on ficco,     gathered again during the input
-                           or ``torch.mm`` and a reduce-scatter    gradient's GEMM; the GEMM runs
-                           that runs during the weight gradient    during its reduce-scatter
-``matmul_reduce_scatter``  ``all_gather(dc) @ b_rᵀ``:              ``aᵀ @ all_gather(dc)``
-                           ``all_gather_matmul`` on ficco (the
-                           weight gradient's gather beside it),
-                           or PyTorch's (one gather for both)
+``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``: the
+                           ``matmul_reduce_scatter`` on ficco,     gathered ``a`` the forward op
+                           or ``torch.mm`` and a reduce-scatter    handed back (or ``a`` gathered
+                           that runs during the weight gradient    again during the input
+                                                                   gradient's GEMM)
+``matmul_reduce_scatter``  ``all_gather(dc) @ b_rᵀ``:              ``aᵀ @ all_gather(dc)``: the
+                           ``all_gather_matmul`` on ficco,         ``dc`` the input gradient's op
+                           or PyTorch's (one gather for both)      handed back
 ``matmul_all_reduce``      ``dc @ b_rᵀ`` (no communication)        ``aᵀ @ dc`` (no communication)
 =========================  =====================================  ================================
 
@@ -47,7 +47,6 @@ call applies to the forward only; the backward's ops are ``auto``.
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -152,13 +151,15 @@ def reduce_scatter_async(full: torch.Tensor, group):
 _refused = set()
 
 
-def _input_grad(op: str, x: torch.Tensor, w: torch.Tensor, group) -> Optional[torch.Tensor]:
+def _input_grad(
+    op: str, x: torch.Tensor, w: torch.Tensor, group, gathered: Optional[torch.Tensor] = None
+) -> Optional[torch.Tensor]:
     """`op` of `x` and `w`ᵀ on ficco (`w` read transposed in place: the
     forward's weight ``[k, n]`` is the op's B stored ``[n, k]``), or None
     where PyTorch's backward should run it: `auto` decided ``seq`` (the
     gain does not cover the call's cost), or the schedule cannot read a
     transposed B. Loopback jobs always run ficco (gloo has no device
-    collectives)."""
+    collectives). `gathered` (ag-gemm) also receives the gathered `x`."""
     fn = f"ficco.torch.{ft._OPS[op]} (backward)"
     sess = ft._session(fn, group)
     size = dist.get_world_size(group)
@@ -175,7 +176,9 @@ def _input_grad(op: str, x: torch.Tensor, w: torch.Tensor, group) -> Optional[to
         name = d.schedule
     out = x.new_empty((m // size if op == "gemm-rs" else m, n))
     try:
-        return ft._execute(op, group, sess, name, x, w, out, m, k, n, size, b_transposed=True)
+        return ft._execute(
+            op, group, sess, name, x, w, out, m, k, n, size, b_transposed=True, gathered=gathered
+        )
     except ValueError:
         # Refused before anything ran, alike on every rank (same plan).
         _refused.add(key)
@@ -210,22 +213,15 @@ def mm_rs_backward(
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Gradients of ``c = reduce_scatter(a @ b)``: ``(da, db)``."""
     dc = dc.contiguous()
-    # ficco gathers dc inside its op (on the copy engines); the weight
-    # gradient's gather runs beside it (the op does not hand its gathered
-    # operand out).
-    full, gathered = all_gather_async(dc, group) if need_b and need_a else (None, None)
-    da = _input_grad("ag-gemm", dc, b, group) if need_a else None
-    if da is not None:
-        db = None
-        if need_b:
-            gathered.wait()
-            db = torch.mm(a.t(), full)
-        return da, db
+    if need_a:
+        # ficco's op hands back the dc it gathers: the weight gradient's.
+        size = dist.get_world_size(group)
+        full = dc.new_empty((dc.shape[0] * size, dc.shape[1])) if need_b else None
+        da = _input_grad("ag-gemm", dc, b, group, gathered=full)
+        if da is not None:
+            return da, (torch.mm(a.t(), full) if need_b else None)
     # PyTorch's own: one gather serves both GEMMs.
-    if gathered is not None:
-        gathered.wait()
-    else:
-        full = all_gather(dc, group)
+    full = all_gather(dc, group)
     da = torch.mm(full, b.t()) if need_a else None
     db = torch.mm(a.t(), full) if need_b else None
     return da, db
@@ -233,34 +229,35 @@ def mm_rs_backward(
 
 _BACKWARD = {"ag-gemm": ag_mm_backward, "gemm-rs": mm_rs_backward}
 
-_keep = os.environ.get("FICCO_KEEP_GATHERED", "0") == "1"
+_keep: Optional[bool] = None
 
 
 def keep_gathered(on: Optional[bool] = None) -> bool:
-    """Whether ``all_gather_matmul`` keeps its gathered operand for the
-    weight gradient (``FICCO_KEEP_GATHERED=1``), else the backward gathers
-    it again (the default: measured faster, and it holds less memory; see
-    the README, "Training"). Returns the setting; ``on`` sets it."""
+    """Whether ``all_gather_matmul`` keeps the gathered operand its forward
+    op hands back, for the weight gradient (``FICCO_KEEP_GATHERED``,
+    default 1: no communication in the backward for it, and the memory
+    PyTorch's forward holds too), else the backward gathers it again
+    (``0``: less memory). Returns the setting; ``on`` sets it."""
     global _keep
     if on is not None:
         _keep = bool(on)
+    elif _keep is None:
+        _keep = ft._native.keep_gathered_default()
     return _keep
 
 
 def _register_keep() -> None:
     """``ficco::all_gather_matmul_keep(a, b, group_name, schedule) ->
     [c, all_gather(a)]``: the forward of ``all_gather_matmul`` where the
-    weight gradient will need the gathered ``a``. PyTorch's sequential
-    forward gathers ``a`` and keeps it for the same reason; here the
-    gather is an NCCL all-gather beside ficco's overlapped op, which
-    cannot hand out its own gathered copy."""
+    weight gradient will need the gathered ``a``: ficco's op hands back
+    the ``a`` it gathers (as PyTorch's sequential forward keeps its
+    gathered input)."""
 
     @torch.library.custom_op("ficco::all_gather_matmul_keep", mutates_args=())
     def keep_op(a: torch.Tensor, b: torch.Tensor, group_name: str, schedule: str) -> List[torch.Tensor]:
         group = ft._group_of(group_name)
-        full, gathered = all_gather_async(a, group)
-        c = ft._run("ag-gemm", "a_shard", a, b, group, schedule, None)
-        gathered.wait()
+        full = a.new_empty((a.shape[0] * dist.get_world_size(group), a.shape[1]))
+        c = ft._run("ag-gemm", "a_shard", a, b, group, schedule, None, gathered=full)
         return [c, full]
 
     @keep_op.register_fake

@@ -78,6 +78,7 @@ __all__ = [
     "decisions",
     "Decision",
     "empty",
+    "keep_gathered",
     "last_schedule",
     "session",
     "synchronize",
@@ -352,7 +353,7 @@ def _needs_one_node(name: str) -> bool:
     return parts[0] == "tile" or "copy" in parts[1:2]
 
 
-def _run(op, a_name, a, b, group, schedule, out):
+def _run(op, a_name, a, b, group, schedule, out, gathered=None):
     # A call like an earlier one (same op, group, shapes, schedule, device)
     # needs only the checks that can differ between such calls: a model's
     # calls cost microseconds, not the full checks' tens.
@@ -366,8 +367,8 @@ def _run(op, a_name, a, b, group, schedule, out):
             name, m, k, n, size, out_shape = seen
             if out is None:
                 out = torch.empty(out_shape, dtype=torch.bfloat16, device=a.device)
-            return _execute(op, g, sess, name, a, b, out, m, k, n, size)
-    return _run_checked(op, a_name, a, b, group, schedule, out)
+            return _execute(op, g, sess, name, a, b, out, m, k, n, size, gathered=gathered)
+    return _run_checked(op, a_name, a, b, group, schedule, out, gathered)
 
 
 def _quick_ok(a, b, out, seen) -> bool:
@@ -386,7 +387,7 @@ def _quick_ok(a, b, out, seen) -> bool:
     return True
 
 
-def _run_checked(op, a_name, a, b, group, schedule, out):
+def _run_checked(op, a_name, a, b, group, schedule, out, gathered=None):
     fn = f"ficco.torch.{_OPS[op]}"
     _check_tensor(fn, a_name, a)
     _check_tensor(fn, "b", b)
@@ -449,12 +450,14 @@ def _run_checked(op, a_name, a, b, group, schedule, out):
             _steady.clear()
         _steady[(op, group, a.shape, b.shape, schedule, out_given, a.device)] = (
             name, m, k, n, size, out_shape)
-    return _execute(op, group, sess, name, a, b, out, m, k, n, size)
+    return _execute(op, group, sess, name, a, b, out, m, k, n, size, gathered=gathered)
 
 
-def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False):
+def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False, gathered=None):
     """Runs a checked call: `name` None is "auto". `b_transposed`: `b` is
-    B's transpose, ``[n, k]`` (the backward's input gradients)."""
+    B's transpose, ``[n, k]`` (the backward's input gradients).
+    `gathered` (ag-gemm): a ``[m, k]`` tensor that also receives the
+    gathered A (autograd keeps it for the weight gradient)."""
     try:
         if name is None:
             d = _decision(sess, group, op, m, k, n)
@@ -462,13 +465,14 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
             if name == "seq" and not sess.loopback:
                 # The candidate's gain does not cover the call's own cost:
                 # PyTorch's sequential reference, on the caller's stream.
-                _torch_seq(op, a, b.t() if b_transposed else b, out, group, size)
+                _torch_seq(op, a, b.t() if b_transposed else b, out, group, size, gathered)
                 _last[group] = "seq"
                 return out
         stream = _raw_stream(a.device.index)
         ran = sess.run_op(
             op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream,
             b_transposed=b_transposed,
+            gathered=0 if gathered is None else gathered.data_ptr(),
         )
     except RuntimeError:
         # The job failed (a rank died or hung): this session is unusable.
@@ -492,11 +496,13 @@ def _raw_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-def _torch_seq(op, a, b, out, group, size):
+def _torch_seq(op, a, b, out, group, size, gathered=None):
     """The sequential reference as PyTorch runs it: the NCCL collective and
     the GEMM on the current stream."""
     if op == "ag-gemm":
-        full = torch.empty((a.shape[0] * size, a.shape[1]), dtype=a.dtype, device=a.device)
+        full = gathered
+        if full is None:
+            full = torch.empty((a.shape[0] * size, a.shape[1]), dtype=a.dtype, device=a.device)
         dist.all_gather_into_tensor(full, a, group=group)
         torch.mm(full, b, out=out)
     elif op == "gemm-rs":
@@ -773,4 +779,5 @@ def _join(fn: str, group) -> "_native.Session":
 
 
 # Registers each op's backward (after the ops above exist).
-from ficco import _grad  # noqa: E402,F401
+from ficco import _grad  # noqa: E402
+from ficco._grad import keep_gathered  # noqa: E402,F401

@@ -158,6 +158,16 @@ fn dist_timeout_ms() -> PyResult<u64> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// `FICCO_KEEP_GATHERED` as the Rust settings parse it (read now): whether
+/// `all_gather_matmul` keeps its gathered operand for the weight gradient.
+/// Raises `ValueError` naming a bad value.
+#[pyfunction]
+fn keep_gathered_default() -> PyResult<bool> {
+    ficco_core::settings::Settings::from_env()
+        .map(|s| s.keep_gathered)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The package version (the Rust crate's).
 #[pyfunction]
 fn version() -> &'static str {
@@ -345,8 +355,10 @@ impl PySession {
     /// `None` takes the tuning cache's winner, else the rule selector's
     /// pick. `b_transposed`: `b` holds B as `[n, k]` row-major (cuBLASLt
     /// reads it transposed; schedules with `tile`, grouped or ficco's own
-    /// GEMMs refuse it). Returns the canonical name of the schedule that ran.
-    #[pyo3(signature = (op, m, k, n, schedule, a, b, out, stream, b_transposed=false))]
+    /// GEMMs refuse it). `gathered` (ag-gemm only, 0 for none): where to
+    /// also write the gathered A, `[m, k]`. Returns the canonical name of
+    /// the schedule that ran.
+    #[pyo3(signature = (op, m, k, n, schedule, a, b, out, stream, b_transposed=false, gathered=0))]
     #[allow(clippy::too_many_arguments)]
     fn run_op(
         &self,
@@ -361,6 +373,7 @@ impl PySession {
         out: u64,
         stream: u64,
         b_transposed: bool,
+        gathered: u64,
     ) -> PyResult<String> {
         let op = parse_op(op)?;
         for (name, v) in [("m", m), ("k", k), ("n", n)] {
@@ -388,6 +401,7 @@ impl PySession {
             out,
             stream,
             b_transposed,
+            gathered,
         };
         self.blocking(py, |s| s.run_op(&call)).map(|d| d.schedule)
     }
@@ -523,5 +537,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(new_secret, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(dist_timeout_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(keep_gathered_default, m)?)?;
     Ok(())
 }

@@ -47,11 +47,14 @@ class Session:
 def cpu_run(calls):
     """A stand-in for ``ft._run``: the op's sequential reference on gloo."""
 
-    def run(op, a_name, a, b, group, schedule, out):
+    def run(op, a_name, a, b, group, schedule, out, gathered=None):
         calls.append((op, tuple(a.shape), tuple(b.shape)))
         assert a.is_contiguous() and b.is_contiguous()
         if op == "ag-gemm":
-            return torch.mm(_grad.all_gather(a, group), b)
+            full = _grad.all_gather(a, group)
+            if gathered is not None:
+                gathered.copy_(full)
+            return torch.mm(full, b)
         c = torch.mm(a.float(), b.float())
         if op == "gemm-rs":
             return _grad.reduce_scatter(c, group).to(torch.bfloat16)
@@ -66,12 +69,13 @@ def cpu_execute(calls):
     the forward's weight as B transposed."""
     run = cpu_run([])
 
-    def execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False):
+    def execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False, gathered=None):
         calls.append((op, tuple(a.shape), tuple(b.shape), b_transposed))
         if name.startswith("tile"):
             raise ValueError(f"schedule {name} cannot take a transposed b")
         assert (k, n) == ((b.shape[1], b.shape[0]) if b_transposed else tuple(b.shape))
-        out.copy_(run(op, "a", a, (b.t() if b_transposed else b).contiguous(), group, name, None))
+        b = (b.t() if b_transposed else b).contiguous()
+        out.copy_(run(op, "a", a, b, group, name, None, gathered=gathered))
         return out
 
     return execute
@@ -220,6 +224,8 @@ def test_compile_traces_forward_and_backward_through_the_ops(world4):
         h = torch.relu(ft.all_gather_matmul(x, w1))
         return ft.matmul_reduce_scatter(h, w2)
 
+    _grad.keep_gathered(True)
+
     with FakeTensorMode(allow_non_fake_inputs=True):
         x = torch.empty(8, 16, dtype=torch.bfloat16, requires_grad=True)
         w1 = torch.empty(16, 32, dtype=torch.bfloat16, requires_grad=True)
@@ -228,8 +234,9 @@ def test_compile_traces_forward_and_backward_through_the_ops(world4):
         y.sum().backward()
     assert len(graphs) == 2, graphs
     fwd, bwd = graphs
+    # all_gather_matmul keeps the gathered operand its op hands back.
     assert [t for t in fwd if t.startswith("ficco.")] == [
-        "ficco.all_gather_matmul.default", "ficco.matmul_reduce_scatter.default"], fwd
+        "ficco.all_gather_matmul_keep.default", "ficco.matmul_reduce_scatter.default"], fwd
     assert [t for t in bwd if t.startswith("ficco.")] == [
         "ficco.matmul_reduce_scatter_backward.default",
         "ficco.all_gather_matmul_backward.default"], bwd

@@ -39,6 +39,7 @@ pub struct Var {
 pub const WATCHDOG_MS: &str = "FICCO_WATCHDOG_MS";
 pub const GRAPHS: &str = "FICCO_GRAPHS";
 pub const OP_SYNC: &str = "FICCO_OP_SYNC";
+pub const KEEP_GATHERED: &str = "FICCO_KEEP_GATHERED";
 pub const GROUPED: &str = "FICCO_GROUPED";
 pub const TRACE: &str = "FICCO_TRACE";
 pub const TASK_PROGRESS: &str = "FICCO_TASK_PROGRESS";
@@ -75,6 +76,12 @@ pub const VARS: &[Var] = &[
         takes: "0 or 1",
         default: "0",
         what: "operator calls always take the full path (reset, store barriers, host synchronize)",
+    },
+    Var {
+        name: KEEP_GATHERED,
+        takes: "0 or 1",
+        default: "1",
+        what: "the Python `all_gather_matmul` keeps its gathered operand from the forward pass for the weight gradient (0: the backward gathers it again, holding less memory)",
     },
     Var {
         name: GROUPED,
@@ -183,6 +190,7 @@ pub struct Settings {
     pub watchdog_ms: u64,
     pub graphs: bool,
     pub op_sync: bool,
+    pub keep_gathered: bool,
     pub grouped: Grouped,
     pub trace: bool,
     pub task_progress: bool,
@@ -198,6 +206,7 @@ impl Default for Settings {
             watchdog_ms: DEFAULT_WATCHDOG_MS,
             graphs: true,
             op_sync: false,
+            keep_gathered: true,
             grouped: Grouped::Auto,
             trace: false,
             task_progress: false,
@@ -268,6 +277,7 @@ impl Settings {
             watchdog_ms: positive(WATCHDOG_MS, DEFAULT_WATCHDOG_MS)?,
             graphs: flag(GRAPHS, true)?,
             op_sync: flag(OP_SYNC, false)?,
+            keep_gathered: flag(KEEP_GATHERED, true)?,
             grouped,
             trace: flag(TRACE, false)?,
             task_progress: flag(TASK_PROGRESS, false)?,
@@ -369,6 +379,7 @@ mod tests {
             (WATCHDOG_MS, "2000"),
             (GRAPHS, "0"),
             (OP_SYNC, "1"),
+            (KEEP_GATHERED, "0"),
             (GROUPED, "loop"),
             (TRACE, "1"),
             (TASK_PROGRESS, " 1 "),
@@ -380,7 +391,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.watchdog_ms, 2000);
-        assert!(!s.graphs && s.op_sync && s.trace && s.task_progress);
+        assert!(!s.graphs && s.op_sync && s.trace && s.task_progress && !s.keep_gathered);
         assert_eq!(s.grouped, Grouped::Loop);
         assert_eq!(s.dist_timeout_ms, 8000);
         assert_eq!(s.tune_cache, Some(PathBuf::from("/tmp/t.json")));
@@ -396,6 +407,7 @@ mod tests {
             (WATCHDOG_MS, "10s"),
             (GRAPHS, "off"),
             (OP_SYNC, "yes"),
+            (KEEP_GATHERED, "no"),
             (GROUPED, "fast"),
             (DIST_TIMEOUT_MS, "-5"),
             (TEST_DROP_SIGNAL, "3"),

@@ -82,6 +82,10 @@ pub struct OpCall<'a> {
     /// it (not `tile`, grouped or ficco's own GEMM); cuBLASLt reads it
     /// transposed, with no copy.
     pub b_transposed: bool,
+    /// ag-gemm only: where to also write the gathered A (`[m, k]`), or 0.
+    /// Written in the stream order like the output (NCCL schedules gather
+    /// straight into it; the others copy it out of their shared buffer).
+    pub gathered: u64,
 }
 
 /// What a call ran.
@@ -265,6 +269,7 @@ impl Session {
                     addr,
                     bytes,
                     shared: None,
+                    gathered: false,
                 })
                 .collect());
         }
@@ -309,6 +314,7 @@ impl Session {
                     addr,
                     bytes,
                     shared,
+                    gathered: false,
                 }
             })
             .collect())
@@ -353,6 +359,12 @@ impl Session {
                 call.op
             )));
         }
+        if call.gathered != 0 && call.op != Op::AgGemm {
+            return Err(bad(format!(
+                "a gathered A is an output of ag-gemm only, not of {}",
+                call.op
+            )));
+        }
         let p = Problem::new(call.op, call.m, call.k, call.n, self.world()).map_err(bad)?;
         let key = (p, call.schedule.map(str::to_owned), call.b_transposed);
         let (schedule, plan) = match self.plans.get(&key) {
@@ -384,11 +396,20 @@ impl Session {
             Op::GemmRs => (p.m, shard),
             _ => (p.m, p.m),
         };
-        let operands = self.operands(&[
+        let mut operands = self.operands(&[
             (BufferRole::InputA, call.a, a_rows * p.k * e),
             (BufferRole::InputB, call.b, p.k * p.n * e),
             (BufferRole::Output, call.out, out_rows * p.n * e),
         ])?;
+        if call.gathered != 0 {
+            operands.push(Operand {
+                role: BufferRole::Scratch,
+                addr: call.gathered,
+                bytes: p.m * p.k * e,
+                shared: None,
+                gathered: true,
+            });
+        }
         self.backend.run_on(&plan, &operands, call.stream)?;
         Ok(OpDone {
             schedule: schedule.name(),
@@ -579,6 +600,7 @@ mod tests {
                 out,
                 stream: 0,
                 b_transposed: false,
+                gathered: 0,
             };
             let done = s
                 .run_op(&call(a.ptr().raw(), b.ptr().raw(), out.ptr().raw()))
@@ -613,6 +635,28 @@ mod tests {
             let err = rel_err(&download(&out_t), &reference);
             eprintln!("rank {me}/{world} {op} b transposed: rel err {err:.2e}");
             assert!(err < 2e-2, "rank {me} {op} b transposed: rel err {err}");
+            if op == Op::AgGemm {
+                // The gathered A handed back: every rank's shard, exact.
+                let all: Vec<f32> = (0..world)
+                    .flat_map(|q| a_of(q).into_iter().map(b2f))
+                    .collect();
+                let gathered = upload(&vec![0x7fc0u16; M * K]);
+                let out_g = upload(&poison);
+                let done = s
+                    .run_op(&OpCall {
+                        gathered: gathered.ptr().raw(),
+                        ..call(a.ptr().raw(), b.ptr().raw(), out_g.ptr().raw())
+                    })
+                    .unwrap_or_else(|e| panic!("rank {me} {op} gathered: {e}"));
+                assert_eq!(
+                    download(&gathered),
+                    all,
+                    "rank {me} {} gathered A",
+                    done.schedule
+                );
+                let err = rel_err(&download(&out_g), &reference);
+                assert!(err < 2e-2, "rank {me} {op} gathered: rel err {err}");
+            }
             // The same operands in shared allocations: bound in place. The
             // output sits at an offset, so offsets are exercised too.
             let bytes = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -671,6 +715,7 @@ mod tests {
                     out: out.ptr().raw(),
                     stream: 0,
                     b_transposed: false,
+                    gathered: 0,
                 })
                 .unwrap_or_else(|e| panic!("rank {me} repeat {round} {op}: {e}"));
                 issued.push((op, seed, a, b, out));
@@ -698,6 +743,7 @@ mod tests {
                 out: 0,
                 stream: 0,
                 b_transposed: false,
+                gathered: 0,
             })
             .expect_err("m not divisible by the ranks");
         assert!(

@@ -91,7 +91,7 @@ impl Builder {
                 buffer("a", BufferRole::InputA, r, k, false),
                 buffer("b", BufferRole::InputB, k, n, false),
                 buffer("c", BufferRole::Output, m, n, false),
-                buffer("ag", BufferRole::Scratch, m, k, copy),
+                buffer(super::GATHERED_A, BufferRole::Scratch, m, k, copy),
             ],
             Op::GemmRs | Op::GemmAr => {
                 let out_rows = if p.op == Op::GemmRs { r } else { m };

@@ -34,6 +34,10 @@ pub mod probe;
 mod tile;
 
 pub use crate::space::TILE_BLOCK_ROWS;
+/// The name of ag-gemm's gathered-A buffer (`[m, k]`; a rank's own shard
+/// rows are filled only where the plan copies them there), which an
+/// operator call may ask for ([`crate::plan::Buffer::name`]).
+pub const GATHERED_A: &str = "ag";
 pub use tile::{tile_chunks, TILE_MAX_CHUNKS, TILE_MIN_CHUNK_ROWS};
 
 use crate::error::{Error, Result};

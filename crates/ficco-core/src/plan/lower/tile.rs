@@ -107,7 +107,7 @@ impl Tiler {
                     buffer("a", BufferRole::InputA, r, k, false),
                     buffer("b", BufferRole::InputB, k, n, false),
                     buffer("c", BufferRole::Output, m, n, false),
-                    buffer("ag", BufferRole::Scratch, m, k, true),
+                    buffer(super::GATHERED_A, BufferRole::Scratch, m, k, true),
                 ]
             }
             _ => {

@@ -12,9 +12,10 @@ use crate::exec::shared::{
 use crate::mem::DevicePtr;
 use crate::signal::{HostWords, SignalLayout};
 use cudarc::driver::CudaContext;
+use ficco_core::plan::lower::GATHERED_A;
 use ficco_core::plan::validate::BufferUse;
 use ficco_core::plan::{BufferRole, Plan, TaskKind};
-use ficco_core::problem::workload::Problem;
+use ficco_core::problem::workload::{Problem, ELEM_BYTES};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -337,6 +338,9 @@ pub struct Operand {
     /// when every rank's operand lives in shared memory at the same offset:
     /// the plan then reads and writes it in place.
     pub shared: Option<Vec<DevicePtr>>,
+    /// An output the call also hands back: ag-gemm's gathered A, the
+    /// plan's [`GATHERED_A`] buffer (`role` is ignored; never `shared`).
+    pub gathered: bool,
 }
 
 /// Binds `operands` of rank `r` into `ptrs` (the plan's arena binding):
@@ -357,7 +361,15 @@ pub fn bind_operands(
         .ok_or_else(|| CudaError::Plan(format!("the plan has no rank {r}")))?;
     let mut copy_in = vec![];
     let mut copy_out = vec![];
-    for op in operands {
+    for op in operands.iter().filter(|o| o.gathered) {
+        let a = operands
+            .iter()
+            .find(|o| o.role == BufferRole::InputA && !o.gathered)
+            .ok_or_else(|| CudaError::Plan("a gathered A without an A operand".into()))?;
+        let mine = bind_gathered(plan, r, uses, &mut ptrs, op, a.addr)?;
+        copy_out.extend(mine);
+    }
+    for op in operands.iter().filter(|o| !o.gathered) {
         let b = rp.buffer_with(op.role).ok_or_else(|| {
             CudaError::Plan(format!("the plan of rank {r} has no {:?} buffer", op.role))
         })?;
@@ -393,6 +405,66 @@ pub fn bind_operands(
         copy_in,
         copy_out,
     })
+}
+
+/// Binds ag-gemm's gathered A (`op`, `[m, k]` at the caller) of rank `r`:
+/// the plan's buffer itself where only this rank writes it (NCCL
+/// schedules), else copied out of it once the tasks joined (every GEMM of
+/// this rank then read every peer chunk of it, after its arrival). The
+/// rows of this rank's own shard come from its A (`a_addr`, the caller's):
+/// the plans compute that shard from A, so the buffer's rows may be stale.
+/// Returns the copies (destination, source, bytes), in order.
+fn bind_gathered(
+    plan: &Plan,
+    r: usize,
+    uses: &[Vec<BufferUse>],
+    ptrs: &mut [Vec<DevicePtr>],
+    op: &Operand,
+    a_addr: u64,
+) -> Result<Vec<(DevicePtr, DevicePtr, usize)>> {
+    let rp = &plan.ranks[r];
+    let b = rp
+        .buffers
+        .iter()
+        .position(|b| b.name == GATHERED_A)
+        .ok_or_else(|| {
+            CudaError::Plan(format!(
+                "plan {} has no gathered A (only ag-gemm plans do)",
+                plan.name
+            ))
+        })?;
+    let buf = &rp.buffers[b];
+    if buf.bytes() != op.bytes {
+        return Err(CudaError::Plan(format!(
+            "the gathered A has {} bytes, the plan's buffer '{}' {}",
+            op.bytes,
+            buf.name,
+            buf.bytes()
+        )));
+    }
+    let row = buf.cols * ELEM_BYTES;
+    let shard = plan.problem.shard_rows();
+    let (own, end) = (r * shard * row, (r + 1) * shard * row);
+    let dst = DevicePtr(op.addr);
+    let own_rows = (dst.offset(own), DevicePtr(a_addr), shard * row);
+    let u = uses
+        .get(r)
+        .and_then(|v| v.get(b))
+        .copied()
+        .unwrap_or_default();
+    if !u.remote && op.addr % 16 == 0 {
+        ptrs[r][b] = dst;
+        return Ok(vec![own_rows]);
+    }
+    let src = ptrs[r][b];
+    Ok([
+        (dst, src, own),
+        (dst.offset(end), src.offset(end), op.bytes - end),
+        own_rows,
+    ]
+    .into_iter()
+    .filter(|c| c.2 > 0)
+    .collect())
 }
 
 /// Run options of a fast call: issued directly (a graph per call shape

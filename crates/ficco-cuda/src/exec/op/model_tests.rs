@@ -182,6 +182,7 @@ impl Model {
                                 .map(|q| DevicePtr(tensor_base(q, true, call.tensors, role)))
                                 .collect()
                         }),
+                        gathered: false,
                     })
                 })
                 .collect()

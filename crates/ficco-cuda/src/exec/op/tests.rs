@@ -148,6 +148,7 @@ fn caller_operands(p: &Plan) -> Vec<Operand> {
             .map(|b| rp.buffers[b].bytes())
             .expect("buffer"),
         shared: None,
+        gathered: false,
     })
     .collect()
 }
@@ -192,6 +193,67 @@ fn operands_bind_in_place_or_copy_as_the_plan_uses_them() {
     bad[1].bytes += 2;
     let arena2 = vec![vec![DevicePtr(0x100); 8]; 2];
     assert!(bind_operands(&p, 0, &uses, arena2, &bad).is_err());
+}
+
+#[test]
+fn a_gathered_a_is_copied_out_or_bound_in_place_with_the_own_shard_from_a() {
+    // Copy engines: peers push into this rank's gathered buffer, so it is
+    // copied out around rank 1's own rows, which come from its A.
+    let p = plan(Op::AgGemm, 1024, "shard-copy-ring");
+    let uses = ficco_core::plan::validate::buffer_use(&p);
+    let arena = fake_arena(&p);
+    let ag = p.ranks[1]
+        .buffers
+        .iter()
+        .position(|b| b.name == ficco_core::plan::lower::GATHERED_A)
+        .expect("ag");
+    let bytes = p.ranks[1].buffers[ag].bytes();
+    let half = bytes / 2;
+    let mut ops = caller_operands(&p);
+    ops.push(Operand {
+        role: BufferRole::Scratch,
+        addr: 0xd000,
+        bytes,
+        shared: None,
+        gathered: true,
+    });
+    let got = bind_operands(&p, 1, &uses, arena.clone(), &ops).expect("binds");
+    let src = arena[1][ag];
+    assert_eq!(
+        got.copy_out,
+        vec![
+            (DevicePtr(0xd000), src, half),
+            (DevicePtr(0xd000 + half as u64), DevicePtr(0xa000), half),
+        ]
+    );
+    // NCCL: only this rank writes it, so the plan gathers into the caller's
+    // buffer itself; the own rows still come from A.
+    let n = plan(Op::AgGemm, 1024, "shard-nccl-ring");
+    let n_uses = ficco_core::plan::validate::buffer_use(&n);
+    let mut n_ops = caller_operands(&n);
+    n_ops.push(Operand {
+        bytes,
+        ..ops[3].clone()
+    });
+    let got = bind_operands(&n, 0, &n_uses, fake_arena(&n), &n_ops).expect("binds");
+    let n_ag = n.ranks[0]
+        .buffers
+        .iter()
+        .position(|b| b.name == ficco_core::plan::lower::GATHERED_A)
+        .expect("ag");
+    assert_eq!(got.ptrs[0][n_ag], DevicePtr(0xd000));
+    assert_eq!(
+        got.copy_out,
+        vec![(DevicePtr(0xd000), DevicePtr(0xa000), half)]
+    );
+    // Another op has no gathered A; a wrong size is refused.
+    let rs = plan(Op::GemmRs, 1024, "shard-copy-ring");
+    let mut rs_ops = caller_operands(&rs);
+    rs_ops.push(ops[3].clone());
+    let rs_uses = ficco_core::plan::validate::buffer_use(&rs);
+    assert!(bind_operands(&rs, 0, &rs_uses, fake_arena(&rs), &rs_ops).is_err());
+    ops[3].bytes += 2;
+    assert!(bind_operands(&p, 1, &uses, arena, &ops).is_err());
 }
 
 /// The barrier banks' words as the fast steps use them, under every
