@@ -9,10 +9,10 @@ ranks of a job, three ways, side by side:
   symmetric memory), which fuses the collectives with their matmuls,
   forward and backward; it exists only compiled (``--mode compile``);
 * ``ficco``: ``ficco.torch``'s ops, with their backward (``ficco._grad``):
-  ``all_gather_matmul`` keeps the gathered operand its op hands back for
-  the weight gradient (as PyTorch's forward keeps its gathered input);
-  ``ficco-regather`` gathers it again in the backward instead (less
-  memory, more communication).
+  ``all_gather_matmul``'s weight gradient gathers its operand again in the
+  backward (the default); ``ficco-keep`` keeps the gathered operand its op
+  hands back instead (as PyTorch's forward keeps its gathered input: more
+  memory, no gather in the backward).
 
 The block is ``examples/llama_tp_block.py``'s (RMSNorm without a learned
 weight here, so every parameter is a TP shard): per block, all-gather ->
@@ -71,7 +71,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=4, help="steps left out of the timing")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--mode", choices=["eager", "graphs", "compile", "all"], default="eager")
-    p.add_argument("--ways", default="pytorch,async-tp,ficco,ficco-regather")
+    p.add_argument("--ways", default="pytorch,async-tp,ficco,ficco-keep")
     p.add_argument("--loss-tol", type=float, default=2e-2,
                    help="largest relative difference of a step's loss from PyTorch sequential's")
     p.add_argument("--grad-tol", type=float, default=5e-2,
@@ -207,7 +207,7 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     held0 = torch.cuda.memory_allocated()
     ficco = way.startswith("ficco")
     if ficco:
-        ft_grad.keep_gathered(way != "ficco-regather")
+        ft_grad.keep_gathered(way == "ficco-keep")
     comm = Comm("ficco" if ficco else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)

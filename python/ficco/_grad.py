@@ -13,11 +13,11 @@ upstream gradient ``dc``:
 =========================  =====================================  ================================
 op                         input gradient                         weight gradient
 =========================  =====================================  ================================
-``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``: the
-                           ``matmul_reduce_scatter`` on ficco,     gathered ``a`` the forward op
-                           or ``torch.mm`` and a reduce-scatter    handed back (or ``a`` gathered
-                           that runs during the weight gradient    again during the input
-                                                                   gradient's GEMM)
+``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``: ``a``
+                           ``matmul_reduce_scatter`` on ficco,     gathered again during the input
+                           or ``torch.mm`` and a reduce-scatter    gradient's GEMM (or the gathered
+                           that runs during the weight gradient    ``a`` the forward op handed back:
+                                                                   :func:`keep_gathered`)
 ``matmul_reduce_scatter``  ``all_gather(dc) @ b_rᵀ``:              ``aᵀ @ all_gather(dc)``: the
                            ``all_gather_matmul`` on ficco,         ``dc`` the input gradient's op
                            or PyTorch's (one gather for both)      handed back
@@ -234,10 +234,10 @@ _keep: Optional[bool] = None
 
 def keep_gathered(on: Optional[bool] = None) -> bool:
     """Whether ``all_gather_matmul`` keeps the gathered operand its forward
-    op hands back, for the weight gradient (``FICCO_KEEP_GATHERED``,
-    default 1: no communication in the backward for it, and the memory
-    PyTorch's forward holds too), else the backward gathers it again
-    (``0``: less memory). Returns the setting; ``on`` sets it."""
+    op hands back, for the weight gradient (``FICCO_KEEP_GATHERED=1``: no
+    gather in the backward for it, and the memory PyTorch's forward holds
+    too), else the backward gathers it again (the default, ``0``: as fast
+    on 2 H100s, with less memory). Returns the setting; ``on`` sets it."""
     global _keep
     if on is not None:
         _keep = bool(on)
