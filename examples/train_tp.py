@@ -56,7 +56,7 @@ import ficco.torch as ft
 from ficco import _grad as ft_grad
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_tp_block import rope, rope_tables  # noqa: E402
+from llama_tp_block import rope, rope_tables, slowest  # noqa: E402
 
 
 def parse_args():
@@ -174,12 +174,6 @@ class Block(torch.nn.Module):
 
 
 # ------------------------------------------------------------ one way
-
-
-def slowest(value, device):
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def outside_torch_bytes():

@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from ficco import torch as ft
 
+
 def _nccl(group) -> bool:
     return dist.get_backend(group) == "nccl"
 
@@ -94,13 +95,17 @@ class _Done:
 
 class _Joined:
     """The handle of a collective issued from the side stream: ``wait()``
-    makes the current stream wait for it."""
+    makes the current stream wait for it. It holds the collective's tensors
+    until then: a temporary freed earlier would return to the current
+    stream's pool while the collective still reads it, and the next
+    allocation there (the weight gradient's output) would overwrite it."""
 
-    def __init__(self, cur: torch.cuda.Stream, side: torch.cuda.Stream):
-        self.cur, self.side = cur, side
+    def __init__(self, cur: torch.cuda.Stream, side: torch.cuda.Stream, tensors):
+        self.cur, self.side, self.tensors = cur, side, tensors
 
     def wait(self) -> None:
         self.cur.wait_stream(self.side)
+        self.tensors = ()
 
 
 _side = {}
@@ -112,8 +117,9 @@ def _beside(collective, *tensors) -> "_Joined":
     on the group's NCCL stream while the current stream goes on. Not
     ``async_op=True``: work left pending inside a CUDA graph capture made
     ``destroy_process_group`` hang at exit (measured). The tensors are
-    allocated on the current stream, which waits for the side (the
-    handle) before any of them can be freed."""
+    allocated on the current stream and held by the handle, whose
+    ``wait()`` (every caller's, before it returns) orders the current
+    stream after the side: none is freed before the collective is done."""
     dev = tensors[0].device
     side = _side.get(dev.index)
     if side is None:
@@ -122,7 +128,7 @@ def _beside(collective, *tensors) -> "_Joined":
     side.wait_stream(cur)
     with torch.cuda.stream(side):
         collective(*tensors)
-    return _Joined(cur, side)
+    return _Joined(cur, side, tensors)
 
 
 def all_gather_async(shard: torch.Tensor, group):

@@ -183,17 +183,6 @@ def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_p
         assert rows["decided"] == [["gemm-rs", M, N, K], ["ag-gemm", M, N, K]]
 
 
-@pytest.fixture
-def world4():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    yield dist.group.WORLD.group_name
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("name", ["all_gather_matmul_backward", "matmul_reduce_scatter_backward"])
 def test_backward_ops_fake_shapes(name, world4):
     with FakeTensorMode():

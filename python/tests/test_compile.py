@@ -14,18 +14,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import ficco.torch as ft
 
 
-@pytest.fixture
-def world4():
-    """A world-4 group in one process: PyTorch's fake backend."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    yield dist.group.WORLD.group_name
-    dist.destroy_process_group()
-
-
 CASES = [
     # op, a's shape, b's shape, the result's shape on 4 ranks
     ("all_gather_matmul", (8, 16), (16, 32), (32, 32)),
