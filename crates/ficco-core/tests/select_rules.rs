@@ -30,9 +30,13 @@ fn rules_are_sensible_on_eight_gpus() {
         }
         if s.is_seq() {
             // Rule 1: only where 7 (14 for gemm-ar) copy latencies exceed
-            // what overlap could save.
+            // what overlap could save, times the reductions' margin.
             let x = select::rule_inputs(&p, &hw);
-            let rounds = if p.op == Op::GemmAr { 14.0 } else { 7.0 };
+            let rounds = match p.op {
+                Op::GemmAr => 14.0 * select::REDUCE_ROUNDS_MARGIN,
+                Op::GemmRs => 7.0 * select::REDUCE_ROUNDS_MARGIN,
+                _ => 7.0,
+            };
             assert!(
                 x.t_comp_ms.min(x.t_comm_ms) < rounds * x.copy_latency_ms,
                 "{}",
@@ -49,7 +53,9 @@ fn rules_are_sensible_on_eight_gpus() {
         let seq = select::predict_ms(&p, &Schedule::SEQ, &hw).unwrap();
         assert!(sel.predicted_ms < seq, "{}: {sel:?} vs seq {seq}", sc.name);
     }
-    assert!(overlapped >= 24, "{overlapped}");
+    // Most of the suite overlaps (24 before rule 1's margin for reductions
+    // on P > 2 sent four small reduce-scatters and all-reduces to seq).
+    assert!(overlapped >= 20, "{overlapped}");
 }
 
 #[test]

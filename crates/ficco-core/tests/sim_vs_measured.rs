@@ -93,12 +93,15 @@ fn rule_selector_on_the_fused_reduce_design_space() {
     let all = ev.score("all", Selector::Rules).unwrap();
     let held = ev.score("holdout", Selector::Rules).unwrap();
     let fit = ev.score("rest", Selector::Rules).unwrap();
-    // 55/60, 27/30 held out, 28/30 where derived.
-    assert!(all.accuracy >= 55.0 / 60.0 - 1e-9, "{all:?}");
+    // 52/60, 27/30 held out, 25/30 where the P = 2 rules were derived. (The
+    // P = 4 rules now come from the 4-H100 soak, `select_measured.rs`: they
+    // gave up 3 picks within 5% of run 4's best (a `tile`, two `all`) for
+    // never losing to seq; here no pick is above 1.05x seq either.)
+    assert!(all.accuracy >= 52.0 / 60.0 - 1e-9, "{all:?}");
     assert!(held.accuracy >= 0.9 - 1e-9, "{held:?}");
-    assert!(fit.accuracy >= 28.0 / 30.0 - 1e-9, "{fit:?}");
+    assert!(fit.accuracy >= 25.0 / 30.0 - 1e-9, "{fit:?}");
     assert!(all.worst_slowdown <= 1.10, "{all:?}");
-    assert!(all.mean_slowdown <= 1.015, "{all:?}");
+    assert!(all.mean_slowdown <= 1.017, "{all:?}");
     assert_eq!(all.unmeasured, 0);
     // The rules pick fused-reduce schedules where they win.
     let fused = ev
@@ -114,9 +117,10 @@ fn rule_selector_on_the_fused_reduce_design_space() {
 fn rule_selector_on_the_base_design_space_and_another_machine() {
     // Run 3 has no -acc rows: the fused rule is off there.
     let ev = run3();
-    assert!(acc(ev, "all", Selector::Rules) >= 58.0 / 60.0 - 1e-9);
+    println!("{}", ev.table());
+    assert!(acc(ev, "all", Selector::Rules) >= 55.0 / 60.0 - 1e-9);
     assert!(acc(ev, "holdout", Selector::Rules) >= 28.0 / 30.0 - 1e-9);
-    assert!(acc(ev, "rest", Selector::Rules) >= 1.0 - 1e-9);
+    assert!(acc(ev, "rest", Selector::Rules) >= 27.0 / 30.0 - 1e-9);
     assert_eq!(ev.score("all", Selector::Rules).unwrap().unmeasured, 0);
     let ev = x2();
     println!("{}", ev.table());

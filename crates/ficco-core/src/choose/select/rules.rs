@@ -11,10 +11,29 @@ use crate::sim::profile::HwProfile;
 use crate::space::{Engine, Granularity, Order, Schedule};
 use serde::{Deserialize, Serialize};
 
-/// Whether rule 8 may pick `tile`. On since the GPU executor runs every
-/// `tile` plan exactly (loopback on one H200, 2026-11-23); a switch because a
-/// pick must be a schedule the GPUs can run.
-pub const RULES_PICK_TILE: bool = true;
+/// Whether rule 8 may pick `tile`. Off: on 4 GPUs `tile` lost where rule 8
+/// picked it. In the 4-H100 soak of every schedule (`b405ac2`,
+/// `bench/data/2026-11-26-h100x4-hang3/3-after-fix-soak`) rule 8 took 5
+/// of the 20 llama3 scenarios at P = 4, and there `tile` ran 1.02-1.36x
+/// seq in 3 and 0.87-0.98x in 2, against 0.77-0.97x for `shard-copy-ring`
+/// in the 4 of them where any schedule beat seq (issue 30 has the same on
+/// 4 H200s: `tile-copy-all` 1.04x seq on gemm-ar 8192 x 2048 x 8192, the
+/// simulator 40% optimistic on it). The rule stays, for a calibrated
+/// simulator to turn back on.
+pub const RULES_PICK_TILE: bool = false;
+
+/// Rule 1's margin for a reduction (gemm-rs, gemm-ar) on more than 2 GPUs:
+/// overlap must be able to save this many times its copy rounds' fixed
+/// cost. Such a schedule also runs a reduce kernel per chunk on the
+/// critical path, and its P−1 pushes contend at the receivers. Measured
+/// on 4 H100s (the soak above): every overlapped schedule lost to `seq`
+/// where min(T_comp, T_comm) was 0.033 ms (llama3-8b's attention outputs
+/// at 2048 tokens, gemm-rs and gemm-ar), and `shard-copy-ring` won from
+/// 0.076 ms (0.95x seq, llama3-8b's gemm-rs MLP down; 0.97x for
+/// llama3-70b's gemm-ar at 0.111 ms). With the profiles' 0.006 ms copy
+/// latency the threshold falls between: 0.045 ms for gemm-rs (3 rounds)
+/// and 0.090 ms for gemm-ar (6 rounds) at P = 4.
+pub const REDUCE_ROUNDS_MARGIN: f64 = 2.5;
 
 /// Edge of the square output tiles the rules count waves in.
 pub const RULE_TILE: usize = 128;
@@ -104,7 +123,10 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    min(T_comp, T_comm). A copy-engine schedule pays each transfer's fixed
 ///    cost on the critical path: P−1 rounds for ag-gemm and gemm-rs, 2(P−1)
 ///    for gemm-ar (push partials, then broadcast the reduced chunks). When
-///    min(T_comp, T_comm) is below rounds × the copy latency, run `seq`.
+///    min(T_comp, T_comm) is below rounds × the copy latency, run `seq`;
+///    for gemm-rs and gemm-ar on P > 2 GPUs, below
+///    [`REDUCE_ROUNDS_MARGIN`] times that (a reduce kernel per chunk, and
+///    contending pushes, measured on 4 H100s).
 /// 2. **Copy engines.** On H200 the GEMMs are persistent kernels that keep
 ///    every SM until they end, so SM-based NCCL transfers cannot run beside
 ///    them (they serialize with the GEMMs), while DMA copies overlap and take
@@ -142,10 +164,13 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    Halving pays only while a half-shard chunk GEMM keeps at least one full
 ///    wave (waves(2) ≥ 1); below that the SMs it leaves idle cost more than
 ///    the overlap gained. Otherwise `shard`.
-/// 6. **Order `all` for a communication-bound ag-gemm, else `ring`.** ag-gemm
-///    pulls peers' shards; when T_comp < T_comm the local GEMM cannot hide a
-///    one-peer-at-a-time ring, and pulling from every peer at once uses all
-///    copy engines and links. gemm-rs and gemm-ar push partials that are
+/// 6. **Order `all` for a communication-bound ag-gemm on 2 GPUs, else
+///    `ring`.** ag-gemm pulls peers' shards; when T_comp < T_comm the local
+///    GEMM cannot hide a one-peer-at-a-time ring, and pulling from every peer
+///    at once uses all copy engines and links. Not on P > 2: on 4 H100s
+///    `all` ran 1.13-1.40x seq for the comm-bound llama3 QKV projections
+///    (T_comp/T_comm 0.7-0.8) where `ring` ran 0.59-0.90x (the soak of
+///    [`RULES_PICK_TILE`]). gemm-rs and gemm-ar push partials that are
 ///    produced one peer at a time; pushing into every peer at once makes the
 ///    receivers' links and reduces contend (measured at P=4: up to 31%
 ///    slower, rarely faster), so they keep `ring`.
@@ -168,11 +193,16 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
     // Rule 1.
     let copy_rounds = if ar { 2 * (gpus - 1) } else { gpus - 1 };
     let max_saving = x.t_comp_ms.min(x.t_comm_ms);
-    if max_saving < copy_rounds as f64 * x.copy_latency_ms {
+    let margin = if gpus > 2 && (rs || ar) {
+        REDUCE_ROUNDS_MARGIN
+    } else {
+        1.0
+    };
+    if max_saving < margin * copy_rounds as f64 * x.copy_latency_ms {
         return (
             Schedule::SEQ,
             format!(
-                "rule 1: min(T_comp, T_comm) = {:.4} ms < {copy_rounds} copy rounds x {:.4} ms fixed cost",
+                "rule 1: min(T_comp, T_comm) = {:.4} ms < {margin} x {copy_rounds} copy rounds x {:.4} ms fixed cost",
                 max_saving, x.copy_latency_ms
             ),
         );
@@ -256,7 +286,7 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
         )
     };
     // Rule 6.
-    let order = if ag && comm_bound {
+    let order = if ag && comm_bound && gpus == 2 {
         Order::All
     } else {
         Order::Ring
@@ -367,7 +397,7 @@ pub fn select_rules_among(p: &Problem, hw: &HwProfile, among: &[Schedule]) -> Re
     let mut x = rule_inputs(p, hw);
     if !among.is_empty() {
         x.fused_reduce = among.iter().any(|s| s.fused_reduce);
-        x.tile = among.iter().any(|s| s.granularity == Granularity::Tile);
+        x.tile = x.tile && among.iter().any(|s| s.granularity == Granularity::Tile);
     }
     let seq_ms = predict_ms(p, &Schedule::SEQ, hw)?;
     // The rules' pick; when the simulator predicts it slower than seq and it
