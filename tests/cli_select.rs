@@ -177,7 +177,8 @@ fn evaluate_run(run: &str) -> serde_json::Value {
 
 /// Run 7's figures for the current rules (`bench/RESULTS.md`: 57/60 before
 /// the P = 4 changes of 2026-11-26, which traded three picks within 5% of
-/// this older run's best for never losing to seq on today's executor).
+/// this older run's best, from before copies pushed, for never losing to
+/// seq on today's executor).
 #[test]
 fn offline_evaluate_reproduces_run_7() {
     let v = evaluate_run("run7");
