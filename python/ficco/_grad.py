@@ -158,14 +158,14 @@ _refused = set()
 
 
 def _input_grad(
-    op: str, x: torch.Tensor, w: torch.Tensor, group, gathered: Optional[torch.Tensor] = None
-) -> Optional[torch.Tensor]:
+    op: str, x: torch.Tensor, w: torch.Tensor, group, gather: bool = False
+) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """`op` of `x` and `w`ᵀ on ficco (`w` read transposed in place: the
-    forward's weight ``[k, n]`` is the op's B stored ``[n, k]``), or None
-    where PyTorch's backward should run it: `auto` decided ``seq`` (the
-    gain does not cover the call's cost), or the schedule cannot read a
-    transposed B. Loopback jobs always run ficco (gloo has no device
-    collectives). `gathered` (ag-gemm) also receives the gathered `x`."""
+    forward's weight ``[k, n]`` is the op's B stored ``[n, k]``), with the
+    gathered `x` where `gather` (ag-gemm); or None where PyTorch's backward
+    should run it: `auto` decided ``seq`` (the gain does not cover the
+    call's cost), or the schedule cannot read a transposed B. Loopback jobs
+    always run ficco (gloo has no device collectives)."""
     fn = f"ficco.torch.{ft._OPS[op]} (backward)"
     sess = ft._session(fn, group)
     size = dist.get_world_size(group)
@@ -181,10 +181,10 @@ def _input_grad(
             return None
         name = d.schedule
     out = x.new_empty((m // size if op == "gemm-rs" else m, n))
+    full = x.new_empty((m, x.shape[1])) if gather else None
     try:
-        return ft._execute(
-            op, group, sess, name, x, w, out, m, k, n, size, b_transposed=True, gathered=gathered
-        )
+        ft._execute(op, group, sess, name, x, w, out, m, k, n, size, b_transposed=True, gathered=full)
+        return out, full
     except ValueError:
         # Refused before anything ran, alike on every rank (same plan).
         _refused.add(key)
@@ -203,8 +203,10 @@ def ag_mm_backward(
     full, gathered = (a, _Done()) if kept or not need_b else all_gather_async(a, group)
     scattered = _Done()
     if need_a:
-        da = _input_grad("gemm-rs", dc, b, group)
-        if da is None:
+        ran = _input_grad("gemm-rs", dc, b, group)
+        if ran is not None:
+            da = ran[0]
+        else:
             # The reduce-scatter runs during the weight gradient's GEMM.
             da, scattered = reduce_scatter_async(torch.mm(dc, b.t()), group)
     if need_b:
@@ -221,10 +223,9 @@ def mm_rs_backward(
     dc = dc.contiguous()
     if need_a:
         # ficco's op hands back the dc it gathers: the weight gradient's.
-        size = dist.get_world_size(group)
-        full = dc.new_empty((dc.shape[0] * size, dc.shape[1])) if need_b else None
-        da = _input_grad("ag-gemm", dc, b, group, gathered=full)
-        if da is not None:
+        ran = _input_grad("ag-gemm", dc, b, group, gather=need_b)
+        if ran is not None:
+            da, full = ran
             return da, (torch.mm(a.t(), full) if need_b else None)
     # PyTorch's own: one gather serves both GEMMs.
     full = all_gather(dc, group)
