@@ -5,7 +5,7 @@
 //! can cap the CTAs (thread blocks, hence SMs) NCCL's kernels may take and
 //! set the CTA policy: the "NCCL `maxCTAs` and CTA policy" resource control of
 //! the design space. The executor's default communicators are the set with
-//! default limits. The raw calls are in [`crate::driver::nccl`].
+//! default limits. The raw calls are in `crate::driver::nccl`.
 //!
 //! The config is built like `NCCL_CONFIG_INITIALIZER`: `size`, `magic`
 //! (`0xcafebeef`) and `version` set, every other field "undefined"

@@ -12,7 +12,7 @@
 //! Kernels are loaded with the library API (`cuLibraryLoadData`), not
 //! `cuModuleLoadData`: a library's kernels can be launched in any context of
 //! the device, including green contexts, which a module loaded into the
-//! primary context cannot. Sources are compiled by [`crate::nvrtc`].
+//! primary context cannot. Sources are compiled by `crate::nvrtc`.
 
 use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
@@ -222,7 +222,7 @@ unsafe impl Send for KernelLibrary {}
 unsafe impl Sync for KernelLibrary {}
 
 impl KernelLibrary {
-    /// Compiles `src` for `ctx`'s architecture (cached, see [`crate::nvrtc`])
+    /// Compiles `src` for `ctx`'s architecture (cached, see `crate::nvrtc`)
     /// with the default options and loads it.
     pub fn load(ctx: &Arc<CudaContext>, name: &'static str, src: &str) -> Result<Self> {
         let cc = ctx

@@ -1,14 +1,15 @@
 //! bf16 GEMMs through cuBLASLt with row-major semantics.
 //!
-//! cuBLASLt is column-major. A row-major C[M,N] = A[M,K] · B[K,N] with leading
-//! dimensions lda, ldb, ldc is, read column-major, C^T[N,M] = B^T[N,K] · A^T[K,M]
-//! with the same leading dimensions and no transposes: cuBLASLt's A is our B and
-//! its B is our A. B may also come as its transpose (`b_transposed`: the
-//! caller's `[N, K]` row-major, as a weight `W` of `x @ W^T`): read
-//! column-major that is B itself, `[K x N]` at leading dimension `ldb`, and
-//! cuBLASLt transposes it (`TRANSA`), at no cost. Descriptors and the chosen algorithm are cached per
-//! (shape, leading dimensions, SM target); each compute stream has its own
-//! workspace.
+//! cuBLASLt is column-major. A row-major `C[M,N] = A[M,K] · B[K,N]` with
+//! leading dimensions lda, ldb, ldc is, read column-major,
+//! `C^T[N,M] = B^T[N,K] · A^T[K,M]` with the same leading dimensions and no
+//! transposes: cuBLASLt's A is our B and its B is our A. B may also come as
+//! its transpose (`b_transposed`: the caller's `[N, K]` row-major, as a
+//! weight `W` of `x @ W^T`): read column-major that is B itself, `[K x N]`
+//! at leading dimension `ldb`, and cuBLASLt transposes it (`TRANSA`), at no
+//! cost. Descriptors and the chosen algorithm are cached per (shape,
+//! leading dimensions, SM target, layout of B); each compute stream has its
+//! own workspace.
 //!
 //! The algorithm is chosen by measurement, not by cuBLASLt's first guess: the
 //! top [`CANDIDATES`] heuristic results are each timed on the real operands

@@ -10,7 +10,7 @@
 //! nothing in cudarc's implicit machinery is relied on: its per-buffer event
 //! tracking is off, buffers are plain `cuMemAlloc` (pool memory copies
 //! peer-to-peer at a tenth of NVLink speed), every dependency is an explicit
-//! event. Every raw call into the NVIDIA libraries is in [`driver`].
+//! event. Every raw call into the NVIDIA libraries is in `driver`.
 //!
 //! Public: what the CLI, the Python package and the tests use (the backend
 //! and its factory, the session and the job runtime, the GEMM engines, the
@@ -21,7 +21,7 @@
 //! | module | role |
 //! |---|---|
 //! | [`backend`] | [`GpuBackend`]: open, prepare, measure (implements `ficco_core::run::Backend`) |
-//! | [`open`] | the backend factory: auto, sim or gpu, with the typed reason when no GPU is usable |
+//! | [`open()`] | the backend factory: auto, sim or gpu, with the typed reason when no GPU is usable |
 //! | [`characterize`] | `ficco characterize`: the measuring loop (plans, data types and the fit: `ficco_core::sim::calibrate`) |
 //! | [`info`](mod@info) | GPUs, SMs, memory, copy engines, peer matrix, versions |
 //! | [`loader`] | checks libcuda, cuBLASLt, NCCL, NVRTC load before any call (cudarc panics otherwise) |

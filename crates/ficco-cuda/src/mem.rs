@@ -6,7 +6,7 @@
 //! out of pool memory is staged and ran at 38 GB/s on the H200 machine, against
 //! 390 GB/s between `cuMemAlloc` buffers with peer access. So every buffer a plan
 //! uses is a [`DeviceBuffer`] from plain `cuMemAlloc`. The raw calls are in
-//! [`crate::driver::cuda`].
+//! `crate::driver::cuda`.
 
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};

@@ -143,7 +143,7 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Checks (when `check`) and times `plan`; see [`Backend::measure`].
+    /// Checks (when `check`) and times `plan`; see `Backend::measure`.
     pub fn measure_plan(&mut self, plan: &Plan, check: bool, timeline: bool) -> Result<Measured> {
         let res = self.measure_inner(plan, check, timeline);
         self.job_result(res)

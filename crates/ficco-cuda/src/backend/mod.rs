@@ -145,8 +145,8 @@ impl GpuBackend {
     /// buffers, streams and signal flags on the one device, and copies are
     /// device-local. NCCL cannot run there: plans with NCCL tasks fail with
     /// [`CudaError::Skipped`], except the reference plans (`seq`,
-    /// comm-only), which run in their copy form ([`exec::copy_reference`]).
-    /// Reports name the device "1x <GPU> (loopback, P ranks)".
+    /// comm-only), which run in their copy form (`exec::copy_reference`).
+    /// Reports name the device `"1x <GPU> (loopback, P ranks)"`.
     pub fn open_loopback(ranks: usize) -> Result<Self> {
         process_setup()?;
         crate::loader::require()?;

@@ -18,7 +18,7 @@
 //!
 //! The kernel entries `ficco_hgemm_n256_grouped` / `ficco_hgemm_n128_grouped`
 //! take the table's address as a `GroupTable` launch parameter
-//! ([`GroupTableParams`]). Their persistent CTAs walk the global tile list
+//! (`GroupTableParams`). Their persistent CTAs walk the global tile list
 //! round-robin, as the plain kernel walks one GEMM's tiles, and map a tile to
 //! its group by a forward scan over the prefix sums: every tile costs the
 //! same (same K, same tile), so CTAs balance across groups of any size, a

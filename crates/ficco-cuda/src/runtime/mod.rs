@@ -3,11 +3,11 @@
 //!
 //! | module | role |
 //! |---|---|
-//! | [`env`] | the launcher environment (`RANK`, `WORLD_SIZE`, ... as `torchrun` sets them) |
+//! | [`mod@env`] | the launcher environment (`RANK`, `WORLD_SIZE`, ... as `torchrun` sets them) |
 //! | [`auth`] | the job secret and the challenge every store connection passes |
 //! | [`store`] | a TCP key-value store hosted by rank 0, every wait bounded, dead ranks detected |
 //! | [`Rendezvous`] | joins the job: store, hostnames (one node or several), barriers, broadcast, the NCCL id |
-//! | [`nccl`] | the NCCL unique id through the store; one communicator rank per process |
+//! | `nccl` | the NCCL unique id through the store; one communicator rank per process |
 //! | [`fdpass`] | file descriptors between the processes of one node (`SCM_RIGHTS` over a Unix socket), from the job's processes only |
 //! | [`shared`] | VMM device memory exported as a POSIX fd, imported and mapped by the node's other ranks |
 //! | [`job`] | [`job::Job`]: a backend's rank of a job: shared arena and flags, its NCCL communicators, results exchanged |

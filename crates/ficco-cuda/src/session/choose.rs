@@ -82,7 +82,7 @@ impl Session {
     /// The schedule `auto` runs for `p`: the tuning cache's measured
     /// winner for this device, else the rule selector's pick; where that
     /// cannot run here (NCCL or tile GEMMs in loopback, copies across
-    /// nodes), one that can ([`runnable_pick`]). Rank 0's pick, sent to
+    /// nodes), one that can (`runnable_pick`). Rank 0's pick, sent to
     /// every rank through the store (once per problem); every rank calls it.
     pub fn pick(&mut self, p: &Problem) -> Result<Schedule> {
         if let Some(s) = self.picks.get(p) {

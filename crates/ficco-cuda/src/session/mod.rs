@@ -351,7 +351,7 @@ impl Session {
     /// rank of the job calls it with the same op, shapes and schedule.
     /// Returns once it is queued on the caller's stream (the first call of
     /// a call shape, and a few others, return once it ran: see
-    /// [`crate::exec::op`]).
+    /// `crate::exec::op`).
     pub fn run_op(&mut self, call: &OpCall<'_>) -> Result<OpDone> {
         if !matches!(call.op, Op::AgGemm | Op::GemmRs | Op::GemmAr) {
             return Err(bad(format!(

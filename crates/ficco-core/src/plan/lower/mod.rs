@@ -17,7 +17,7 @@
 //!   every peer.
 //! * `tile` (any of the three): one persistent GEMM per rank whose row
 //!   blocks are gated and drained by device flags (`tile.rs`).
-//! * `a2a-gemm` / `gemm-a2a` (expert parallelism, see [`moe`]): blocks of
+//! * `a2a-gemm` / `gemm-a2a` (expert parallelism, see `moe`): blocks of
 //!   routed rows of variable size go to (or come back from) their experts'
 //!   ranks, and each rank's experts run as grouped GEMMs over the blocks
 //!   that have arrived (or before their blocks leave).

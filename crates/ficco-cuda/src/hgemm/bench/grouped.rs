@@ -16,7 +16,7 @@
 //! rows back to back, B: every expert's K × N weights), outputs poisoned
 //! with NaN first; the grouped output (the chooser's tile and the other
 //! one) is checked against the loop's. Times are CUDA-event medians after a
-//! warm-up, the engines interleaved in rounds ([`Bench::time_interleaved`]).
+//! warm-up, the engines interleaved in rounds (`Bench::time_interleaved`).
 
 use super::report::tflops;
 use super::{Bench, BenchEngine};
