@@ -11,7 +11,9 @@
 //! before the hang fixes) are data the rules were not derived from; there a
 //! pick may be up to [`NOISE`] above `seq`, the spread of repeated
 //! measurements (the two runs of one schedule in the soak differ by up to
-//! 30%, `llama3-70b.mlp_down.t16384.p2`).
+//! 30%, `llama3-70b.mlp_down.t16384.p2`). The `concurrent` operator is
+//! chosen by the model selector (`explore`); its picks are checked on the
+//! two 4-H200 runs of the concurrent suite.
 
 use ficco_core::choose::select;
 use ficco_core::problem::workload::{Op, Problem};
@@ -108,6 +110,30 @@ fn rule_picks_are_never_measured_slower_than_seq_in_the_older_h200_runs() {
             .collect();
         for (scenario, _, name, ratio) in pick_over_seq(&rows, &hw) {
             assert!(ratio <= NOISE, "{scenario}: {name} is {ratio:.3}x seq");
+        }
+    }
+}
+
+#[test]
+fn concurrent_picks_are_never_measured_slower_than_seq() {
+    let hw = HwProfile::builtin("h200-nvlink").unwrap();
+    for text in [
+        include_str!("../../../bench/data/2026-11-21-h200x4-concurrent/concurrent.json"),
+        include_str!("../../../bench/data/2026-11-21-h200x4-concurrent-run2/concurrent.json"),
+    ] {
+        let report: SuiteReport = serde_json::from_str(text).unwrap();
+        assert_eq!(report.scenarios.len(), 5);
+        for s in &report.scenarios {
+            let times: BTreeMap<String, f64> = s
+                .schedules
+                .iter()
+                .filter_map(|x| Some((x.name.clone(), x.time_ms?)))
+                .collect();
+            let among: Vec<Schedule> = times.keys().map(|n| n.parse().unwrap()).collect();
+            let pick = select::select_model_among(&s.problem, &hw, &among).unwrap();
+            let name = pick.schedule.name();
+            let ratio = times[&name] / times["seq"];
+            assert!(ratio <= 1.0, "{}: {name} is {ratio:.3}x seq", s.scenario);
         }
     }
 }

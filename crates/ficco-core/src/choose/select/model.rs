@@ -3,7 +3,7 @@
 
 use super::{candidates, predict_ms, Selection, Selector};
 use crate::error::{Error, Result};
-use crate::problem::workload::Problem;
+use crate::problem::workload::{Collective, Op, Problem};
 use crate::sim::profile::HwProfile;
 use crate::space::{Engine, Granularity, Order, Schedule};
 
@@ -20,6 +20,25 @@ pub const MODEL_MARGIN: f64 = 0.03;
 /// contention factors get wrong (its picks there were the worst misses).
 pub fn in_model_space(s: &Schedule) -> bool {
     s.is_seq() || (s.engine == Engine::Copy && s.compute_streams == 1)
+}
+
+/// Whether the model selector may pick `s` for `p` at all: not a
+/// copy-engine reduction (all-reduce, reduce-scatter) beside `concurrent`
+/// GEMMs in order `all` on more than 2 GPUs. The simulator put it first for
+/// the data-parallel gradient syncs; measured on 4 H200s it ran 1.00-1.51x
+/// `seq` (`dp.balanced.p4`, `dp.comm_heavy.p4`, both runs of 2026-11-21)
+/// where `ring` ran 0.65-0.87x: every rank pushing into every peer at once
+/// contends at the receivers, as the dependent reductions do (rule 6).
+pub fn model_may_pick(p: &Problem, s: &Schedule) -> bool {
+    let reduces = matches!(
+        p.side.map(|c| c.collective),
+        Some(Collective::AllReduce | Collective::ReduceScatter)
+    );
+    !(p.op == Op::Concurrent
+        && reduces
+        && p.gpus > 2
+        && s.engine == Engine::Copy
+        && s.order == Order::All)
 }
 
 /// How elaborate `s` is, for breaking near ties: fewer pipeline steps
@@ -60,6 +79,7 @@ pub fn select_model_among(p: &Problem, hw: &HwProfile, among: &[Schedule]) -> Re
     let fitting: Vec<Schedule> = among
         .iter()
         .filter(|s| s.is_seq() || s.misfit(p).is_none())
+        .filter(|s| model_may_pick(p, s))
         .copied()
         .collect();
     let restricted: Vec<Schedule> = fitting
