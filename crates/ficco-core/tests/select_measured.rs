@@ -17,7 +17,7 @@
 
 use ficco_core::choose::select;
 use ficco_core::problem::workload::{Op, Problem};
-use ficco_core::report::SuiteReport;
+use ficco_core::report::{ScenarioReport, SuiteReport};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::Schedule;
 use serde::Deserialize;
@@ -41,6 +41,14 @@ struct Row {
     n: usize,
     gpus: usize,
     times_ms: BTreeMap<String, f64>,
+}
+
+/// The measured time of every schedule of a stored report's scenario.
+fn measured(s: &ScenarioReport) -> BTreeMap<String, f64> {
+    s.schedules
+        .iter()
+        .filter_map(|x| Some((x.name.clone(), x.time_ms?)))
+        .collect()
 }
 
 /// (scenario, the rule pick's time / seq's) of every row, picking among
@@ -101,11 +109,7 @@ fn rule_picks_are_never_measured_slower_than_seq_in_the_older_h200_runs() {
                 k: s.problem.k,
                 n: s.problem.n,
                 gpus: s.problem.gpus,
-                times_ms: s
-                    .schedules
-                    .iter()
-                    .filter_map(|x| Some((x.name.clone(), x.time_ms?)))
-                    .collect(),
+                times_ms: measured(s),
             })
             .collect();
         for (scenario, _, name, ratio) in pick_over_seq(&rows, &hw) {
@@ -124,11 +128,7 @@ fn concurrent_picks_are_never_measured_slower_than_seq() {
         let report: SuiteReport = serde_json::from_str(text).unwrap();
         assert_eq!(report.scenarios.len(), 5);
         for s in &report.scenarios {
-            let times: BTreeMap<String, f64> = s
-                .schedules
-                .iter()
-                .filter_map(|x| Some((x.name.clone(), x.time_ms?)))
-                .collect();
+            let times = measured(s);
             let among: Vec<Schedule> = times.keys().map(|n| n.parse().unwrap()).collect();
             let pick = select::select_model_among(&s.problem, &hw, &among).unwrap();
             let name = pick.schedule.name();
