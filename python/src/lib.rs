@@ -153,9 +153,12 @@ fn new_secret() -> PyResult<String> {
 /// parser for both languages). Raises `ValueError` naming a bad value.
 #[pyfunction]
 fn dist_timeout_ms() -> PyResult<u64> {
-    ficco_core::settings::Settings::from_env()
-        .map(|s| s.dist_timeout_ms)
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    env_settings().map(|s| s.dist_timeout_ms)
+}
+
+/// This process's `FICCO_*` settings, parsed now; a bad value is a `ValueError`.
+fn env_settings() -> PyResult<ficco_core::settings::Settings> {
+    ficco_core::settings::Settings::from_env().map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// `FICCO_KEEP_GATHERED` as the Rust settings parse it (read now): whether
@@ -163,9 +166,7 @@ fn dist_timeout_ms() -> PyResult<u64> {
 /// Raises `ValueError` naming a bad value.
 #[pyfunction]
 fn keep_gathered_default() -> PyResult<bool> {
-    ficco_core::settings::Settings::from_env()
-        .map(|s| s.keep_gathered)
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    env_settings().map(|s| s.keep_gathered)
 }
 
 /// The package version (the Rust crate's).

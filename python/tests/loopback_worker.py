@@ -507,23 +507,10 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method="env://")
-    if mode == "ops":
-        run_ops(rank, world, out_path)
-        dist.destroy_process_group()
-    elif mode == "repeat":
-        run_repeat(rank, world, out_path)
-        dist.destroy_process_group()
-    elif mode == "time":
-        run_time(rank, world, out_path)
-        dist.destroy_process_group()
-    elif mode == "graphs":
-        run_graphs(rank, world, out_path)
-        dist.destroy_process_group()
-    elif mode == "compile":
-        run_compile(rank, world, out_path)
-        dist.destroy_process_group()
-    elif mode == "grad":
-        run_grad(rank, world, out_path)
+    plain = {"ops": run_ops, "repeat": run_repeat, "time": run_time, "graphs": run_graphs,
+             "compile": run_compile, "grad": run_grad}
+    if mode in plain:
+        plain[mode](rank, world, out_path)
         dist.destroy_process_group()
     elif mode.startswith("graphdead:"):
         run_graphdead(rank, world, int(mode[10:]), out_path)
