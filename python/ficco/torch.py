@@ -422,7 +422,8 @@ def _run_checked(op, a_name, a, b, group, schedule, out, gathered=None):
                 f"{size}; pad m to a multiple of {size}"
             )
     out_shape = (m // size if op == "gemm-rs" else m, n)
-    out_given = out is not None
+    # Keyed as _run looks it up: whether the caller left out `out`.
+    no_out = out is None
     _check_device(fn, a_name, a)
     _check_device(fn, "b", b)
     if name is not None:
@@ -448,7 +449,7 @@ def _run_checked(op, a_name, a, b, group, schedule, out, gathered=None):
     with _lock:
         if len(_steady) >= _STEADY_KEPT:
             _steady.clear()
-        _steady[(op, group, a.shape, b.shape, schedule, out_given, a.device)] = (
+        _steady[(op, group, a.shape, b.shape, schedule, no_out, a.device)] = (
             name, m, k, n, size, out_shape)
     return _execute(op, group, sess, name, a, b, out, m, k, n, size, gathered=gathered)
 
@@ -469,10 +470,10 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
                 _last[group] = "seq"
                 return out
         stream = _raw_stream(a.device.index)
+        # Positional: keyword arguments cost the extension call microseconds.
         ran = sess.run_op(
             op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream,
-            b_transposed=b_transposed,
-            gathered=0 if gathered is None else gathered.data_ptr(),
+            b_transposed, 0 if gathered is None else gathered.data_ptr(),
         )
     except RuntimeError:
         # The job failed (a rank died or hung): this session is unusable.
@@ -487,12 +488,15 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
     return out
 
 
+# PyTorch's own fast accessor of the current stream, as its compiled code
+# uses (the public one builds a Stream object per call).
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _raw_stream(index: int) -> int:
-    """The current stream's ``CUstream`` (PyTorch's own fast accessor, as
-    its compiled code uses; the public one builds a Stream object)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(index)
+    """The current stream's ``CUstream``."""
+    if _current_raw_stream is not None:
+        return _current_raw_stream(index)
     return torch.cuda.current_stream(index).cuda_stream
 
 

@@ -94,7 +94,8 @@ def run_repeat(rank, world, out_path):
     and schedules so that consecutive calls use different cached plans,
     issued in batches before their results are read; then repeated calls
     on ft.empty operands (in place), rewritten with fresh data between
-    calls while the peers may still be at their previous call."""
+    calls while the peers may still be at their previous call; then calls
+    on two caller streams."""
     results = []
     ops = list(OPS)
     pending = []
@@ -148,10 +149,55 @@ def run_repeat(rank, world, out_path):
                 row["error"] = f"{type(e).__name__}: {e}"
             results.append(row)
         del a, b, out
+    results += repeat_on_two_streams(rank, world)
     ft.synchronize()
     with open(out_path, "w") as fh:
         json.dump(results, fh)
     ft.close()
+
+
+# Calls per op alternating between two caller streams.
+STREAM_CALLS = 8
+
+
+def repeat_on_two_streams(rank, world):
+    """Calls alternating between two caller streams, each stream with
+    operands of its own at fixed addresses (so its calls replay their
+    graphs), nothing ordering one stream after the other: ficco must keep
+    this rank's calls in order itself."""
+    rows = []
+    shape = REPEAT_SHAPES[1]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for op in OPS:
+        bufs = []
+        for s in streams:
+            with torch.cuda.stream(s):
+                a0, b0 = operands(op, 9000, rank, world, shape)
+                bufs.append((torch.empty_like(a0), torch.empty_like(b0),
+                             torch.empty(out_shape(op, world, shape), dtype=torch.bfloat16, device="cuda:0")))
+        torch.cuda.synchronize()
+        pending = []
+        for j in range(STREAM_CALLS):
+            s = streams[j % 2]
+            a, b, out = bufs[j % 2]
+            case = 9000 + 100 * list(OPS).index(op) + j
+            row = {"op": op, "schedule": "shard-copy-ring", "shape": list(shape), "stream": j % 2, "call": j}
+            try:
+                with torch.cuda.stream(s), torch.no_grad():
+                    a0, b0 = operands(op, case, rank, world, shape)
+                    a.copy_(a0)
+                    b.copy_(b0)
+                    out.fill_(float("nan"))
+                    OPS[op](a, b, schedule="shard-copy-ring", out=out)
+                    row["ran"] = ft.last_schedule()
+                    pending.append((row, out.clone(), case))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
+        torch.cuda.synchronize()
+        for row, got, case in pending:
+            check(got, op, case, rank, world, shape, row)
+    return rows
 
 
 # The timed shape: ag-gemm, m = 1024 over the ranks, k = n = 1024.

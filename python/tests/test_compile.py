@@ -110,3 +110,31 @@ def test_a_call_unlike_the_checked_one_gets_the_full_checks(world4, monkeypatch)
         assert ran == []
     finally:
         ft._steady.clear()
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["new-out", "out="])
+def test_a_repeated_call_skips_the_full_checks(world4, monkeypatch, with_out):
+    """The second call of a checked shape takes the quick path: the full
+    checks (tens of microseconds) run once per shape, not per call."""
+    g = dist.group.WORLD
+    a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 32, dtype=torch.bfloat16)
+    out = torch.empty(32, 32, dtype=torch.bfloat16) if with_out else None
+    full, ran = [], []
+    checked = ft._run_checked
+    monkeypatch.setattr(ft, "_run_checked", lambda *args: full.append(1) or checked(*args))
+    # CPU stand-ins for what needs a GPU: the device checks and the session.
+    monkeypatch.setattr(ft, "_check_device", lambda *args: None)
+    monkeypatch.setattr(ft, "_quick_ok", lambda *args: True)
+    monkeypatch.setattr(ft, "_session", lambda fn, group: ft._sessions[group])
+    monkeypatch.setattr(ft, "_execute", lambda *args, **kw: ran.append(args[4:10]) or args[6])
+    monkeypatch.setitem(ft._sessions, g, object())
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                got = ft.all_gather_matmul(a, b, out=out)
+                assert tuple(got.shape) == (32, 32)
+        assert len(full) == 1, "every call after the first must take the quick path"
+        assert len(ran) == 3
+        assert all(r[0] is a and r[1] is b for r in ran)
+    finally:
+        ft._steady.clear()

@@ -116,10 +116,11 @@ def check_repeat(world, tmp_path):
     assert codes == [0] * world, f"exit codes {codes}; results {results}"
     failures = []
     for rank, rows in enumerate(results):
-        assert rows is not None and len(rows) == 36 + 18, f"rank {rank}: {rows}"
+        assert rows is not None and len(rows) == 36 + 18 + 24, f"rank {rank}: {rows}"
         for row in rows:
             what = f"rank {rank} call {row['call']} {row['op']} {row['shape']} {row['schedule']}"
             what += " in place" if row.get("in_place") else ""
+            what += f" on stream {row['stream']}" if "stream" in row else ""
             if "error" in row:
                 failures.append(f"{what}: {row['error']}")
                 continue

@@ -44,9 +44,10 @@
 //! with its operands at the same addresses step after step. So the second
 //! call of a shape at an address set is captured into a CUDA graph (the
 //! same steps, from the start mark to the end mark), and later calls there
-//! launch it on the control stream, between the same two events that order
-//! an issued call with the caller's stream ([`CallGraphs`]; `FICCO_GRAPHS=0` turns
-//! it off). It is the same protocol, issued once: a call leaves the flags
+//! launch it straight on the caller's stream, which orders it as the two
+//! events of an issued call do; the watch's `done` event, recorded after
+//! every call, orders calls the caller makes on different streams
+//! ([`CallGraphs`]; `FICCO_GRAPHS=0` turns it off). It is the same protocol, issued once: a call leaves the flags
 //! as it found them, so a graph of it replays any number of times.
 //!
 //! **Why skipping the reset and the barriers is safe.** The flag protocol
@@ -172,6 +173,11 @@ pub(crate) struct OpRunner {
     /// Repeated calls replay a graph of their first ([`CallGraphs`]);
     /// `FICCO_GRAPHS=0` turns it off.
     graphs: bool,
+    /// The stream on which the watch's `done` event was last recorded
+    /// (the stream of the last call issued outside capture): a call on
+    /// another stream first waits for that event, so this rank's calls stay
+    /// in order whatever streams the caller uses.
+    last_on: Option<u64>,
 }
 
 impl OpRunner {
@@ -188,6 +194,7 @@ impl OpRunner {
             capture_join: None,
             seq: 0,
             graphs: ficco_core::settings::Settings::current().graphs,
+            last_on: None,
         }
     }
 
@@ -281,26 +288,45 @@ impl OpRunner {
                 Seen::Replay(g) => GraphAction::Launch(g.0.cu_graph_exec()),
             }
         };
-        // Every call runs on the control stream, after the caller's work
-        // so far and before the caller's later work: calls of this rank
-        // stay in order (the flag protocol needs it) whatever streams the
-        // caller uses. Under capture the join needs an event of its own:
-        // an event last recorded in a capture cannot be synchronized, and
-        // `done` is what [`OpRunner::wait_idle`] synchronizes.
-        let join = if capturing { capture_join } else { done };
         let c = control.cu_stream();
+        if let GraphAction::Launch(g) = action {
+            // A replay goes straight onto the caller's stream: after the
+            // caller's work so far and before its later work without the
+            // two events of an issued call (the host cost of a model's
+            // steady-state call is this launch and one event record).
+            // SAFETY: a graph of this shape's state captured with these
+            // very operand addresses (still held in `st.graphs`); the
+            // caller's stream and the event are live on this context.
+            unsafe {
+                if self.last_on != Some(stream) {
+                    cu::stream_wait_event(caller_stream, done.cu_event())?;
+                }
+                cu::graph_launch(g, caller_stream)?;
+                cu::event_record(done.cu_event(), caller_stream)?;
+            }
+            self.last_on = Some(stream);
+            self.epoch.after_fast();
+            return Ok(());
+        }
+        // An issued call runs on the control stream, after the caller's
+        // work so far and before the caller's later work. Under capture the
+        // join needs an event of its own: an event last recorded in a
+        // capture cannot be synchronized, and `done` is what
+        // [`OpRunner::wait_idle`] synchronizes (nor may a capture wait for
+        // `done`: the caller's stream orders it after the eager calls).
+        let join = if capturing { capture_join } else { done };
         // SAFETY: the caller's stream and the events are live on this
         // context.
         unsafe {
+            if !capturing && self.last_on != Some(c as u64) {
+                cu::stream_wait_event(c, done.cu_event())?;
+            }
             cu::event_record(caller.cu_event(), caller_stream)?;
             cu::stream_wait_event(c, caller.cu_event())?;
         }
-        let mut graph = match action {
-            GraphAction::Launch(g) => Some(g),
-            _ => None,
-        };
+        let mut graph = None;
         let mut captured = None;
-        if graph.is_none() {
+        {
             precheck(&st.plan, &bound.ptrs)?;
             self.seq = self.seq.wrapping_add(1).max(1);
             let seq = self.seq;
@@ -345,6 +371,9 @@ impl OpRunner {
             }
             cu::event_record(join.cu_event(), c)?;
             cu::stream_wait_event(caller_stream, join.cu_event())?;
+        }
+        if !capturing {
+            self.last_on = Some(c as u64);
         }
         self.epoch.after_fast();
         Ok(())

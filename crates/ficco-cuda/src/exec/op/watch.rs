@@ -26,7 +26,8 @@ pub(super) struct WatchState {
     /// the control stream; a captured call writes its capture-time number
     /// at every replay).
     pub(super) words: HostWords,
-    /// Recorded on the control stream after every eagerly issued call: the
+    /// Recorded after every call made outside capture, on the stream it ran
+    /// on (the control stream, or the caller's for a replay): the
     /// drain after a hang waits until it completed too.
     pub(super) done_event: CudaEvent,
     /// This rank's flag memory (base, words), released on a hang.

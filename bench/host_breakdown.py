@@ -1,0 +1,100 @@
+"""Where an operator call's host time goes, piece by piece.
+
+Times each step of ``ficco.torch``'s steady-state call path on its own, in
+a loop of ``--calls`` (host microseconds per step, the slowest rank's
+median of ``--reps``), for one op and schedule at a small shape (where the
+host matters most): the whole public call, the Python pieces (the cache
+lookup, the per-call checks, the output allocation, the stream, the
+decision) and the native call (``Session.run_op``) alone.
+
+    torchrun --nproc-per-node 2 bench/host_breakdown.py [--op ag-gemm] [--schedule shard-copy-ring]
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", default="ag-gemm", choices=["ag-gemm", "gemm-rs", "gemm-ar"])
+    p.add_argument("--schedule", default="shard-copy-ring")
+    p.add_argument("--shape", default="1024,1024,1024", help="m,k,n (m over all ranks)")
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    import ficco.torch as ft
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device("cuda", local)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    m, k, n = (int(x) for x in args.shape.split(","))
+    op = args.op
+    f = getattr(ft, ft._OPS[op])
+    a_rows = m // size if op == "ag-gemm" else m
+    out_rows = m // size if op == "gemm-rs" else m
+    a = torch.randn(a_rows, k, device=dev).to(torch.bfloat16)
+    b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+    out = torch.empty(out_rows, n, dtype=torch.bfloat16, device=dev)
+    s = args.schedule
+    g = dist.group.WORLD
+
+    torch.set_grad_enabled(False)
+    for _ in range(5):
+        f(a, b, schedule=s, out=out)
+        f(a, b, schedule=s)
+    torch.cuda.synchronize()
+    sess = ft.session()
+    seen = ft._steady[(op, g, a.shape, b.shape, s, False, a.device)]
+    name = ft.last_schedule()
+    stream = ft._raw_stream(local)
+    ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr())
+
+    pieces = {
+        "public call, out=": lambda: f(a, b, schedule=s, out=out),
+        "public call, new out": lambda: f(a, b, schedule=s),
+        "native run_op (kwargs, as _execute)": lambda: sess.run_op(
+            op, m, k, n, name, *ptrs, stream, b_transposed=False, gathered=0),
+        "native run_op (positional)": lambda: sess.run_op(op, m, k, n, name, *ptrs, stream),
+        "steady-cache lookup": lambda: ft._steady.get((op, g, a.shape, b.shape, s, False, a.device)),
+        "per-call checks (_quick_ok)": lambda: ft._quick_ok(a, b, out, seen),
+        "torch.empty of the output": lambda: torch.empty(seen[5], dtype=torch.bfloat16, device=a.device),
+        "current raw stream": lambda: ft._raw_stream(local),
+        "auto decision lookup": lambda: ft._decision(sess, g, op, m, k, n),
+        "dist.group.WORLD": lambda: dist.group.WORLD,
+        "torch.cuda.current_device()": lambda: torch.cuda.current_device(),
+        "a.device": lambda: a.device,
+        "3 x data_ptr()": lambda: (a.data_ptr(), b.data_ptr(), out.data_ptr()),
+        "is_grad_enabled + is_compiling": lambda: (torch.is_grad_enabled(), torch.compiler.is_compiling()),
+    }
+
+    def slowest(v):
+        t = torch.tensor([v], dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    for what, fn in pieces.items():
+        reps = []
+        for _ in range(args.reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            reps.append((time.perf_counter() - t0) / args.calls * 1e6)
+            torch.cuda.synchronize()
+        us = slowest(statistics.median(reps))
+        if rank == 0:
+            print(f"{what:40} {us:8.2f} us", flush=True)
+    ft.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
