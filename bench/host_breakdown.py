@@ -52,7 +52,7 @@ def main():
         f(a, b, schedule=s)
     torch.cuda.synchronize()
     sess = ft.session()
-    seen = ft._steady[(op, g, a.shape, b.shape, s, False, a.device)]
+    seen = ft._steady[(op, g, a.shape, b.shape, s, False, a.get_device())]
     name = ft.last_schedule()
     stream = ft._raw_stream(local)
     ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr())
@@ -63,9 +63,10 @@ def main():
         "native run_op (kwargs, as _execute)": lambda: sess.run_op(
             op, m, k, n, name, *ptrs, stream, b_transposed=False, gathered=0),
         "native run_op (positional)": lambda: sess.run_op(op, m, k, n, name, *ptrs, stream),
-        "steady-cache lookup": lambda: ft._steady.get((op, g, a.shape, b.shape, s, False, a.device)),
+        "steady-cache lookup": lambda: ft._steady.get((op, g, a.shape, b.shape, s, False, a.get_device())),
         "per-call checks (_quick_ok)": lambda: ft._quick_ok(a, b, out, seen),
         "torch.empty of the output": lambda: torch.empty(seen[5], dtype=torch.bfloat16, device=a.device),
+        "a.new_empty of the output": lambda: a.new_empty(seen[5]),
         "current raw stream": lambda: ft._raw_stream(local),
         "auto decision lookup": lambda: ft._decision(sess, g, op, m, k, n),
         "dist.group.WORLD": lambda: dist.group.WORLD,
@@ -80,7 +81,10 @@ def main():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
+    native_pieces = {}
     for what, fn in pieces.items():
+        if what.startswith("native run_op (positional)"):
+            type(sess).host_times()
         reps = []
         for _ in range(args.reps):
             dist.barrier()
@@ -90,8 +94,15 @@ def main():
             reps.append((time.perf_counter() - t0) / args.calls * 1e6)
             torch.cuda.synchronize()
         us = slowest(statistics.median(reps))
+        if what.startswith("native run_op (positional)"):
+            native_pieces = type(sess).host_times()
         if rank == 0:
             print(f"{what:40} {us:8.2f} us", flush=True)
+    if rank == 0:
+        # This rank's native phases of the positional run_op loop (means).
+        print("# native phases of run_op (rank 0, mean per call):")
+        for phase, us, count in native_pieces:
+            print(f"  {phase:38} {us:8.2f} us  ({count} calls)", flush=True)
     ft.close()
     dist.destroy_process_group()
 

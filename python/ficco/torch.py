@@ -360,13 +360,13 @@ def _run(op, a_name, a, b, group, schedule, out, gathered=None):
     seen = None
     if isinstance(schedule, str) and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         g = dist.group.WORLD if group is None else group
-        seen = _steady.get((op, g, a.shape, b.shape, schedule, out is None, a.device))
+        seen = _steady.get((op, g, a.shape, b.shape, schedule, out is None, a.get_device()))
     if seen is not None and _quick_ok(a, b, out, seen):
         sess = _sessions.get(g)
         if sess is not None:
             name, m, k, n, size, out_shape = seen
             if out is None:
-                out = torch.empty(out_shape, dtype=torch.bfloat16, device=a.device)
+                out = a.new_empty(out_shape)  # a is bf16 on the device (checked)
             return _execute(op, g, sess, name, a, b, out, m, k, n, size, gathered=gathered)
     return _run_checked(op, a_name, a, b, group, schedule, out, gathered)
 
@@ -377,12 +377,14 @@ def _quick_ok(a, b, out, seen) -> bool:
     bf = torch.bfloat16
     if a.dtype != bf or b.dtype != bf or not a.is_contiguous() or not b.is_contiguous():
         return False
-    if not b.is_cuda or b.device != a.device or a.device.index != torch.cuda.current_device():
+    # get_device(): the CUDA index, -1 on the CPU (no device object made).
+    dev = a.get_device()
+    if dev < 0 or b.get_device() != dev or dev != torch.cuda.current_device():
         return False
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != bf or not out.is_contiguous():
             return False
-        if tuple(out.shape) != seen[5] or out.device != a.device:
+        if out.shape != seen[5] or out.get_device() != dev:
             return False
     return True
 
@@ -449,7 +451,7 @@ def _run_checked(op, a_name, a, b, group, schedule, out, gathered=None):
     with _lock:
         if len(_steady) >= _STEADY_KEPT:
             _steady.clear()
-        _steady[(op, group, a.shape, b.shape, schedule, no_out, a.device)] = (
+        _steady[(op, group, a.shape, b.shape, schedule, no_out, a.get_device())] = (
             name, m, k, n, size, out_shape)
     return _execute(op, group, sess, name, a, b, out, m, k, n, size, gathered=gathered)
 

@@ -467,6 +467,14 @@ impl PySession {
         self.blocking(py, |s| s.synchronize())
     }
 
+    /// Where the host time of this thread's operator calls went since the
+    /// last report, in the native layer: `[(phase, mean µs, calls)]` in
+    /// call order (`bench/host_breakdown.py` prints it).
+    #[staticmethod]
+    fn host_times() -> Vec<(&'static str, f64, u64)> {
+        ficco_cuda::session::host_times()
+    }
+
     /// Leaves the job (a last barrier with the other ranks); later calls
     /// raise. Closing twice does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {

@@ -93,7 +93,7 @@ def test_a_call_unlike_the_checked_one_gets_the_full_checks(world4, monkeypatch)
     g = dist.group.WORLD
     a, b = torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(16, 32, dtype=torch.bfloat16)
     # As a checked call of this shape leaves it.
-    ft._steady[("ag-gemm", g, a.shape, b.shape, "auto", True, a.device)] = (None, 32, 16, 32, 4, (32, 32))
+    ft._steady[("ag-gemm", g, a.shape, b.shape, "auto", True, a.get_device())] = (None, 32, 16, 32, 4, (32, 32))
     ran = []
     monkeypatch.setattr(ft, "_execute", lambda *args: ran.append(args) or "ran")
     monkeypatch.setitem(ft._sessions, g, object())

@@ -3,6 +3,7 @@
 
 use super::{GpuBackend, Operand};
 use crate::error::{drv, CudaError, Result};
+use crate::exec::op::clock::{self, Phase};
 use crate::exec::{self, RunSpec};
 use ficco_core::plan::Plan;
 
@@ -82,8 +83,10 @@ impl GpuBackend {
             capable: exec::op::fast_capable(plan),
         };
         if let exec::op::Path::Fast { parity } = job.op.epoch.path(facts) {
+            clock::lap(Phase::Path);
             let ptrs = job.arena_ptrs(plan)?;
             let bound = job.op.bind(&key, r, ptrs, operands)?;
+            clock::lap(Phase::Bind);
             let watchdog_ms = self.run_opts.watchdog_ms;
             return job.op.issue_fast(
                 &mut self.ranks[0],

@@ -8,10 +8,14 @@
 
 mod choose;
 
+/// Where the host time of this thread's operator calls went since the
+/// last report: each phase's name, mean microseconds and count.
+pub use crate::exec::op::clock::take as host_times;
 use choose::runs_in_loopback;
 
 use crate::backend::{GpuBackend, Operand};
 use crate::error::{CudaError, Result};
+use crate::exec::op::clock::{self, Phase};
 use crate::mem::DevicePtr;
 use crate::runtime::job::Job;
 use crate::runtime::shared::SymmetricMem;
@@ -353,6 +357,7 @@ impl Session {
     /// a call shape, and a few others, return once it ran: see
     /// `crate::exec::op`).
     pub fn run_op(&mut self, call: &OpCall<'_>) -> Result<OpDone> {
+        clock::start();
         if !matches!(call.op, Op::AgGemm | Op::GemmRs | Op::GemmAr) {
             return Err(bad(format!(
                 "{} is not an operator call (ag-gemm, gemm-rs or gemm-ar)",
@@ -389,6 +394,7 @@ impl Session {
                 (s, plan)
             }
         };
+        clock::lap(Phase::Plan);
         let e = ELEM_BYTES;
         let shard = p.m / p.gpus;
         let (a_rows, out_rows) = match call.op {
@@ -410,6 +416,7 @@ impl Session {
                 gathered: true,
             });
         }
+        clock::lap(Phase::Operands);
         self.backend.run_on(&plan, &operands, call.stream)?;
         Ok(OpDone {
             schedule: schedule.name(),

@@ -126,6 +126,7 @@
 //! since are not valid. The failure ends the job, like a failure in a full
 //! call.
 
+pub mod clock;
 mod fast;
 #[cfg(test)]
 mod model_tests;
@@ -289,6 +290,7 @@ impl OpRunner {
             }
         };
         let c = control.cu_stream();
+        clock::lap(clock::Phase::Setup);
         if let GraphAction::Launch(g) = action {
             // A replay goes straight onto the caller's stream: after the
             // caller's work so far and before its later work without the
@@ -306,6 +308,7 @@ impl OpRunner {
             }
             self.last_on = Some(stream);
             self.epoch.after_fast();
+            clock::lap(clock::Phase::Launch);
             return Ok(());
         }
         // An issued call runs on the control stream, after the caller's
@@ -376,6 +379,7 @@ impl OpRunner {
             self.last_on = Some(c as u64);
         }
         self.epoch.after_fast();
+        clock::lap(clock::Phase::Issue);
         Ok(())
     }
 
