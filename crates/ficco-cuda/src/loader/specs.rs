@@ -78,6 +78,8 @@ pub static CUDA: LibSpec = LibSpec {
         "cuStreamGetCtx",
         "cuStreamIsCapturing",
         "cuGraphLaunch",
+        "cuGraphGetNodes",
+        "cuGraphNodeGetType",
         "cuStreamWaitEvent",
         "cuStreamWriteValue32_v2",
         "cuStreamWaitValue32_v2",

@@ -352,6 +352,37 @@ pub(crate) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: sys::CUstream)
     check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream))
 }
 
+/// How many nodes of each type `graph` holds, by type name: what its
+/// launch has to set up (for traces of the call path's host cost).
+///
+/// # Safety
+/// `graph` must be a live graph.
+pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, usize)>> {
+    let mut n = 0usize;
+    check(
+        "cuGraphGetNodes",
+        sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n),
+    )?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    check(
+        "cuGraphGetNodes",
+        sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n),
+    )?;
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for &node in nodes.iter().take(n) {
+        let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        check("cuGraphNodeGetType", sys::cuGraphNodeGetType(node, &mut t))?;
+        let name = format!("{t:?}")
+            .trim_start_matches("CU_GRAPH_NODE_TYPE_")
+            .to_lowercase();
+        match counts.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    Ok(counts)
+}
+
 /// Whether work issued on `stream` is being captured into a CUDA graph
 /// (then nothing may synchronize it, or the device).
 ///

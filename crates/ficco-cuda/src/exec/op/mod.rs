@@ -344,6 +344,11 @@ impl OpRunner {
                     issue_steps(st, rank, &sh, bound, parity, words, seq)
                 }) {
                     Ok(g) => {
+                        ficco_core::settings::trace(|| {
+                            // SAFETY: the graph just captured, live.
+                            let census = unsafe { cu::graph_census(g.cu_graph()) };
+                            format!("op {}: call graph captured: {census:?}", key.plan)
+                        });
                         graph = Some(g.cu_graph_exec());
                         captured = Some(g);
                     }
