@@ -235,22 +235,6 @@ fn child_work(role: &str, me: usize, dead: usize, rv: Rendezvous) -> i32 {
     }
 }
 
-/// The abstract socket names in this network namespace that contain `part`
-/// (what any user can read in /proc/net/unix).
-fn abstract_sockets(part: &str) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
-    let mut names: Vec<String> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .filter_map(|n| n.strip_prefix('@'))
-        .filter(|n| n.contains(part))
-        .map(str::to_string)
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
 /// A foreign process (no job secret, not a rank): connects to the store
 /// with a wrong secret and with an abort in place of a proof, and to every
 /// descriptor socket of the intruded exchange, handing each a file of its
@@ -267,7 +251,7 @@ fn intruder_child() {
     let f = ficco_testkit::unlinked_file("from the intruder");
     let mut held = vec![];
     while attacked.len() < 3 && Instant::now() < deadline {
-        for name in abstract_sockets(&format!(".{INTRUDED}.")) {
+        for name in ficco_testkit::abstract_sockets(&format!(".{INTRUDED}.")) {
             if attacked.contains(&name) {
                 continue;
             }

@@ -186,6 +186,23 @@ pub fn unlinked_file(text: &str) -> std::fs::File {
     f
 }
 
+/// The abstract Unix socket names in this network namespace that contain
+/// `part` (what any user can read in `/proc/net/unix`: the intruder tests
+/// find ficco's descriptor sockets this way).
+pub fn abstract_sockets(part: &str) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let mut names: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter_map(|n| n.strip_prefix('@'))
+        .filter(|n| n.contains(part))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 #[cfg(test)]
 mod policy_tests {
     use super::*;

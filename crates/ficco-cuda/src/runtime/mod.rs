@@ -379,6 +379,31 @@ pub(crate) fn run_children(
     gpus: ChildGpus,
     limit: Duration,
 ) -> Vec<Option<i32>> {
+    run_children_beside(test, world, child_var, gpus, limit, &Beside::default()).0
+}
+
+/// What a test starts beside the ranks of [`run_children_beside`].
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Beside<'a> {
+    /// More variables for every rank.
+    pub env: Vec<(&'static str, std::ffi::OsString)>,
+    /// One more process, from the job's store port (a foreign process).
+    pub process: Option<&'a dyn Fn(u16) -> std::process::Command>,
+}
+
+/// [`run_children`], with `beside` started too; also returns the extra
+/// process's exit code (`None`: there was none, or it was still running
+/// at the limit, or ended by a signal).
+#[cfg(test)]
+pub(crate) fn run_children_beside(
+    test: &str,
+    world: usize,
+    child_var: &str,
+    gpus: ChildGpus,
+    limit: Duration,
+    beside: &Beside<'_>,
+) -> (Vec<Option<i32>>, Option<i32>) {
     use std::process::{Command, Stdio};
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -408,6 +433,7 @@ pub(crate) fn run_children(
                 "--test-threads=1",
             ])
             .envs(LaunchEnv::vars_for(r, world, "127.0.0.1", port, &secret))
+            .envs(beside.env.iter().map(|(k, v)| (k, v)))
             .env(child_var, "1")
             .env("FICCO_DIST_TIMEOUT_MS", "30000")
             .stdout(Stdio::inherit())
@@ -419,8 +445,16 @@ pub(crate) fn run_children(
             c.spawn().expect("spawn a rank")
         })
         .collect();
+    if let Some(make) = beside.process {
+        let mut c = make(port);
+        if gpus == ChildGpus::First {
+            let (var, first) = ficco_testkit::first_gpu_only();
+            c.env(var, first);
+        }
+        kids.push(c.spawn().expect("spawn the process beside the ranks"));
+    }
     let t0 = std::time::Instant::now();
-    let mut codes: Vec<Option<Option<i32>>> = vec![None; world];
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; kids.len()];
     while codes.iter().any(|c| c.is_none()) && t0.elapsed() < limit {
         for (k, c) in kids.iter_mut().zip(codes.iter_mut()) {
             if c.is_none() {
@@ -433,7 +467,13 @@ pub(crate) fn run_children(
         let _ = k.kill();
         let _ = k.wait();
     }
-    codes.into_iter().map(|c| c.flatten()).collect()
+    let mut codes: Vec<Option<i32>> = codes.into_iter().map(|c| c.flatten()).collect();
+    let extra = if beside.process.is_some() {
+        codes.pop().flatten()
+    } else {
+        None
+    };
+    (codes, extra)
 }
 
 #[cfg(test)]

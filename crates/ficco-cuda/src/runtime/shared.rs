@@ -409,6 +409,123 @@ mod tests {
         assert_eq!(codes, vec![Some(0); world], "rank exit codes");
     }
 
+    /// Set for the foreign process of the intruder test: the job's store port.
+    const INTRUDER: &str = "FICCO_DIST_GPU_INTRUDER";
+    /// A file the foreign process makes once it attacked; rank 3 waits for
+    /// it before its part of the buffer exchange, so the attack lands while
+    /// the other ranks' descriptor sockets wait for rank 3.
+    const MARK: &str = "FICCO_DIST_GPU_INTRUDE_MARK";
+    const INTRUDED: &str = "four_processes_share_buffers_while_a_foreign_process_attacks";
+    /// Bytes of the ring's buffers (also the foreign allocation's).
+    const RING_BYTES: usize = 3 << 20;
+
+    /// Four processes on GPU 0 pass real device allocations around a ring
+    /// while a foreign process (no job secret, not a rank) connects to the
+    /// store with a wrong secret and to every descriptor socket of the
+    /// exchange, handing each an allocation of its own, filled with its own
+    /// pattern, under a rank's tag. The ranks refuse it and every rank
+    /// still reads exactly its peer's pattern (a foreign buffer mapped as a
+    /// peer's would not hold it); the foreign process exits 0 only once it
+    /// reached the sockets and the store refused it.
+    #[test]
+    #[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
+    fn four_processes_share_buffers_while_a_foreign_process_attacks() {
+        if let Ok(port) = std::env::var(INTRUDER) {
+            intruder(&port);
+            return;
+        }
+        if std::env::var("FICCO_DIST_GPU_CHILD").is_ok() {
+            child();
+            return;
+        }
+        gpu(INTRUDED);
+        let mark = std::env::temp_dir().join(format!("ficco-gpu-intruded-{}", std::process::id()));
+        let _ = std::fs::remove_file(&mark);
+        let test = format!("runtime::shared::tests::{INTRUDED}");
+        let exe = std::env::current_exe().expect("test binary");
+        let foreign = |port: u16| {
+            let mut c = std::process::Command::new(&exe);
+            c.args([test.as_str(), "--exact", "--include-ignored", "--nocapture"])
+                .env(INTRUDER, port.to_string())
+                .env(MARK, &mark)
+                .env_remove("FICCO_JOB_SECRET");
+            c
+        };
+        let (codes, intruder_code) = crate::runtime::run_children_beside(
+            &test,
+            4,
+            "FICCO_DIST_GPU_CHILD",
+            crate::runtime::ChildGpus::First,
+            Duration::from_secs(90),
+            &crate::runtime::Beside {
+                env: vec![(MARK, mark.clone().into_os_string())],
+                process: Some(&foreign),
+            },
+        );
+        let _ = std::fs::remove_file(&mark);
+        assert_eq!(codes, vec![Some(0); 4], "rank exit codes");
+        assert_eq!(
+            intruder_code,
+            Some(0),
+            "the foreign process reached the descriptor sockets and the store refused it"
+        );
+    }
+
+    /// The foreign process of [`four_processes_share_buffers_while_a_foreign_process_attacks`].
+    fn intruder(port: &str) {
+        use std::os::linux::net::SocketAddrExt;
+        crate::loader::require().expect("libraries");
+        let ctx = CudaContext::new(0).expect("context");
+        let own = SharedMem::create(&ctx, 0, RING_BYTES).expect("a foreign allocation");
+        ctx.bind_to_thread().expect("bind");
+        // SAFETY: the allocation holds RING_BYTES bytes on this context.
+        unsafe { cu::memcpy_htod(own.ptr(), &pattern(200, RING_BYTES)) }.expect("fill");
+        let fd = own.export_fd().expect("export");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let (mut attacked, mut held) = (Vec::<String>::new(), vec![]);
+        while attacked.len() < 3 && std::time::Instant::now() < deadline {
+            for name in ficco_testkit::abstract_sockets(".symm.data.") {
+                if attacked.contains(&name) {
+                    continue;
+                }
+                let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                else {
+                    continue;
+                };
+                if let Ok(c) = std::os::unix::net::UnixStream::connect_addr(&a) {
+                    // Claim to be the rank the listener awaits next.
+                    let r: u64 = name
+                        .rsplit('.')
+                        .next()
+                        .and_then(|r| r.parse().ok())
+                        .unwrap_or(0);
+                    let _ = crate::runtime::fdpass::send_fd(&c, (r + 1) % 4, fd.as_fd());
+                    held.push(c);
+                    attacked.push(name);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let wrong = crate::runtime::JobSecret::generate().expect("random");
+        let refused = matches!(
+            crate::runtime::StoreClient::connect(
+                &format!("127.0.0.1:{port}"),
+                1,
+                Duration::from_secs(3),
+                &wrong
+            ),
+            Err(DistError::StoreAuth { .. })
+        );
+        eprintln!("foreign process: reached {attacked:?}; store refused it: {refused}");
+        let mark = std::env::var_os(MARK).expect("the mark's path");
+        std::fs::write(mark, b"attacked").expect("the mark");
+        // Held open while the ranks accept (they check the pid the kernel
+        // recorded at connect), and the allocation stays alive meanwhile.
+        std::thread::sleep(Duration::from_secs(3));
+        drop(held);
+        std::process::exit(if refused && attacked.len() >= 3 { 0 } else { 1 });
+    }
+
     /// Two processes on GPU 0: each copies a pattern into the other's
     /// buffer and sets the other's flag from its stream (the signal seam's
     /// producer side); each waits on its own flag on the device and reads
@@ -429,7 +546,7 @@ mod tests {
     /// One rank of [`ring`]: pushes its pattern to rank `me + 1` and checks
     /// that of rank `me - 1` (mod world).
     fn child() {
-        const N: usize = 3 << 20;
+        const N: usize = RING_BYTES;
         let env = LaunchEnv::from_env().expect("launcher env");
         let me = env.rank;
         let world = env.world_size;
@@ -438,6 +555,14 @@ mod tests {
         let rv = Rendezvous::join(env, crate::runtime::timeout_from_env()).expect("join");
         crate::loader::require().expect("libraries");
         let ctx = CudaContext::new(0).expect("context");
+        if let (Some(mark), 3) = (std::env::var_os(MARK), me) {
+            // The intruder test: the others' sockets wait for this rank
+            // while the foreign process connects to them.
+            let t = std::time::Instant::now();
+            while !std::path::Path::new(&mark).exists() && t.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         let data = SymmetricMem::exchange(&rv, "data", &ctx, 0, N).expect("data");
         let flags = SymmetricMem::exchange(&rv, "flags", &ctx, 0, 4096).expect("flags");
         let (Some(peer_data), Some(peer_flag), Some(own_flag)) =
