@@ -12,7 +12,10 @@ ranks of a job, three ways, side by side:
   ``all_gather_matmul``'s weight gradient gathers its operand again in the
   backward (the default); ``ficco-keep`` keeps the gathered operand its op
   hands back instead (as PyTorch's forward keeps its gathered input: more
-  memory, no gather in the backward).
+  memory, no gather in the backward); ``ficco-torchbwd`` runs every input
+  gradient as PyTorch's backward does (its collective on a side stream
+  beside the weight gradient's GEMM), never as ficco's op
+  (``ficco.torch.input_grads_on_ficco(False)``).
 
 The block is ``examples/llama_tp_block.py``'s (RMSNorm without a learned
 weight here, so every parameter is a TP shard): per block, all-gather ->
@@ -202,6 +205,7 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     ficco = way.startswith("ficco")
     if ficco:
         ft_grad.keep_gathered(way == "ficco-keep")
+        ft_grad.input_grads_on_ficco(way != "ficco-torchbwd")
     comm = Comm("ficco" if ficco else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)

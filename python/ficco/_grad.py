@@ -172,7 +172,7 @@ def _input_grad(
     m = x.shape[0] * size if op == "ag-gemm" else x.shape[0]
     k, n = w.shape[1], w.shape[0]
     key = (op, m, k, n, group)
-    if key in _refused:
+    if key in _refused or not input_grads_on_ficco():
         return None
     name = None  # auto: loopback picks among the schedules it can run
     if not sess.loopback:
@@ -251,6 +251,21 @@ def keep_gathered(on: Optional[bool] = None) -> bool:
     elif _keep is None:
         _keep = ft._native.keep_gathered_default()
     return _keep
+
+
+_on_ficco = True
+
+
+def input_grads_on_ficco(on: Optional[bool] = None) -> bool:
+    """Whether the backward may run an input gradient as ficco's op (where
+    ``auto`` picks an overlapped schedule for its shape: the default), or
+    always as PyTorch's backward does: the GEMM, then its collective on a
+    side stream beside the weight gradient's GEMM. Returns the setting;
+    ``on`` sets it."""
+    global _on_ficco
+    if on is not None:
+        _on_ficco = bool(on)
+    return _on_ficco
 
 
 def _register_keep() -> None:

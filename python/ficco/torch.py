@@ -78,6 +78,7 @@ __all__ = [
     "decisions",
     "Decision",
     "empty",
+    "input_grads_on_ficco",
     "keep_gathered",
     "last_schedule",
     "session",
@@ -786,4 +787,4 @@ def _join(fn: str, group) -> "_native.Session":
 
 # Registers each op's backward (after the ops above exist).
 from ficco import _grad  # noqa: E402
-from ficco._grad import keep_gathered  # noqa: E402,F401
+from ficco._grad import input_grads_on_ficco, keep_gathered  # noqa: E402,F401

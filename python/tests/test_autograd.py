@@ -8,7 +8,8 @@ What runs the forward and backward ops is replaced by a CPU stand-in (the
 sequential reference on gloo, ``_run`` and ``_execute``), and the session by
 one whose decision is given: the input gradient then takes ficco's op
 (``gain``), PyTorch's sequential backward (``seq``), or PyTorch's after the
-schedule refused a transposed B (``refused``). All are checked. A wrong operand,
+schedule refused a transposed B (``refused``), or PyTorch's although ficco's
+op would gain (``off``: ``input_grads_on_ficco(False)``). All are checked. A wrong operand,
 transpose or collective in a formula gives an error of order 1; bf16
 rounding, ~1e-2. The GPU tests check the same gradients with the real ops.
 """
@@ -40,7 +41,8 @@ class Session:
 
     def decide(self, op, m, k, n):
         self.decided.append((op, m, k, n))
-        name = {"seq": "seq", "gain": "shard-copy-ring", "refused": "tile-copy-ring"}[self.decision]
+        name = {"seq": "seq", "gain": "shard-copy-ring", "refused": "tile-copy-ring",
+                "off": "shard-copy-ring"}[self.decision]
         return (name, "shard-copy-ring", "measured", 1.0, 0.5, 0.5, 0.01)
 
 
@@ -130,6 +132,8 @@ def worker(rank, port, out_dir, decision, keep):
     ft._execute = cpu_execute(calls)
     ft._sessions[group] = sess = Session(decision)
     _grad.keep_gathered(keep)
+    # "off": a gain, but the input gradients never run as ficco's op.
+    _grad.input_grads_on_ficco(decision != "off")
     i = inputs(rank)
     rows = {}
     for op, f in (("ag-gemm", ft.all_gather_matmul), ("gemm-rs", ft.matmul_reduce_scatter),
@@ -158,7 +162,7 @@ def worker(rank, port, out_dir, decision, keep):
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["keep", "regather"])
-@pytest.mark.parametrize("decision", ["gain", "seq", "refused"])
+@pytest.mark.parametrize("decision", ["gain", "seq", "refused", "off"])
 def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_path):
     port = ficco.free_port()
     mp.spawn(worker, args=(port, str(tmp_path), decision, keep), nprocs=WORLD)
@@ -179,8 +183,10 @@ def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_p
             assert rows["ag-gemm"]["calls"] == [fwd_ag]
             assert rows["gemm-rs"]["calls"] == [fwd_rs]
         assert rows["gemm-ar"]["calls"] == [["gemm-ar", [M, K], [K, N]]]
-        # Decided once per backward shape: the input gradient's op, [m, k=n, n=k].
-        assert rows["decided"] == [["gemm-rs", M, N, K], ["ag-gemm", M, N, K]]
+        # Decided once per backward shape: the input gradient's op, [m, k=n, n=k]
+        # (nothing to decide where the input gradients stay on PyTorch).
+        want = [] if decision == "off" else [["gemm-rs", M, N, K], ["ag-gemm", M, N, K]]
+        assert rows["decided"] == want
 
 
 @pytest.mark.parametrize("name", ["all_gather_matmul_backward", "matmul_reduce_scatter_backward"])

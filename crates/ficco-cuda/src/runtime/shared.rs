@@ -471,6 +471,39 @@ mod tests {
         );
     }
 
+    /// [`SymmetricMem::exchange`]'s descriptor exchange and imports, with
+    /// rank 3 joining it only once the foreign process attacked (the size
+    /// agreement before it, a collective, would hold the others back before
+    /// their sockets exist): the others' sockets wait for rank 3 meanwhile.
+    fn exchange_once_attacked(
+        rv: &Rendezvous,
+        ctx: &Arc<CudaContext>,
+        bytes: usize,
+        mark: &std::ffi::OsStr,
+    ) -> SymmetricMem {
+        let own = SharedMem::create(ctx, 0, bytes).expect("create");
+        let fd = own.export_fd().expect("export");
+        if rv.env.rank == 3 {
+            let t = std::time::Instant::now();
+            while !std::path::Path::new(mark).exists() && t.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let fds = super::super::fdpass::exchange(rv, "symm.data", fd.as_fd()).expect("fd exchange");
+        let peers = fds
+            .into_iter()
+            .map(|fd| {
+                fd.map(|fd| SharedMem::import(ctx, 0, fd.as_fd(), own.bytes()).expect("import"))
+            })
+            .collect();
+        rv.barrier("symm/data/mapped").expect("barrier");
+        SymmetricMem {
+            own,
+            peers,
+            rank: rv.env.rank,
+        }
+    }
+
     /// The foreign process of [`four_processes_share_buffers_while_a_foreign_process_attacks`].
     fn intruder(port: &str) {
         use std::os::linux::net::SocketAddrExt;
@@ -555,15 +588,10 @@ mod tests {
         let rv = Rendezvous::join(env, crate::runtime::timeout_from_env()).expect("join");
         crate::loader::require().expect("libraries");
         let ctx = CudaContext::new(0).expect("context");
-        if let (Some(mark), 3) = (std::env::var_os(MARK), me) {
-            // The intruder test: the others' sockets wait for this rank
-            // while the foreign process connects to them.
-            let t = std::time::Instant::now();
-            while !std::path::Path::new(&mark).exists() && t.elapsed() < Duration::from_secs(20) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let data = SymmetricMem::exchange(&rv, "data", &ctx, 0, N).expect("data");
+        let data = match std::env::var_os(MARK) {
+            Some(mark) => exchange_once_attacked(&rv, &ctx, N, &mark),
+            None => SymmetricMem::exchange(&rv, "data", &ctx, 0, N).expect("data"),
+        };
         let flags = SymmetricMem::exchange(&rv, "flags", &ctx, 0, 4096).expect("flags");
         let (Some(peer_data), Some(peer_flag), Some(own_flag)) =
             (data.ptr(peer), flags.ptr(peer), flags.ptr(me))
