@@ -367,6 +367,30 @@ fn a_call_graph_is_captured_at_the_second_call_at_an_address_set_and_replayed_af
 }
 
 #[test]
+fn captures_stop_where_they_do_not_pay_back_and_resume_once_replays_catch_up() {
+    let mut g: CallGraphs<u64> = CallGraphs::new(1000);
+    // Operands that move every other call: each address set seen twice.
+    let mut captured = 0;
+    for set in 0..20u64 {
+        for _ in 0..2 {
+            if g.action(vec![set]) == Seen::Again {
+                g.insert(vec![set], set);
+                captured += 1;
+            }
+        }
+    }
+    assert_eq!(
+        captured, FREE_CAPTURES,
+        "captures beyond the free ones must pay back"
+    );
+    // Replays of the graphs made pay them back, and capturing resumes.
+    for _ in 0..FREE_CAPTURES * PAYBACK {
+        assert!(matches!(g.action(vec![0]), Seen::Replay(_)));
+    }
+    assert_eq!(g.action(vec![19]), Seen::Again);
+}
+
+#[test]
 fn the_graph_key_names_every_address_the_call_uses() {
     let b = Bound {
         ptrs: vec![
