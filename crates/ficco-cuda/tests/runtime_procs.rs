@@ -246,33 +246,16 @@ fn intruder_child() {
         return;
     };
     let addr = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut attacked: Vec<String> = vec![];
     let f = ficco_testkit::unlinked_file("from the intruder");
-    let mut held = vec![];
-    while attacked.len() < 3 && Instant::now() < deadline {
-        for name in ficco_testkit::abstract_sockets(&format!(".{INTRUDED}.")) {
-            if attacked.contains(&name) {
-                continue;
-            }
-            let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()) else {
-                continue;
-            };
-            use std::os::linux::net::SocketAddrExt;
-            if let Ok(c) = std::os::unix::net::UnixStream::connect_addr(&a) {
-                // Claim to be the next rank, a peer the listener awaits.
-                let r: u64 = name
-                    .rsplit('.')
-                    .next()
-                    .and_then(|r| r.parse().ok())
-                    .unwrap_or(0);
-                let _ = fdpass::send_fd(&c, (r + 1) % 4, f.as_fd());
-                held.push(c);
-                attacked.push(name);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (attacked, held) = ficco_testkit::attack_descriptor_sockets(
+        &format!(".{INTRUDED}."),
+        3,
+        4,
+        Duration::from_secs(15),
+        |c, tag| {
+            let _ = fdpass::send_fd(c, tag, f.as_fd());
+        },
+    );
     eprintln!("intruder reached {attacked:?}");
     let wrong = JobSecret::generate().expect("random");
     let refused = matches!(

@@ -203,6 +203,46 @@ pub fn abstract_sockets(part: &str) -> Vec<String> {
     names
 }
 
+/// What a foreign process does to ficco's descriptor sockets in the
+/// intruder tests: until `want` sockets whose names contain `part` are
+/// reached (or `within` passes), connects to each new one and, claiming to
+/// be the rank that socket's owner awaits next (of `world`), hands it
+/// something through `send(stream, tag)`. Returns the names reached and the
+/// connections, which the caller holds open while the ranks accept.
+pub fn attack_descriptor_sockets(
+    part: &str,
+    want: usize,
+    world: u64,
+    within: std::time::Duration,
+    send: impl Fn(&std::os::unix::net::UnixStream, u64),
+) -> (Vec<String>, Vec<std::os::unix::net::UnixStream>) {
+    use std::os::linux::net::SocketAddrExt;
+    let deadline = std::time::Instant::now() + within;
+    let (mut reached, mut held) = (Vec::<String>::new(), vec![]);
+    while reached.len() < want && std::time::Instant::now() < deadline {
+        for name in abstract_sockets(part) {
+            if reached.contains(&name) {
+                continue;
+            }
+            let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()) else {
+                continue;
+            };
+            if let Ok(c) = std::os::unix::net::UnixStream::connect_addr(&a) {
+                let owner: u64 = name
+                    .rsplit('.')
+                    .next()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0);
+                send(&c, (owner + 1) % world.max(1));
+                held.push(c);
+                reached.push(name);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    (reached, held)
+}
+
 #[cfg(test)]
 mod policy_tests {
     use super::*;

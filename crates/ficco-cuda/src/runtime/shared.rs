@@ -506,7 +506,6 @@ mod tests {
 
     /// The foreign process of [`four_processes_share_buffers_while_a_foreign_process_attacks`].
     fn intruder(port: &str) {
-        use std::os::linux::net::SocketAddrExt;
         crate::loader::require().expect("libraries");
         let ctx = CudaContext::new(0).expect("context");
         let own = SharedMem::create(&ctx, 0, RING_BYTES).expect("a foreign allocation");
@@ -514,31 +513,15 @@ mod tests {
         // SAFETY: the allocation holds RING_BYTES bytes on this context.
         unsafe { cu::memcpy_htod(own.ptr(), &pattern(200, RING_BYTES)) }.expect("fill");
         let fd = own.export_fd().expect("export");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let (mut attacked, mut held) = (Vec::<String>::new(), vec![]);
-        while attacked.len() < 3 && std::time::Instant::now() < deadline {
-            for name in ficco_testkit::abstract_sockets(".symm.data.") {
-                if attacked.contains(&name) {
-                    continue;
-                }
-                let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-                else {
-                    continue;
-                };
-                if let Ok(c) = std::os::unix::net::UnixStream::connect_addr(&a) {
-                    // Claim to be the rank the listener awaits next.
-                    let r: u64 = name
-                        .rsplit('.')
-                        .next()
-                        .and_then(|r| r.parse().ok())
-                        .unwrap_or(0);
-                    let _ = crate::runtime::fdpass::send_fd(&c, (r + 1) % 4, fd.as_fd());
-                    held.push(c);
-                    attacked.push(name);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let (attacked, held) = ficco_testkit::attack_descriptor_sockets(
+            ".symm.data.",
+            3,
+            4,
+            Duration::from_secs(20),
+            |c, tag| {
+                let _ = crate::runtime::fdpass::send_fd(c, tag, fd.as_fd());
+            },
+        );
         let wrong = crate::runtime::JobSecret::generate().expect("random");
         let refused = matches!(
             crate::runtime::StoreClient::connect(
