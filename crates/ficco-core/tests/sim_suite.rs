@@ -25,7 +25,10 @@ struct Suite {
 }
 
 fn scenarios() -> Vec<Scenario> {
-    let text = include_str!("../../../suites/llama3.toml");
+    parse(include_str!("../../../suites/llama3.toml"))
+}
+
+fn parse(text: &str) -> Vec<Scenario> {
     toml::from_str::<Suite>(text)
         .expect("suite parses")
         .scenario
@@ -78,5 +81,42 @@ fn whole_suite_simulates_fast() {
     );
     if !cfg!(debug_assertions) {
         assert!(secs < 5.0, "suite simulation took {secs:.2} s");
+    }
+}
+
+/// Issue 30's held-out validation set (`bench/validation_suite.py`): four
+/// families not in the llama3 suite, every site at 2 token counts and P = 4
+/// and 2; every scenario has schedules that fit and simulates.
+#[test]
+fn validation_suite_holds_other_families_and_every_scenario_simulates() {
+    let hw = HwProfile::builtin("h200-nvlink").unwrap();
+    let scenarios = parse(include_str!("../../../suites/validation.toml"));
+    assert_eq!(scenarios.len(), 4 * 5 * 2 * 2);
+    let opts = SpaceOptions {
+        controls: false,
+        sm_count: hw.sm_count,
+        nccl_sms: hw.nccl_sms,
+    };
+    for sc in &scenarios {
+        let p = &sc.problem;
+        assert!(
+            !sc.name.starts_with("llama3"),
+            "{}: the validation set holds other families",
+            sc.name
+        );
+        let fitting: Vec<_> = enumerate(p.op, opts)
+            .into_iter()
+            .filter(|s| s.misfit(p).is_none())
+            .collect();
+        assert!(
+            fitting.len() > 1,
+            "{}: no overlapped schedule fits",
+            sc.name
+        );
+        for s in fitting.iter().take(4) {
+            let plan = lower(p, s).unwrap_or_else(|e| panic!("{}: {e}", sc.name));
+            let tl = simulate(&plan, &hw).unwrap_or_else(|e| panic!("{}: {e}", sc.name));
+            assert!(tl.total_ms > 0.0);
+        }
     }
 }
