@@ -265,8 +265,11 @@ pub enum Seen<'a, V> {
 /// calls each site with the same addresses step after step (PyTorch's
 /// caching allocator hands the same blocks back), so its second call at an
 /// address set is captured and later ones replay; addresses seen once cost
-/// nothing but a key. At most `cap` address sets: past that every entry
-/// goes (the graphs are freed) and the counting starts again.
+/// nothing but a key. At most `cap` address sets are kept: once the table
+/// is full, calls at new addresses are issued directly and not recorded
+/// (clearing it would wait for the graphs in flight, a host synchronize in
+/// the steady state, and a model with more sites of a shape than `cap`
+/// would clear it every step).
 ///
 /// A capture costs far more than the direct issue it saves (it is issued,
 /// captured and instantiated): where a shape's operands keep moving (a
@@ -286,8 +289,9 @@ pub const FREE_CAPTURES: u64 = 4;
 /// Replays that each capture beyond [`FREE_CAPTURES`] must have paid back.
 pub const PAYBACK: u64 = 8;
 
-/// Address sets kept per call shape.
-pub const GRAPHS_PER_SHAPE: usize = 32;
+/// Address sets kept per call shape (Llama-3-405B has 126 sites of each
+/// layer shape).
+pub const GRAPHS_PER_SHAPE: usize = 128;
 
 impl<V> CallGraphs<V> {
     pub fn new(cap: usize) -> Self {
@@ -299,23 +303,31 @@ impl<V> CallGraphs<V> {
         }
     }
 
-    /// What to do for a call with operands at `key`. Call
-    /// [`CallGraphs::clear`] first when [`CallGraphs::full`] says so.
+    /// What to do for a call with operands at `key`.
     pub fn action(&mut self, key: Vec<u64>) -> Seen<'_, V> {
         let paid = self.captured < FREE_CAPTURES || self.replayed >= self.captured * PAYBACK;
-        match self.seen.entry(key) {
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(None);
-                Seen::First
-            }
-            std::collections::hash_map::Entry::Occupied(e) => match e.into_mut() {
-                Some(g) => {
-                    self.replayed += 1;
-                    Seen::Replay(g)
+        if !self.seen.contains_key(&key) {
+            if self.seen.len() >= self.cap {
+                // Full: forget an address set seen once (no graph to free);
+                // with graphs only, the new one is not recorded.
+                let once = self.seen.iter().find(|(_, g)| g.is_none());
+                match once.map(|(k, _)| k.clone()) {
+                    Some(k) => {
+                        self.seen.remove(&k);
+                    }
+                    None => return Seen::First,
                 }
-                None if paid => Seen::Again,
-                None => Seen::First,
-            },
+            }
+            self.seen.insert(key, None);
+            return Seen::First;
+        }
+        match self.seen.get_mut(&key) {
+            Some(Some(g)) => {
+                self.replayed += 1;
+                Seen::Replay(g)
+            }
+            Some(None) if paid => Seen::Again,
+            _ => Seen::First,
         }
     }
 
@@ -323,16 +335,6 @@ impl<V> CallGraphs<V> {
     pub fn insert(&mut self, key: Vec<u64>, graph: V) {
         self.captured += 1;
         self.seen.insert(key, Some(graph));
-    }
-
-    /// Whether a call at a new address set must first clear the entries
-    /// (once the graphs of earlier calls finished: they may be in flight).
-    pub fn full(&self, key: &[u64]) -> bool {
-        self.seen.len() >= self.cap && !self.seen.contains_key(key)
-    }
-
-    pub fn clear(&mut self) {
-        self.seen.clear();
     }
 }
 

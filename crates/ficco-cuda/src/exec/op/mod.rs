@@ -275,15 +275,7 @@ impl OpRunner {
         let action = if capturing || !self.graphs || !st.graphable.get() {
             GraphAction::Issue
         } else {
-            let at = bound.where_key();
-            if st.graphs.full(&at) {
-                // Graphs of earlier calls may still run: free them only
-                // once this rank's calls finished (once per GRAPHS_PER_SHAPE
-                // new address sets).
-                done.synchronize().map_err(drv("cuEventSynchronize"))?;
-                st.graphs.clear();
-            }
-            match st.graphs.action(at) {
+            match st.graphs.action(bound.where_key()) {
                 Seen::First => GraphAction::Issue,
                 Seen::Again => GraphAction::Capture,
                 Seen::Replay(g) => GraphAction::Launch(g.0.cu_graph_exec()),

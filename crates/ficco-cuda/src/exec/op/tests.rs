@@ -355,15 +355,21 @@ fn a_call_graph_is_captured_at_the_second_call_at_an_address_set_and_replayed_af
     g.insert(x.clone(), "graph x");
     assert_eq!(g.action(x.clone()), Seen::Replay(&"graph x"));
     // Another address set is counted on its own.
-    assert!(!g.full(&y));
     assert_eq!(g.action(y.clone()), Seen::First);
     assert_eq!(g.action(x.clone()), Seen::Replay(&"graph x"));
-    // Full: a third set must clear first (after the graphs in flight
-    // finished); known sets need not.
-    assert!(g.full(&z) && !g.full(&x));
-    g.clear();
-    assert_eq!(g.action(z), Seen::First);
-    assert_eq!(g.action(x), Seen::First);
+    // Full (x's graph, y seen once): a third set takes y's place, never
+    // a graph's (nothing waits for graphs in flight, nothing is freed).
+    assert_eq!(g.action(z.clone()), Seen::First);
+    assert_eq!(g.action(z.clone()), Seen::Again);
+    g.insert(z.clone(), "graph z");
+    assert_eq!(g.action(y.clone()), Seen::First);
+    assert_eq!(
+        g.action(y),
+        Seen::First,
+        "full of graphs: y is not recorded"
+    );
+    assert_eq!(g.action(x), Seen::Replay(&"graph x"));
+    assert_eq!(g.action(z), Seen::Replay(&"graph z"));
 }
 
 #[test]
