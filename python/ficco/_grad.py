@@ -163,16 +163,19 @@ def _input_grad(
     """`op` of `x` and `w`ᵀ on ficco (`w` read transposed in place: the
     forward's weight ``[k, n]`` is the op's B stored ``[n, k]``), with the
     gathered `x` where `gather` (ag-gemm); or None where PyTorch's backward
-    should run it: `auto` decided ``seq`` (the gain does not cover the
-    call's cost), or the schedule cannot read a transposed B. Loopback jobs
+    should run it: :func:`input_grads_on_ficco` is off, `auto` decided
+    ``seq`` (the gain does not cover the call's cost), or the schedule
+    cannot read a transposed B. Loopback jobs
     always run ficco (gloo has no device collectives)."""
+    if not input_grads_on_ficco():
+        return None
     fn = f"ficco.torch.{ft._OPS[op]} (backward)"
     sess = ft._session(fn, group)
     size = dist.get_world_size(group)
     m = x.shape[0] * size if op == "ag-gemm" else x.shape[0]
     k, n = w.shape[1], w.shape[0]
     key = (op, m, k, n, group)
-    if key in _refused or not input_grads_on_ficco():
+    if key in _refused:
         return None
     name = None  # auto: loopback picks among the schedules it can run
     if not sess.loopback:

@@ -180,7 +180,24 @@ impl SymmetricMem {
             ))
             .into());
         }
-        let own = SharedMem::create(ctx, ordinal, bytes)?;
+        Self::share(
+            rv,
+            name,
+            ctx,
+            ordinal,
+            SharedMem::create(ctx, ordinal, bytes)?,
+        )
+    }
+
+    /// The descriptor exchange and the mappings of [`Self::exchange`], once
+    /// every rank agreed on the size and made its buffer `own`.
+    fn share(
+        rv: &Rendezvous,
+        name: &str,
+        ctx: &Arc<CudaContext>,
+        ordinal: usize,
+        own: SharedMem,
+    ) -> Result<Self> {
         let fd = own.export_fd()?;
         let fds = super::fdpass::exchange(rv, &format!("symm.{name}"), fd.as_fd())?;
         let mut peers = Vec::with_capacity(fds.len());
@@ -471,10 +488,10 @@ mod tests {
         );
     }
 
-    /// [`SymmetricMem::exchange`]'s descriptor exchange and imports, with
-    /// rank 3 joining it only once the foreign process attacked (the size
-    /// agreement before it, a collective, would hold the others back before
-    /// their sockets exist): the others' sockets wait for rank 3 meanwhile.
+    /// [`SymmetricMem::exchange`] without its size agreement (a collective,
+    /// which would hold the others back before their sockets exist), rank 3
+    /// joining the descriptor exchange only once the foreign process
+    /// attacked: the others' sockets wait for rank 3 meanwhile.
     fn exchange_once_attacked(
         rv: &Rendezvous,
         ctx: &Arc<CudaContext>,
@@ -482,26 +499,13 @@ mod tests {
         mark: &std::ffi::OsStr,
     ) -> SymmetricMem {
         let own = SharedMem::create(ctx, 0, bytes).expect("create");
-        let fd = own.export_fd().expect("export");
         if rv.env.rank == 3 {
             let t = std::time::Instant::now();
             while !std::path::Path::new(mark).exists() && t.elapsed() < Duration::from_secs(20) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let fds = super::super::fdpass::exchange(rv, "symm.data", fd.as_fd()).expect("fd exchange");
-        let peers = fds
-            .into_iter()
-            .map(|fd| {
-                fd.map(|fd| SharedMem::import(ctx, 0, fd.as_fd(), own.bytes()).expect("import"))
-            })
-            .collect();
-        rv.barrier("symm/data/mapped").expect("barrier");
-        SymmetricMem {
-            own,
-            peers,
-            rank: rv.env.rank,
-        }
+        SymmetricMem::share(rv, "data", ctx, 0, own).expect("share")
     }
 
     /// The foreign process of [`four_processes_share_buffers_while_a_foreign_process_attacks`].
