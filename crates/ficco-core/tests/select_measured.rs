@@ -137,3 +137,87 @@ fn concurrent_picks_are_never_measured_slower_than_seq() {
         }
     }
 }
+
+#[derive(Deserialize)]
+struct Sweeps {
+    sweeps: Vec<Sweep>,
+}
+
+/// One anchor sweep: every schedule measured, and PyTorch's sequential and
+/// ideal times from the same device call.
+#[derive(Deserialize)]
+struct Sweep {
+    label: String,
+    scenarios: Vec<SweepRow>,
+}
+
+#[derive(Deserialize)]
+struct SweepRow {
+    #[serde(flatten)]
+    row: Row,
+    torch_seq_ms: f64,
+    torch_ideal_ms: f64,
+}
+
+/// `data/sweeps-h200x4-ffd6dd6.json` (`bench/sweep_fixture.py`): the llama3
+/// suite and the held-out validation set (`suites/validation.toml`), each at
+/// P = 4 and P = 2, every schedule measured beside PyTorch on 4 H200s
+/// (`bench/data/2026-11-26-h200x4-rules`). The rules of issue 30's second
+/// round (no `fine2` on P > 2, at most 4 fused chunks, gemm-rs fused up to
+/// T_comp/T_comm = 5) were derived from the llama3 half; the validation half
+/// was chosen before it was measured and played no part in them.
+///
+/// Asserted: the aggregated E of the rule pick (against PyTorch's reference,
+/// as `score_tune.py` computes it) on each sweep, and that every pick
+/// measured slower than `seq` is a compute-bound ag-gemm (T_comp/T_comm ≥ 5
+/// in the cost model: at most T_comm/T_comp of the time to win, within the
+/// power-capped GEMM's own spread) and at most 11% slower. That is the
+/// known miss of the "never slower than seq" target.
+#[test]
+fn rule_picks_on_the_h200_sweeps() {
+    let f: Sweeps = serde_json::from_str(include_str!("data/sweeps-h200x4-ffd6dd6.json")).unwrap();
+    let hw = HwProfile::builtin("h200-nvlink").unwrap();
+    let floor = BTreeMap::from([
+        ("llama3-p4", 0.90),
+        ("llama3-p2", 0.81),
+        ("validation-p4", 0.79),
+        ("validation-p2", 0.89),
+    ]);
+    assert_eq!(f.sweeps.len(), floor.len());
+    for sweep in &f.sweeps {
+        let rows: Vec<Row> = sweep
+            .scenarios
+            .iter()
+            .map(|s| Row {
+                scenario: s.row.scenario.clone(),
+                op: s.row.op.clone(),
+                m: s.row.m,
+                k: s.row.k,
+                n: s.row.n,
+                gpus: s.row.gpus,
+                times_ms: s.row.times_ms.clone(),
+            })
+            .collect();
+        let picks = pick_over_seq(&rows, &hw);
+        let (mut seq, mut ideal, mut pick) = (0.0, 0.0, 0.0);
+        for (s, (_, _, name, ratio)) in sweep.scenarios.iter().zip(&picks) {
+            seq += s.torch_seq_ms;
+            ideal += s.torch_ideal_ms;
+            pick += s.row.times_ms[name];
+            if *ratio > 1.0 {
+                let op: Op = s.row.op.parse().unwrap();
+                let p = Problem::new(op, s.row.m, s.row.k, s.row.n, s.row.gpus).unwrap();
+                let x = select::rule_inputs(&p, &hw);
+                assert!(
+                    op == Op::AgGemm && x.ratio >= 5.0 && *ratio <= 1.11,
+                    "{}: {name} is {ratio:.3}x seq (T_comp/T_comm {:.2})",
+                    s.row.scenario,
+                    x.ratio
+                );
+            }
+        }
+        let e = (seq - pick) / (seq - ideal);
+        let want = floor[sweep.label.as_str()];
+        assert!(e >= want, "{}: aggregated E {e:.3} < {want}", sweep.label);
+    }
+}

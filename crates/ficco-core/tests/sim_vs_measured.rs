@@ -93,16 +93,22 @@ fn rule_selector_on_the_fused_reduce_design_space() {
     let all = ev.score("all", Selector::Rules).unwrap();
     let held = ev.score("holdout", Selector::Rules).unwrap();
     let fit = ev.score("rest", Selector::Rules).unwrap();
-    // 52/60, 27/30 held out, 25/30 where the P = 2 rules were derived. (The
-    // P = 4 rules now come from the 4-H100 soak, `select_measured.rs`: they
-    // gave up 3 picks within 5% of run 4's best (`all` for llama3-8b's QKV,
-    // `shard-copy-ring` for its small attention output) for never losing to
-    // seq on today's executor; here no pick is above 1.05x seq either.)
-    assert!(all.accuracy >= 52.0 / 60.0 - 1e-9, "{all:?}");
-    assert!(held.accuracy >= 0.9 - 1e-9, "{held:?}");
-    assert!(fit.accuracy >= 25.0 / 30.0 - 1e-9, "{fit:?}");
-    assert!(all.worst_slowdown <= 1.10, "{all:?}");
-    assert!(all.mean_slowdown <= 1.017, "{all:?}");
+    // 47/60, 24/30 held out, 23/30 where the first P = 2 rules were
+    // derived. The rules now come from measurements of today's executor
+    // (`select_measured.rs`): the 4-H100 soak for P = 4, and issue 30's
+    // 4-H200 sweeps for rule 3's chunking and rule 5's P = 2 limit. Run 4
+    // predates the executor's hang fixes and ficco's own GEMM's later
+    // sessions, and there half-shard fused chunks on two streams
+    // (`fine2-copy-ring-2s-acc`) lost to `shard-copy-ring` at every llama3
+    // gemm-rs (up to 1.24x at llama3-70b's attention output, 8192 tokens),
+    // where today they run 0.94-1.00x of it. Before the P = 4 soak rules this was
+    // 55/60; each later change gave up picks here that today's data asked
+    // for.
+    assert!(all.accuracy >= 47.0 / 60.0 - 1e-9, "{all:?}");
+    assert!(held.accuracy >= 0.8 - 1e-9, "{held:?}");
+    assert!(fit.accuracy >= 23.0 / 30.0 - 1e-9, "{fit:?}");
+    assert!(all.worst_slowdown <= 1.24, "{all:?}");
+    assert!(all.mean_slowdown <= 1.033, "{all:?}");
     assert_eq!(all.unmeasured, 0);
     // The rules pick fused-reduce schedules where they win.
     let fused = ev
@@ -119,9 +125,11 @@ fn rule_selector_on_the_base_design_space_and_another_machine() {
     // Run 3 has no -acc rows: the fused rule is off there.
     let ev = run3();
     println!("{}", ev.table());
-    assert!(acc(ev, "all", Selector::Rules) >= 55.0 / 60.0 - 1e-9);
+    // 54/60 (55/60 before `fine2` left P > 2: run 3 predates today's
+    // executor, see the run 4 test).
+    assert!(acc(ev, "all", Selector::Rules) >= 54.0 / 60.0 - 1e-9);
     assert!(acc(ev, "holdout", Selector::Rules) >= 28.0 / 30.0 - 1e-9);
-    assert!(acc(ev, "rest", Selector::Rules) >= 27.0 / 30.0 - 1e-9);
+    assert!(acc(ev, "rest", Selector::Rules) >= 26.0 / 30.0 - 1e-9);
     assert_eq!(ev.score("all", Selector::Rules).unwrap().unmeasured, 0);
     let ev = x2();
     println!("{}", ev.table());

@@ -162,11 +162,19 @@ mod tests {
             rule_pick(Op::GemmRs, 2048, 1024, 4096, 2),
             "fine2-copy-ring-acc"
         );
-        // Rule 5: comm-bound gemm-rs with a half-shard chunk of 3.9 waves.
+        // Rule 5: a comm-bound gemm-rs with a half-shard chunk of 3.9 waves
+        // is halved on 2 GPUs (when not fused: rule 3), never on 4.
         assert_eq!(
             rule_pick(Op::GemmRs, 16384, 1024, 4096, 4),
-            "fine2-copy-ring"
+            "shard-copy-ring"
         );
+        let p = Problem::new(Op::GemmRs, 16384, 1024, 4096, 2).unwrap();
+        let unfused: Vec<Schedule> = candidates(&p)
+            .into_iter()
+            .filter(|s| !s.fused_reduce)
+            .collect();
+        let s = select_rules_among(&p, &hw(), &unfused).unwrap();
+        assert_eq!(s.schedule.name(), "fine2-copy-ring");
         // Rule 8: gemm-ar on 4 GPUs is one tile GEMM, broadcast to all peers
         // (when the rules may pick `tile`, see RULES_PICK_TILE); else rule 5.
         if RULES_PICK_TILE {
@@ -174,7 +182,7 @@ mod tests {
         } else {
             assert_eq!(
                 rule_pick(Op::GemmAr, 16384, 1024, 4096, 4),
-                "fine2-copy-ring"
+                "shard-copy-ring"
             );
         }
         // Rules 6 and 7: comm-bound ag-gemm, shard GEMM under one wave:
@@ -192,18 +200,24 @@ mod tests {
             rule_pick(Op::GemmRs, 8192, 2048, 4096, 2),
             "fine4-copy-ring-2s-acc"
         );
-        // ... gemm-ar always, as fine as one full wave allows (8 x 3.9 waves).
+        // ... gemm-ar always, as fine as one full wave allows, at most 4
+        // chunks (8 would keep 3.9 waves, but lost to 4 where measured).
         assert_eq!(
             rule_pick(Op::GemmAr, 16384, 4096, 8192, 2),
-            "fine8-copy-ring-2s-acc"
+            "fine4-copy-ring-2s-acc"
         );
         assert_eq!(
             rule_pick(Op::GemmAr, 2048, 1024, 4096, 2),
             "fine2-copy-ring-acc"
         );
-        // ... but not gemm-rs once the own block's GEMM hides the push.
+        // ... gemm-rs from T_comp/T_comm = 2 in half-shard chunks on two
+        // streams, and from 5 not at all.
         assert_eq!(
             rule_pick(Op::GemmRs, 8192, 4096, 8192, 2),
+            "fine2-copy-ring-2s-acc"
+        );
+        assert_eq!(
+            rule_pick(Op::GemmRs, 8192, 14336, 8192, 2),
             "shard-copy-ring"
         );
         // Rule 4: the local GEMM hides the whole all-gather on 4 GPUs.
