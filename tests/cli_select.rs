@@ -178,11 +178,12 @@ fn evaluate_run(run: &str) -> serde_json::Value {
 /// Run 7's figures for the current rules (`bench/RESULTS.md`: 57/60 before
 /// the P = 4 changes of 2026-11-26, which traded three picks within 5% of
 /// this older run's best, from before copies pushed, for never losing to
-/// seq on today's executor).
+/// seq on today's executor; 54/60 before issue 30's second round, whose
+/// `shard` for `fine2` on P > 2 gave up one more here).
 #[test]
 fn offline_evaluate_reproduces_run_7() {
     let v = evaluate_run("run7");
-    assert!((accuracy(&v, "all", "rules") - 54.0 / 60.0).abs() < 1e-9);
+    assert!((accuracy(&v, "all", "rules") - 53.0 / 60.0).abs() < 1e-9);
     assert!((accuracy(&v, "holdout", "rules") - 28.0 / 30.0).abs() < 1e-9);
     let mape = v["subsets"][0]["sim"]["mape"].as_f64().unwrap();
     assert!(mape < 0.10, "{mape}");
@@ -192,9 +193,9 @@ fn offline_evaluate_reproduces_run_7() {
 fn offline_evaluate_reproduces_the_reported_numbers() {
     let v = evaluate_run("run3");
     let score = |subset: &str, sel: &str| accuracy(&v, subset, sel);
-    assert!((score("all", "rules") - 55.0 / 60.0).abs() < 1e-9);
+    assert!((score("all", "rules") - 54.0 / 60.0).abs() < 1e-9);
     assert!((score("holdout", "rules") - 28.0 / 30.0).abs() < 1e-9);
-    assert!((score("rest", "rules") - 27.0 / 30.0).abs() < 1e-9);
+    assert!((score("rest", "rules") - 26.0 / 30.0).abs() < 1e-9);
     assert!((score("all", "model") - 0.8).abs() < 1e-9);
     let mape = v["subsets"][0]["sim"]["mape"].as_f64().unwrap();
     assert!(mape < 0.10, "{mape}");

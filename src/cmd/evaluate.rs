@@ -133,6 +133,16 @@ fn measure_suite(
     for sc in &suite.scenarios {
         hw.check_fits(&sc.problem)?;
     }
+    // Before minutes of measuring, not after.
+    if let Some(h) = &args.holdout {
+        if !suite
+            .scenarios
+            .iter()
+            .any(|s| s.name.starts_with(h.as_str()))
+        {
+            bail!(holdout_matches_nothing(h));
+        }
+    }
     let max_gpus = suite
         .scenarios
         .iter()
@@ -163,6 +173,10 @@ fn measure_suite(
         reports.push(ex.report);
     }
     Ok(reports)
+}
+
+fn holdout_matches_nothing(h: &str) -> String {
+    format!("--holdout '{h}' matches no scenario: give a prefix of a scenario name (e.g. llama3-70b), or leave it out")
 }
 
 pub fn run(args: EvaluateArgs) -> Result<()> {
@@ -204,7 +218,7 @@ pub fn run(args: EvaluateArgs) -> Result<()> {
             .iter()
             .any(|s| s.scenario.starts_with(h.as_str()))
         {
-            bail!("--holdout '{h}' matches no scenario");
+            bail!(holdout_matches_nothing(h));
         }
     }
     let text = serde_json::to_string_pretty(&ev)? + "\n";

@@ -163,9 +163,12 @@ struct SweepRow {
 /// suite and the held-out validation set (`suites/validation.toml`), each at
 /// P = 4 and P = 2, every schedule measured beside PyTorch on 4 H200s
 /// (`bench/data/2026-11-26-h200x4-rules`). The rules of issue 30's second
-/// round (no `fine2` on P > 2, at most 4 fused chunks, gemm-rs fused up to
-/// T_comp/T_comm = 5) were derived from the llama3 half; the validation half
-/// was chosen before it was measured and played no part in them.
+/// round (no `fine2` on P > 2, at most 4 fused chunks) were derived from the
+/// llama3 half; the validation half was chosen before it was measured and
+/// played no part in them. (A third change, fusing gemm-rs on 2 GPUs up to
+/// T_comp/T_comm = 5, raised E on llama3 at P = 2 from 0.79 to 0.82 but not
+/// on the validation set, and lost at every llama3 gemm-rs of the older
+/// run 4: dropped.)
 ///
 /// Asserted: the aggregated E of the rule pick (against PyTorch's reference,
 /// as `score_tune.py` computes it) on each sweep, and that every pick
@@ -179,7 +182,7 @@ fn rule_picks_on_the_h200_sweeps() {
     let hw = HwProfile::builtin("h200-nvlink").unwrap();
     let floor = BTreeMap::from([
         ("llama3-p4", 0.90),
-        ("llama3-p2", 0.81),
+        ("llama3-p2", 0.78),
         ("validation-p4", 0.79),
         ("validation-p2", 0.89),
     ]);

@@ -93,22 +93,18 @@ fn rule_selector_on_the_fused_reduce_design_space() {
     let all = ev.score("all", Selector::Rules).unwrap();
     let held = ev.score("holdout", Selector::Rules).unwrap();
     let fit = ev.score("rest", Selector::Rules).unwrap();
-    // 47/60, 24/30 held out, 23/30 where the first P = 2 rules were
+    // 50/60, 26/30 held out, 24/30 where the first P = 2 rules were
     // derived. The rules now come from measurements of today's executor
-    // (`select_measured.rs`): the 4-H100 soak for P = 4, and issue 30's
-    // 4-H200 sweeps for rule 3's chunking and rule 5's P = 2 limit. Run 4
-    // predates the executor's hang fixes and ficco's own GEMM's later
-    // sessions, and there half-shard fused chunks on two streams
-    // (`fine2-copy-ring-2s-acc`) lost to `shard-copy-ring` at every llama3
-    // gemm-rs (up to 1.24x at llama3-70b's attention output, 8192 tokens),
-    // where today they run 0.94-1.00x of it. Before the P = 4 soak rules this was
-    // 55/60; each later change gave up picks here that today's data asked
-    // for.
-    assert!(all.accuracy >= 47.0 / 60.0 - 1e-9, "{all:?}");
-    assert!(held.accuracy >= 0.8 - 1e-9, "{held:?}");
-    assert!(fit.accuracy >= 23.0 / 30.0 - 1e-9, "{fit:?}");
-    assert!(all.worst_slowdown <= 1.24, "{all:?}");
-    assert!(all.mean_slowdown <= 1.033, "{all:?}");
+    // (`select_measured.rs`): the 4-H100 soak, then issue 30's 4-H200
+    // sweeps (no `fine2` on P > 2, at most 4 fused chunks). Run 4 predates
+    // the executor's hang fixes (copies pulled then) and ficco's own GEMM's
+    // later sessions; each of those changes gave up one or two picks here
+    // (55/60 before them).
+    assert!(all.accuracy >= 50.0 / 60.0 - 1e-9, "{all:?}");
+    assert!(held.accuracy >= 26.0 / 30.0 - 1e-9, "{held:?}");
+    assert!(fit.accuracy >= 24.0 / 30.0 - 1e-9, "{fit:?}");
+    assert!(all.worst_slowdown <= 1.10, "{all:?}");
+    assert!(all.mean_slowdown <= 1.021, "{all:?}");
     assert_eq!(all.unmeasured, 0);
     // The rules pick fused-reduce schedules where they win.
     let fused = ev

@@ -210,14 +210,9 @@ mod tests {
             rule_pick(Op::GemmAr, 2048, 1024, 4096, 2),
             "fine2-copy-ring-acc"
         );
-        // ... gemm-rs from T_comp/T_comm = 2 in half-shard chunks on two
-        // streams, and from 5 not at all.
+        // ... but not gemm-rs once the own block's GEMM hides the push.
         assert_eq!(
             rule_pick(Op::GemmRs, 8192, 4096, 8192, 2),
-            "fine2-copy-ring-2s-acc"
-        );
-        assert_eq!(
-            rule_pick(Op::GemmRs, 8192, 14336, 8192, 2),
             "shard-copy-ring"
         );
         // Rule 4: the local GEMM hides the whole all-gather on 4 GPUs.

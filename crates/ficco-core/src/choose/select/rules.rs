@@ -35,18 +35,12 @@ pub const RULES_PICK_TILE: bool = false;
 /// and 0.090 ms for gemm-ar (6 rounds) at P = 4.
 pub const REDUCE_ROUNDS_MARGIN: f64 = 2.5;
 
-/// Rule 3: a gemm-rs on 2 GPUs fuses its reduce while T_comp/T_comm is
-/// below this. Measured on 4 H200s (`ffd6dd6`, the llama3 suite at P = 2,
-/// `bench/data/2026-11-26-h200x4-rules/05-llama3-p2`): at ratios 2.3-3.95
-/// the best fused schedule ran 0.93-0.98x `shard-copy-ring` in all five
-/// scenarios (the pick, `fine2-copy-ring-2s-acc`, 0.94-1.00x); at 6.3-8.0
-/// the best gained nothing (0.98-1.02x).
-pub const FUSE_RS_MAX_RATIO: f64 = 5.0;
-
-/// Rule 3: at most this many fused chunks per shard. In the same data,
-/// `fine4` ran faster than `fine8` in all four scenarios where rule 3 had
-/// picked `fine8` (gemm-ar and gemm-rs, by 0.2-3.3% of seq): eight chunks pay
-/// eight transfers' and GEMM tails' fixed costs for a last transfer that is
+/// Rule 3: at most this many fused chunks per shard. Measured on 4 H200s
+/// (`ffd6dd6`, the llama3 suite at P = 2,
+/// `bench/data/2026-11-26-h200x4-rules/05-llama3-p2`): `fine4` ran faster
+/// than `fine8` in all four scenarios where rule 3 had picked `fine8`
+/// (gemm-ar and gemm-rs, by 0.2-3.3% of seq): eight chunks pay eight
+/// transfers' and GEMM tails' fixed costs for a last transfer that is
 /// already short at four.
 pub const FUSE_MAX_CHUNKS: usize = 4;
 
@@ -152,10 +146,10 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    last GEMM and nothing is read back from a receive buffer; chunk j of
 ///    the own block only waits for the peer's chunk j. This is for gemm-ar
 ///    always (its broadcast phase needs chunks anyway, rule 5), and for
-///    gemm-rs while T_comp < [`FUSE_RS_MAX_RATIO`]·T_comm. Below 2·T_comm
-///    the own block's GEMM (half the work) cannot hide the push of the
-///    peer's half, and C is the finest of 2 and 4 whose chunk GEMM still
-///    fills every SM
+///    gemm-rs while T_comp < 2·T_comm: the own block's GEMM (half the work)
+///    cannot hide the push of the peer's half. Once it can, `shard` already
+///    hides everything but a short reduce, and fusing buys less than chunking
+///    costs. C is the finest of 2 and 4 whose chunk GEMM still fills every SM
 ///    (waves(C) ≥ 1): finer chunks shrink the exposed last transfer until the
 ///    chunk GEMMs leave SMs idle; when even a half-shard chunk is less than
 ///    one tile row (M/P/2 < 128 rows, a few hundred tokens), one step per
@@ -163,11 +157,7 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    whole 128-row tiles of which it keeps a fraction (the simulator put
 ///    `fine2` 1.2-1.6x above `seq` for llama3-70b's gemm-ar at 128-256
 ///    tokens). At most [`FUSE_MAX_CHUNKS`] chunks (measured: eight lose to
-///    four). From 2·T_comm a gemm-rs fuses in half-shard chunks on two
-///    compute streams: its transfers are
-///    short beside the GEMMs, so finer chunks only add fixed costs, while
-///    the fused reduce still removes the trailing reduce kernel (measured
-///    0.94-1.00x `shard-copy-ring` at ratios 2.3-4). Not on P > 2: the P−1
+///    four). Not on P > 2: the P−1
 ///    peer partials still need a reduce before the own GEMM can add them, so
 ///    the reduce stays on the critical path and the own GEMM now waits for it.
 /// 4. **`bulk` when the local GEMM hides the whole collective.** For ag-gemm
@@ -235,25 +225,14 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
     let fits = |c: usize| p.m % (gpus * c) == 0;
     let comm_bound = x.ratio < 1.0;
     // Rule 3.
-    let fuse =
-        x.fused_reduce && gpus == 2 && (ar || (rs && x.ratio < FUSE_RS_MAX_RATIO)) && fits(2);
+    let fuse = x.fused_reduce && gpus == 2 && (ar || (rs && x.ratio < 2.0)) && fits(2);
     if fuse {
-        let halves = if x.chunk_rows >= RULE_TILE { 2 } else { 1 };
-        let compute_heavy = rs && x.ratio >= 2.0;
-        let chunks = if compute_heavy {
-            halves
-        } else {
-            [FUSE_MAX_CHUNKS]
-                .into_iter()
-                .filter(|&c| fits(c) && x.waves(c) >= 1.0)
-                .max()
-                .unwrap_or(halves)
-        };
-        let streams = if chunks >= 4 || (compute_heavy && chunks == 2) {
-            2
-        } else {
-            1
-        };
+        let chunks = [FUSE_MAX_CHUNKS]
+            .into_iter()
+            .filter(|&c| fits(c) && x.waves(c) >= 1.0)
+            .max()
+            .unwrap_or(if x.chunk_rows >= RULE_TILE { 2 } else { 1 });
+        let streams = if chunks >= 4 { 2 } else { 1 };
         let gran = if chunks == 1 {
             Granularity::Shard
         } else {
@@ -267,14 +246,10 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
             if ar {
                 "gemm-ar".to_string()
             } else {
-                format!(
-                    "gemm-rs with T_comp/T_comm = {:.2} < {FUSE_RS_MAX_RATIO}{}",
-                    x.ratio,
-                    if compute_heavy { " (>= 2: half-shard chunks)" } else { "" }
-                )
+                format!("gemm-rs with T_comp/T_comm = {:.2} < 2", x.ratio)
             },
             x.waves(chunks),
-            if streams == 2 { "; 2 compute streams" } else { "" }
+            if chunks >= 4 { "; 2 compute streams" } else { "" }
         );
         return (s, why);
     }
