@@ -227,11 +227,13 @@ pub fn rules(p: &Problem, x: &RuleInputs) -> (Schedule, String) {
     // Rule 3.
     let fuse = x.fused_reduce && gpus == 2 && (ar || (rs && x.ratio < 2.0)) && fits(2);
     if fuse {
-        let chunks = [FUSE_MAX_CHUNKS]
-            .into_iter()
-            .filter(|&c| fits(c) && x.waves(c) >= 1.0)
-            .max()
-            .unwrap_or(if x.chunk_rows >= RULE_TILE { 2 } else { 1 });
+        let chunks = if fits(FUSE_MAX_CHUNKS) && x.waves(FUSE_MAX_CHUNKS) >= 1.0 {
+            FUSE_MAX_CHUNKS
+        } else if x.chunk_rows >= RULE_TILE {
+            2
+        } else {
+            1
+        };
         let streams = if chunks >= 4 { 2 } else { 1 };
         let gran = if chunks == 1 {
             Granularity::Shard
