@@ -32,7 +32,7 @@ struct Fixture {
     scenarios: Vec<Row>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct Row {
     scenario: String,
     op: String,
@@ -188,19 +188,7 @@ fn rule_picks_on_the_h200_sweeps() {
     ]);
     assert_eq!(f.sweeps.len(), floor.len());
     for sweep in &f.sweeps {
-        let rows: Vec<Row> = sweep
-            .scenarios
-            .iter()
-            .map(|s| Row {
-                scenario: s.row.scenario.clone(),
-                op: s.row.op.clone(),
-                m: s.row.m,
-                k: s.row.k,
-                n: s.row.n,
-                gpus: s.row.gpus,
-                times_ms: s.row.times_ms.clone(),
-            })
-            .collect();
+        let rows: Vec<Row> = sweep.scenarios.iter().map(|s| s.row.clone()).collect();
         let picks = pick_over_seq(&rows, &hw);
         let (mut seq, mut ideal, mut pick) = (0.0, 0.0, 0.0);
         for (s, (_, _, name, ratio)) in sweep.scenarios.iter().zip(&picks) {
