@@ -49,6 +49,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,9 @@ def parse_args():
     p.add_argument("--profile", metavar="DIR",
                    help="after the timed steps, profile one more step of each way: rank 0 prints its "
                         "GPU kernels by time and writes a Chrome/Perfetto trace to DIR")
+    p.add_argument("--host-breakdown", action="store_true",
+                   help="rank 0 prints, per timed step of each ficco way, the host time of ficco's "
+                        "Python pieces (forward and backward) and of its native call's phases")
     return p.parse_args()
 
 
@@ -217,15 +221,22 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     elif mode == "graphs":
         fwd = torch.cuda.make_graphed_callables(model, (x,))
 
-    losses, first_grads, times = [], None, {"step": [], "forward": [], "backward": []}
+    losses, first_grads = [], None
+    times = {"step": [], "forward": [], "backward": [], "host_forward": [], "host_backward": []}
+    pieces = HostPieces() if args.host_breakdown and ficco else None
     for step in range(args.steps):
+        if pieces is not None and step == args.warmup:
+            pieces.start()
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         opt.zero_grad(set_to_none=False)
         ev[0].record()
+        t0 = time.perf_counter()
         out = fwd(x)
         loss = F.mse_loss(out.float(), target)
+        t1 = time.perf_counter()
         ev[1].record()
         loss.backward()
+        t2 = time.perf_counter()
         ev[2].record()
         if step == 0:
             first_grads = [p.grad.detach().clone() for p in model.parameters()]
@@ -237,6 +248,12 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
             times["step"].append(ev[0].elapsed_time(ev[3]))
             times["forward"].append(ev[0].elapsed_time(ev[1]))
             times["backward"].append(ev[1].elapsed_time(ev[2]))
+            # Host time to issue each (autograd's thread issues the backward;
+            # loss.backward() returns once it issued everything).
+            times["host_forward"].append((t1 - t0) * 1e3)
+            times["host_backward"].append((t2 - t1) * 1e3)
+    if pieces is not None:
+        pieces.report(f"{mode} {way}", args.steps - args.warmup, dist.get_rank(group) == 0)
     if args.profile:
         profile_step(way, mode, args.profile, lambda: train_step(fwd, opt, x, target))
     # The job's loss: the mean over ranks of each rank's (its tokens).
@@ -256,6 +273,54 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
         inductor._micro_pipeline_tp = False
     torch._dynamo.reset()
     return per_step, first_grads, med, mem
+
+
+class HostPieces:
+    """Host time of ficco's Python pieces and native phases over the timed
+    steps (`--host-breakdown`): each piece is wrapped where the op path
+    looks it up (module attributes), so nested pieces include their inner
+    ones (`_run` holds `_execute`; `_input_grad` holds `_execute` or not)."""
+
+    WRAPPED = [(ft, "_run"), (ft, "_execute"), (ft, "_torch_seq"), (ft, "_decision"),
+               (ft_grad, "_input_grad"), (ft_grad, "all_gather_async"),
+               (ft_grad, "reduce_scatter_async"), (ft_grad, "all_gather")]
+
+    def __init__(self):
+        self.total, self.calls, self.saved = {}, {}, []
+
+    def start(self):
+        ft._native.Session.host_times()  # drops the warm-up's
+        for mod, name in self.WRAPPED:
+            fn = getattr(mod, name)
+            self.saved.append((mod, name, fn))
+            setattr(mod, name, self._wrap(f"{mod.__name__.split('.')[-1]}.{name}", fn))
+
+    def _wrap(self, key, fn):
+        total, calls, clock = self.total, self.calls, time.perf_counter
+
+        def timed(*a, **k):
+            t = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                total[key] = total.get(key, 0.0) + clock() - t
+                calls[key] = calls.get(key, 0) + 1
+        return timed
+
+    def report(self, what, steps, show):
+        for mod, name, fn in self.saved:
+            setattr(mod, name, fn)
+        native = ft._native.Session.host_times()
+        if not show:
+            return
+        print(f"# host breakdown {what}, rank 0, per timed step ({steps} steps)")
+        print(f"  {'piece':32} {'calls':>6} {'us/call':>8} {'ms/step':>8}")
+        for key in sorted(self.total, key=lambda k: -self.total[k]):
+            n = self.calls[key]
+            print(f"  {key:32} {n / steps:6.1f} {self.total[key] / n * 1e6:8.1f} "
+                  f"{self.total[key] / steps * 1e3:8.3f}")
+        for phase, us, n in native:
+            print(f"  {'native ' + phase:32} {n / steps:6.1f} {us:8.1f} {us * n / steps / 1e3:8.3f}")
 
 
 def train_step(fwd, opt, x, target):
@@ -350,7 +415,8 @@ def main():
         say(f"# mode {mode}")
         base = res.get("pytorch")
         say(f"# {'way':9} {'ms/step':>8} {'fwd':>7} {'bwd':>7} {'vs pytorch':>10} {'peak GiB':>8} "
-            f"{'+outside':>8} {'loss[0]':>9} {'loss[-1]':>9} {'max loss diff':>13} {'grad err':>9}")
+            f"{'+outside':>8} {'loss[0]':>9} {'loss[-1]':>9} {'max loss diff':>13} {'grad err':>9} "
+            f"{'host fwd':>8} {'host bwd':>8}")
         for way, r in res.items():
             t = r["times"]
             speed = base["times"]["step"] / t["step"] if base else float("nan")
@@ -361,7 +427,8 @@ def main():
             say(f"  {way:9} {t['step']:8.3f} {t['forward']:7.3f} {t['backward']:7.3f} {speed:9.2f}x "
                 f"{r['memory']['peak_gib']:8.2f} {r['memory']['outside_torch_gib']:8.2f} "
                 f"{r['losses'][0]:9.5f} {r['losses'][-1]:9.5f} {diff:13.2e} "
-                f"{r.get('grad_err', float('nan')):9.2e}{'' if ok else '  MISMATCH'}")
+                f"{r.get('grad_err', float('nan')):9.2e} {t['host_forward']:8.3f} "
+                f"{t['host_backward']:8.3f}{'' if ok else '  MISMATCH'}")
         if any(w.startswith("ficco") for w in res):
             d = ft.decisions(group)
             say("  ficco auto: " + "; ".join(

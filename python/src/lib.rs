@@ -467,9 +467,10 @@ impl PySession {
         self.blocking(py, |s| s.synchronize())
     }
 
-    /// Where the host time of this thread's operator calls went since the
-    /// last report, in the native layer: `[(phase, mean µs, calls)]` in
-    /// call order (`bench/host_breakdown.py` prints it).
+    /// Where the host time of this process's operator calls went since the
+    /// last report, in the native layer, every thread's (autograd issues
+    /// the backward's on its own): `[(phase, mean µs, calls)]` in call
+    /// order (`bench/host_breakdown.py` prints it).
     #[staticmethod]
     fn host_times() -> Vec<(&'static str, f64, u64)> {
         ficco_cuda::session::host_times()

@@ -111,6 +111,7 @@ impl GpuBackend {
             return Err(CudaError::Capture(capture_refusal(plan, facts, known)));
         }
         self.run_full(plan, operands, stream, facts.capable)?;
+        clock::lap(Phase::Full);
         Ok(())
     }
 

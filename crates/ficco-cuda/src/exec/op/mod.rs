@@ -376,7 +376,11 @@ impl OpRunner {
             self.last_on = Some(c as u64);
         }
         self.epoch.after_fast();
-        clock::lap(clock::Phase::Issue);
+        clock::lap(if graph.is_some() {
+            clock::Phase::Capture
+        } else {
+            clock::Phase::Issue
+        });
         Ok(())
     }
 
