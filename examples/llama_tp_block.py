@@ -354,6 +354,9 @@ def main():
         ref = block(x, w, ways[0], cfg)
         for mode in modes:
             outs, times = {}, {}
+            # Each mode decides as a program that runs only that way would
+            # (the eager mode's host watch must not decide for graphs).
+            ft.forget_decisions(group)
             for way in ways:
                 try:
                     run, outs[way.name] = runner(mode, way, x, w, cfg)
@@ -374,6 +377,11 @@ def main():
                 speed = times["pytorch"] / t if "pytorch" in times else float("nan")
                 say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}")
             fc = next((w_ for w_ in ways if isinstance(w_, Ficco)), None)
+            if fc is not None:
+                samples, idle = ft.host_bound(group)
+                say(f"  ficco host watch: {samples} calls sampled, idle at "
+                    f"{'-' if idle is None else idle} on the rank with the most (host-bound from "
+                    f"{ft.HOST_IDLE})")
             if mode == "eager" and fc is not None:
                 say("  ficco schedules: " + ", ".join(f"{k}={v}" for k, v in fc.ran.items()))
                 decided = ft.decisions(group)

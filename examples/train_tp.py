@@ -13,7 +13,7 @@ ranks of a job, three ways, side by side:
   backward (the default); ``ficco-keep`` keeps the gathered operand its op
   hands back instead (as PyTorch's forward keeps its gathered input: more
   memory, no gather in the backward); ``ficco-torchbwd`` runs every input
-  gradient as PyTorch's backward does (its collective on a side stream
+  gradient as PyTorch's backward does (its collective on the NCCL stream
   beside the weight gradient's GEMM), never as ficco's op
   (``ficco.torch.input_grads_on_ficco(False)``).
 
@@ -208,6 +208,8 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     held0 = torch.cuda.memory_allocated()
     ficco = way.startswith("ficco")
     if ficco:
+        # Each way and mode decides as a program that runs only it would.
+        ft.forget_decisions(group)
         ft_grad.keep_gathered(way == "ficco-keep")
         ft_grad.input_grads_on_ficco(way != "ficco-torchbwd")
     comm = Comm("ficco" if ficco else "pytorch", group)
@@ -254,6 +256,13 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
             times["host_backward"].append((t2 - t1) * 1e3)
     if pieces is not None:
         pieces.report(f"{mode} {way}", args.steps - args.warmup, dist.get_rank(group) == 0)
+    if ficco and dist.get_rank(group) == 0:
+        samples, idle = ft.host_bound(group)
+        seq = sorted(f"{op} {m}x{k}x{n}" for (op, m, k, n), d in ft.decisions(group).items()
+                     if d.basis == "host-bound")
+        print(f"# {mode} {way}: host watch: {samples} calls sampled, idle at "
+              f"{'-' if idle is None else idle} on the rank with the most (host-bound from "
+              f"{ft.HOST_IDLE}); seq for host: {', '.join(seq) or 'none'}")
     if args.profile:
         profile_step(way, mode, args.profile, lambda: train_step(fwd, opt, x, target))
     # The job's loss: the mean over ranks of each rank's (its tokens).

@@ -26,8 +26,9 @@ op                         input gradient                         weight gradien
 
 One GEMM runs at a time: two GEMMs side by side each ran slower than alone
 (measured: a training step's backward 3% slower on 2 H100s). The
-collectives are NCCL's, issued from a side stream so that they run while
-the current stream goes on, each waited for where its result is used.
+collectives are NCCL's, PyTorch's functional ones (on the group's NCCL
+stream, so that they run while the current stream goes on), each waited
+for where its result is used.
 
 ``matmul_all_reduce``'s backward has no collective: its output is the same
 on every rank, and every rank computes the same loss from it, so each rank's
@@ -59,14 +60,24 @@ def _nccl(group) -> bool:
     return dist.get_backend(group) == "nccl"
 
 
+# PyTorch's functional collectives: C++ ops (as its own autograd collectives
+# and compiled code call them). The `torch.distributed` calls cost 170-300
+# µs of host each here (measured: a training step at 2048 tokens on 4
+# H200s, 8 such calls in its backward), the functional ones a few tens.
+_fc = torch.ops._c10d_functional
+# Their ``_out`` forms (newer PyTorch); None where missing.
+_AG_OUT = getattr(_fc, "all_gather_into_tensor_out", None)
+_RS_OUT = getattr(_fc, "reduce_scatter_tensor_out", None)
+
+
 def all_gather(shard: torch.Tensor, group) -> torch.Tensor:
-    """``all_gather(shard, dim 0)`` on the current stream. On gloo (the
-    loopback tests' group: every rank on one GPU) through host copies."""
-    size = dist.get_world_size(group)
+    """``all_gather(shard, dim 0)``, ordered on the current stream. On gloo
+    (the loopback tests' group: every rank on one GPU) through host copies."""
     if _nccl(group):
-        full = shard.new_empty((shard.shape[0] * size, shard.shape[1]))
-        dist.all_gather_into_tensor(full, shard, group=group)
+        full, handle = all_gather_async(shard, group)
+        handle.wait()
         return full
+    size = dist.get_world_size(group)
     parts = [torch.empty(shard.shape, dtype=torch.float32) for _ in range(size)]
     dist.all_gather(parts, shard.float().cpu(), group=group)
     return torch.cat(parts).to(device=shard.device, dtype=shard.dtype)
@@ -75,15 +86,35 @@ def all_gather(shard: torch.Tensor, group) -> torch.Tensor:
 def reduce_scatter(full: torch.Tensor, group) -> torch.Tensor:
     """This rank's rows of ``sum over ranks(full)`` (gloo: an all-reduce of
     a host copy, and the rows)."""
+    if _nccl(group):
+        out, handle = reduce_scatter_async(full, group)
+        handle.wait()
+        return out
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     rows = full.shape[0] // size
-    if _nccl(group):
-        out = full.new_empty((rows, full.shape[1]))
-        dist.reduce_scatter_tensor(out, full.contiguous(), group=group)
-        return out
     host = full.float().cpu()
     dist.all_reduce(host, group=group)
     return host[rank * rows:(rank + 1) * rows].to(device=full.device, dtype=full.dtype)
+
+
+def all_gather_into(full: torch.Tensor, shard: torch.Tensor, group) -> None:
+    """``all_gather(shard)`` into `full`, ordered on the current stream
+    (NCCL groups; PyTorch before the functional ``_out`` ops: a copy)."""
+    size = dist.get_world_size(group)
+    if _AG_OUT is None:
+        full.copy_(_fc.wait_tensor(_fc.all_gather_into_tensor(shard, size, group.group_name)))
+    else:
+        _fc.wait_tensor(_AG_OUT(shard, size, group.group_name, out=full))
+
+
+def reduce_scatter_into(out: torch.Tensor, full: torch.Tensor, group) -> None:
+    """This rank's rows of ``sum over ranks(full)`` into `out`, as
+    :func:`all_gather_into`."""
+    size = dist.get_world_size(group)
+    if _RS_OUT is None:
+        out.copy_(_fc.wait_tensor(_fc.reduce_scatter_tensor(full, "sum", size, group.group_name)))
+    else:
+        _fc.wait_tensor(_RS_OUT(full, "sum", size, group.group_name, out=out))
 
 
 class _Done:
@@ -93,42 +124,22 @@ class _Done:
         pass
 
 
-class _Joined:
-    """The handle of a collective issued from the side stream: ``wait()``
-    makes the current stream wait for it. It holds the collective's tensors
-    until then: a temporary freed earlier would return to the current
-    stream's pool while the collective still reads it, and the next
-    allocation there (the weight gradient's output) would overwrite it."""
+class _Pending:
+    """The handle of a functional collective: it runs on the group's NCCL
+    stream, after the current stream's work at its issue and beside the
+    current stream's later work; ``wait()`` makes the current stream wait
+    for it (``wait_tensor``). It holds the collective's input until then: a
+    temporary freed earlier would return to the current stream's pool while
+    the collective still reads it, and the next allocation there (the
+    weight gradient's output) would overwrite it."""
 
-    def __init__(self, cur: torch.cuda.Stream, side: torch.cuda.Stream, tensors):
-        self.cur, self.side, self.tensors = cur, side, tensors
+    def __init__(self, result: torch.Tensor, *held):
+        self.result, self.held = result, held
 
     def wait(self) -> None:
-        self.cur.wait_stream(self.side)
-        self.tensors = ()
-
-
-_side = {}
-
-
-def _beside(collective, *tensors) -> "_Joined":
-    """Issues ``collective(*tensors)`` (a synchronous ``torch.distributed``
-    call) from a side stream that first waits for the current one: it runs
-    on the group's NCCL stream while the current stream goes on. Not
-    ``async_op=True``: work left pending inside a CUDA graph capture made
-    ``destroy_process_group`` hang at exit (measured). The tensors are
-    allocated on the current stream and held by the handle, whose
-    ``wait()`` (every caller's, before it returns) orders the current
-    stream after the side: none is freed before the collective is done."""
-    dev = tensors[0].device
-    side = _side.get(dev.index)
-    if side is None:
-        side = _side[dev.index] = torch.cuda.Stream(device=dev)
-    cur = torch.cuda.current_stream(dev)
-    side.wait_stream(cur)
-    with torch.cuda.stream(side):
-        collective(*tensors)
-    return _Joined(cur, side, tensors)
+        if self.result is not None:
+            _fc.wait_tensor(self.result)
+        self.result, self.held = None, ()
 
 
 def all_gather_async(shard: torch.Tensor, group):
@@ -137,19 +148,17 @@ def all_gather_async(shard: torch.Tensor, group):
     may read ``full`` before that."""
     if not _nccl(group):
         return all_gather(shard, group), _Done()
-    size = dist.get_world_size(group)
-    full = shard.new_empty((shard.shape[0] * size, shard.shape[1]))
-    return full, _beside(lambda o, i: dist.all_gather_into_tensor(o, i, group=group), full, shard)
+    full = _fc.all_gather_into_tensor(shard, dist.get_world_size(group), group.group_name)
+    return full, _Pending(full, shard)
 
 
 def reduce_scatter_async(full: torch.Tensor, group):
     """``(out, handle)``, as :func:`all_gather_async`."""
     if not _nccl(group):
         return reduce_scatter(full, group), _Done()
-    rows = full.shape[0] // dist.get_world_size(group)
-    out = full.new_empty((rows, full.shape[1]))
     full = full.contiguous()
-    return out, _beside(lambda o, i: dist.reduce_scatter_tensor(o, i, group=group), out, full)
+    out = _fc.reduce_scatter_tensor(full, "sum", dist.get_world_size(group), group.group_name)
+    return out, _Pending(out, full)
 
 
 # Input-gradient shapes whose schedule cannot read a transposed weight
@@ -180,6 +189,8 @@ def _input_grad(
     name = None  # auto: loopback picks among the schedules it can run
     if not sess.loopback:
         d = ft._decision(sess, group, op, m, k, n)
+        if d.schedule != "seq":
+            d = ft._watch_host(group, op, m, k, n, d, x.device)
         if d.schedule == "seq":
             return None
         name = d.schedule
@@ -262,8 +273,8 @@ _on_ficco = True
 def input_grads_on_ficco(on: Optional[bool] = None) -> bool:
     """Whether the backward may run an input gradient as ficco's op (where
     ``auto`` picks an overlapped schedule for its shape: the default), or
-    always as PyTorch's backward does: the GEMM, then its collective on a
-    side stream beside the weight gradient's GEMM. Returns the setting;
+    always as PyTorch's backward does: the GEMM, then its collective beside
+    the weight gradient's GEMM. Returns the setting;
     ``on`` sets it."""
     global _on_ficco
     if on is not None:

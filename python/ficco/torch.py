@@ -77,7 +77,10 @@ __all__ = [
     "close",
     "decisions",
     "Decision",
+    "adapt_to_host",
     "empty",
+    "forget_decisions",
+    "host_bound",
     "input_grads_on_ficco",
     "keep_gathered",
     "last_schedule",
@@ -221,11 +224,24 @@ def synchronize(group: Optional[dist.ProcessGroup] = None) -> None:
     try:
         sess.synchronize()
     except RuntimeError:
-        with _lock:
-            if _sessions.get(group) is sess:
-                del _sessions[group]
-                _decisions.pop(group, None)
+        _drop(group, sess)
         raise
+
+
+def _drop(group, sess) -> None:
+    """Forgets `group`'s failed session `sess` and what its calls decided
+    (the next call joins a new session and decides again)."""
+    with _lock:
+        if _sessions.get(group) is sess:
+            del _sessions[group]
+            _decisions.pop(group, None)
+            _forget_host(group)
+
+
+def _forget_host(group) -> None:
+    _host_group.pop(group, None)
+    for key in [k for k in _host_calls if k[0] is group]:
+        del _host_calls[key]
 
 
 def close() -> None:
@@ -237,6 +253,8 @@ def close() -> None:
         _sessions.clear()
         _last.clear()
         _decisions.clear()
+        _host_group.clear()
+        _host_calls.clear()
         _steady.clear()
     errors = []
     for _, s in items:
@@ -465,6 +483,8 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
     try:
         if name is None:
             d = _decision(sess, group, op, m, k, n)
+            if d.schedule != "seq" and not sess.loopback:
+                d = _watch_host(group, op, m, k, n, d, a.device)
             name = d.schedule
             if name == "seq" and not sess.loopback:
                 # The candidate's gain does not cover the call's own cost:
@@ -482,10 +502,7 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
         # The job failed (a rank died or hung): this session is unusable.
         # Dropped, not closed (closing would wait at a barrier for the lost
         # rank); the next call joins a new one.
-        with _lock:
-            if _sessions.get(group) is sess:
-                del _sessions[group]
-                _decisions.pop(group, None)
+        _drop(group, sess)
         raise
     _last[group] = ran
     return out
@@ -505,18 +522,117 @@ def _raw_stream(index: int) -> int:
 
 def _torch_seq(op, a, b, out, group, size, gathered=None):
     """The sequential reference as PyTorch runs it: the NCCL collective and
-    the GEMM on the current stream."""
+    the GEMM on the current stream (PyTorch's functional collectives: C++
+    ops, a few tens of µs of host where the ``torch.distributed`` calls cost
+    hundreds; see ``_grad``)."""
+    fc, name = _grad._fc, group.group_name
     if op == "ag-gemm":
         full = gathered
         if full is None:
             full = torch.empty((a.shape[0] * size, a.shape[1]), dtype=a.dtype, device=a.device)
-        dist.all_gather_into_tensor(full, a, group=group)
+        _grad.all_gather_into(full, a, group)
         torch.mm(full, b, out=out)
     elif op == "gemm-rs":
-        dist.reduce_scatter_tensor(out, torch.mm(a, b), group=group)
+        _grad.reduce_scatter_into(out, torch.mm(a, b), group)
     else:
         torch.mm(a, b, out=out)
-        dist.all_reduce(out, group=group)
+        fc.wait_tensor(fc.all_reduce_(out, "sum", name))
+
+
+# ------------------------------------------------- host-bound call shapes
+
+#: Calls of each shape left out of the host watch (its set-up: the first
+#: takes the synchronizing path, so the next finds the stream idle).
+HOST_SKIP = 2
+#: Eager calls sampled per group, over its shapes: whether the caller's
+#: stream was idle when the call came.
+HOST_SAMPLES = 16
+#: Samples found idle, on the rank with the most, from which the group is
+#: host-bound: three quarters (a loop that synchronizes every step finds the
+#: step's first call idle; with a few shapes a step, that is a quarter or
+#: half of the samples without the host setting the pace).
+HOST_IDLE = HOST_SAMPLES * 3 // 4
+#: Gains (ms per call) from which a shape keeps its schedule even where the
+#: host sets the pace: more than a call of ficco costs the host beyond
+#: PyTorch's (measured on 4 H200s: 0.2-0.27 ms issued directly, 0.07 ms as
+#: a graph replay, against a few tens of µs).
+HOST_GAIN_MS = 0.25
+
+# Per (group, op, m, k, n): the shape's calls counted by the watch.
+_host_calls: Dict[tuple, int] = {}
+# Per group: [samples, idle samples, verdict] with the verdict None while
+# sampling, then the most idle samples of any rank (agreed by every rank).
+_host_group: Dict[object, list] = {}
+_adapt: Optional[bool] = None
+
+
+def adapt_to_host(on: Optional[bool] = None) -> bool:
+    """Whether ``auto`` watches the first eager calls and turns to ``seq``
+    where the host sets the pace (``FICCO_ADAPT_HOST``, default on; see the
+    README, "Never slower than PyTorch"). Returns the setting; ``on`` sets
+    it."""
+    global _adapt
+    if on is not None:
+        _adapt = bool(on)
+    elif _adapt is None:
+        _adapt = _native.adapt_host_default()
+    return _adapt
+
+
+def host_bound(group: Optional[dist.ProcessGroup] = None) -> Tuple[int, Optional[int]]:
+    """What the host watch of `group` found: ``(samples, idle)``, with
+    ``idle`` the most samples any rank found idle once every rank agreed
+    (None while it samples); the group is host-bound from
+    :data:`HOST_IDLE` of :data:`HOST_SAMPLES`."""
+    if not _initialised():
+        return 0, None
+    w = _host_group.get(_resolve(group))
+    return (0, None) if w is None else (w[0], w[2])
+
+
+def _watch_host(group, op, m, k, n, d: "Decision", device) -> "Decision":
+    """`d` (an overlapped schedule), or ``seq`` where the host, not the GPU,
+    sets the pace of `group`'s calls.
+
+    A call of ficco costs more host time than PyTorch's collective and
+    matmul (its streams, events and flags, or a graph launch). Where the
+    GPU waits for the host, that time is the step's, and the GPU time an
+    overlap saves is not. So :data:`HOST_SAMPLES` eager calls (after each
+    shape's first :data:`HOST_SKIP`) look whether the caller's stream is
+    idle when they come: the GPU ran dry waiting for the host. Then every
+    rank takes the same verdict from the rank that found it idle most: from
+    :data:`HOST_IDLE` samples on, every shape whose gain is under
+    :data:`HOST_GAIN_MS` runs ``seq`` from this call on. Calls under CUDA
+    graph capture are not counted (a replayed graph costs the host nothing
+    per call). Every rank makes the same calls in the same order, so every
+    rank reaches the agreement at the same call."""
+    if d.gain_ms >= HOST_GAIN_MS or not adapt_to_host():
+        return d
+    w = _host_group.get(group)
+    if w is None:
+        w = _host_group[group] = [0, 0, None]
+    if w[2] is None:
+        if torch.cuda.is_current_stream_capturing():
+            return d
+        key = (group, op, m, k, n)
+        calls = _host_calls.get(key, 0) + 1
+        _host_calls[key] = calls
+        if calls <= HOST_SKIP:
+            return d
+        w[0] += 1
+        w[1] += int(torch.cuda.current_stream(device).query())
+        if w[0] < HOST_SAMPLES:
+            return d
+        # Once per group: a small collective and a host read of its result.
+        most = torch.tensor([w[1]], dtype=torch.int32, device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        w[2] = int(most.item())
+    if w[2] < HOST_IDLE:
+        return d
+    d = d._replace(schedule="seq", basis="host-bound")
+    with _lock:
+        _decisions.setdefault(group, {})[(op, m, k, n)] = d
+    return d
 
 
 class Decision(NamedTuple):
@@ -529,7 +645,9 @@ class Decision(NamedTuple):
     #: The overlapped schedule considered: the tuning cache's winner, else
     #: the rule selector's pick.
     candidate: str
-    #: ``"measured"`` (the tuning cache timed it and seq) or ``"predicted"``.
+    #: ``"measured"`` (the tuning cache timed it and seq) or ``"predicted"``;
+    #: ``"host-bound"`` where the host watch turned the shape to ``seq``
+    #: (:func:`adapt_to_host`; the gain is what was predicted or measured).
     basis: str
     seq_ms: float
     candidate_ms: float
@@ -547,6 +665,21 @@ def _decision(sess, group, op, m, k, n) -> Decision:
         d = Decision(*sess.decide(op, m, k, n))
         per[key] = d
     return d
+
+
+def forget_decisions(group: Optional[dist.ProcessGroup] = None) -> None:
+    """Forgets the ``auto`` decisions of `group`'s call shapes, and what the
+    host watch counted (:func:`adapt_to_host`): the next call of each shape
+    decides again, as in a new process. For a program that changes how it
+    runs, e.g. from eager steps to CUDA graphs (where a call costs the host
+    nothing). Every rank of the group calls it at the same point of its
+    calls."""
+    if not _initialised():
+        return
+    g = _resolve(group)
+    with _lock:
+        _decisions.pop(g, None)
+        _forget_host(g)
 
 
 def decisions(group: Optional[dist.ProcessGroup] = None) -> Dict[Tuple[str, int, int, int], Decision]:

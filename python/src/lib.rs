@@ -169,6 +169,14 @@ fn keep_gathered_default() -> PyResult<bool> {
     env_settings().map(|s| s.keep_gathered)
 }
 
+/// `FICCO_ADAPT_HOST` as the Rust settings parse it (read now): whether
+/// `auto` turns to `seq` for call shapes whose caller is host-bound.
+/// Raises `ValueError` naming a bad value.
+#[pyfunction]
+fn adapt_host_default() -> PyResult<bool> {
+    env_settings().map(|s| s.adapt_host)
+}
+
 /// The package version (the Rust crate's).
 #[pyfunction]
 fn version() -> &'static str {
@@ -548,5 +556,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(dist_timeout_ms, m)?)?;
     m.add_function(wrap_pyfunction!(keep_gathered_default, m)?)?;
+    m.add_function(wrap_pyfunction!(adapt_host_default, m)?)?;
     Ok(())
 }

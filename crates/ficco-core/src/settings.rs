@@ -40,6 +40,7 @@ pub const WATCHDOG_MS: &str = "FICCO_WATCHDOG_MS";
 pub const GRAPHS: &str = "FICCO_GRAPHS";
 pub const OP_SYNC: &str = "FICCO_OP_SYNC";
 pub const KEEP_GATHERED: &str = "FICCO_KEEP_GATHERED";
+pub const ADAPT_HOST: &str = "FICCO_ADAPT_HOST";
 pub const GROUPED: &str = "FICCO_GROUPED";
 pub const TRACE: &str = "FICCO_TRACE";
 pub const TASK_PROGRESS: &str = "FICCO_TASK_PROGRESS";
@@ -82,6 +83,12 @@ pub const VARS: &[Var] = &[
         takes: "0 or 1",
         default: "0",
         what: "the Python `all_gather_matmul` keeps the gathered operand its op hands back, for the weight gradient (0: the backward gathers it again; measured as fast on 2 H100s, with less memory)",
+    },
+    Var {
+        name: ADAPT_HOST,
+        takes: "0 or 1",
+        default: "1",
+        what: "the Python ops' `auto` samples the first eager calls and runs `seq` for shapes with small gains where the caller's stream was idle at three quarters of them on some rank (the host, not the GPU, sets the pace: ficco's call costs more host time than PyTorch's)",
     },
     Var {
         name: GROUPED,
@@ -191,6 +198,7 @@ pub struct Settings {
     pub graphs: bool,
     pub op_sync: bool,
     pub keep_gathered: bool,
+    pub adapt_host: bool,
     pub grouped: Grouped,
     pub trace: bool,
     pub task_progress: bool,
@@ -207,6 +215,7 @@ impl Default for Settings {
             graphs: true,
             op_sync: false,
             keep_gathered: false,
+            adapt_host: true,
             grouped: Grouped::Auto,
             trace: false,
             task_progress: false,
@@ -278,6 +287,7 @@ impl Settings {
             graphs: flag(GRAPHS, true)?,
             op_sync: flag(OP_SYNC, false)?,
             keep_gathered: flag(KEEP_GATHERED, false)?,
+            adapt_host: flag(ADAPT_HOST, true)?,
             grouped,
             trace: flag(TRACE, false)?,
             task_progress: flag(TASK_PROGRESS, false)?,
@@ -380,6 +390,7 @@ mod tests {
             (GRAPHS, "0"),
             (OP_SYNC, "1"),
             (KEEP_GATHERED, "1"),
+            (ADAPT_HOST, "0"),
             (GROUPED, "loop"),
             (TRACE, "1"),
             (TASK_PROGRESS, " 1 "),
@@ -392,6 +403,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.watchdog_ms, 2000);
         assert!(!s.graphs && s.op_sync && s.trace && s.task_progress && s.keep_gathered);
+        assert!(!s.adapt_host);
         assert_eq!(s.grouped, Grouped::Loop);
         assert_eq!(s.dist_timeout_ms, 8000);
         assert_eq!(s.tune_cache, Some(PathBuf::from("/tmp/t.json")));
