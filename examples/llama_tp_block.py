@@ -360,7 +360,10 @@ def main():
             for way in ways:
                 try:
                     run, outs[way.name] = runner(mode, way, x, w, cfg)
+                    ft._native.Session.host_times()  # from the timed blocks on
                     times[way.name] = time_block(run, args.iters, args.warmup, red_dev)
+                    if isinstance(way, Ficco):
+                        host = ft._native.Session.host_times()
                 except Exception as e:
                     say(f"{mode} {way.name}: failed: {type(e).__name__}: {str(e)[:400]}")
                     failed |= way.name != "async-tp"
@@ -377,6 +380,11 @@ def main():
                 speed = times["pytorch"] / t if "pytorch" in times else float("nan")
                 say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {err:9.2e}{'' if ok else '  MISMATCH'}")
             fc = next((w_ for w_ in ways if isinstance(w_, Ficco)), None)
+            if fc is not None and "ficco" in times:
+                blocks = args.iters + args.warmup
+                say("  ficco native host per block (rank 0): " + ", ".join(
+                    f"{ph} {n / blocks:.1f} x {us:.0f} us" for ph, us, n in host
+                    if ph in ("launch", "issue", "capture", "full")))
             if fc is not None:
                 samples, idle = ft.host_bound(group)
                 say(f"  ficco host watch: {samples} calls sampled, idle at "

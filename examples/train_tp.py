@@ -49,6 +49,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -447,8 +448,23 @@ def main():
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
     ft.close()
-    dist.destroy_process_group()
-    sys.exit(1 if failed else 0)
+    code = 1 if failed else 0
+    if "graphs" in modes:
+        # NCCL collectives captured in a CUDA graph can make
+        # destroy_process_group hang in ncclCommDestroy (PyTorch issue
+        # 115388; seen here after graphs mode, every way's captures freed).
+        # The results are written: a bounded teardown, then exit.
+        done = threading.Event()
+        threading.Thread(target=lambda: (dist.destroy_process_group(), done.set()), daemon=True).start()
+        if not done.wait(30):
+            print(f"train_tp: rank {rank}: destroy_process_group did not return within 30 s after "
+                  "CUDA graphs with NCCL collectives (PyTorch issue 115388); exiting", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    else:
+        dist.destroy_process_group()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
