@@ -602,9 +602,13 @@ def _watch_host(group, op, m, k, n, d: "Decision", device) -> "Decision":
     idle when they come: the GPU ran dry waiting for the host. Then every
     rank takes the same verdict from the rank that found it idle most: from
     :data:`HOST_IDLE` samples on, every shape whose gain is under
-    :data:`HOST_GAIN_MS` runs ``seq`` from this call on. Calls under CUDA
-    graph capture are not counted (a replayed graph costs the host nothing
-    per call). Every rank makes the same calls in the same order, so every
+    :data:`HOST_GAIN_MS` runs ``seq`` from this call on. Only calls on the
+    device's default stream count: not those under CUDA graph capture (a
+    replayed graph costs the host nothing per call), nor the warm-up that
+    precedes a capture, which runs on another stream (as
+    ``torch.cuda.make_graphed_callables`` does; measured: its 3 eager
+    iterations were host-bound and would have turned a captured step to
+    ``seq``). Every rank makes the same calls in the same order, so every
     rank reaches the agreement at the same call."""
     if d.gain_ms >= HOST_GAIN_MS or not adapt_to_host():
         return d
@@ -612,7 +616,8 @@ def _watch_host(group, op, m, k, n, d: "Decision", device) -> "Decision":
     if w is None:
         w = _host_group[group] = [0, 0, None]
     if w[2] is None:
-        if torch.cuda.is_current_stream_capturing():
+        stream = torch.cuda.current_stream(device)
+        if torch.cuda.is_current_stream_capturing() or stream != torch.cuda.default_stream(device):
             return d
         key = (group, op, m, k, n)
         calls = _host_calls.get(key, 0) + 1
@@ -620,7 +625,7 @@ def _watch_host(group, op, m, k, n, d: "Decision", device) -> "Decision":
         if calls <= HOST_SKIP:
             return d
         w[0] += 1
-        w[1] += int(torch.cuda.current_stream(device).query())
+        w[1] += int(stream.query())
         if w[0] < HOST_SAMPLES:
             return d
         # Once per group: a small collective and a host read of its result.

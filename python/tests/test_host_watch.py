@@ -1,7 +1,8 @@
-"""``auto``'s host watch, on the CPU: a call shape whose caller's stream is
-found idle at most of its sampled calls on some rank turns to ``seq`` on
-every rank at the same call, unless its gain is large; calls under capture
-and shapes already decided are not counted. Two gloo processes stand in for
+"""``auto``'s host watch, on the CPU: a group whose caller's stream is found
+idle at most of its sampled calls on some rank turns its shapes to ``seq``
+on every rank at the same call, unless their gain is large; calls under
+capture, calls on a side stream and shapes already decided are not
+counted. Two gloo processes stand in for
 the GPUs: the stream's idleness is scripted per rank, and the agreement is
 a real all-reduce over the group."""
 
@@ -31,7 +32,7 @@ class Stream:
         return self.idle.pop(0)
 
 
-def run_calls(group, idle, gain_ms, capturing=False):
+def run_calls(group, idle, gain_ms, capturing=False, side=False):
     """The schedule each of `len(idle) + HOST_SKIP` calls of SHAPE runs, the
     basis of its last decision, the watch's (samples, idle) and what a
     shape first called after them runs."""
@@ -39,8 +40,9 @@ def run_calls(group, idle, gain_ms, capturing=False):
     ft._host_group.clear()
     ft._decisions.clear()
     ft._decisions[group] = {SHAPE: decision(gain_ms)}
-    script = list(idle)
-    torch.cuda.current_stream = lambda device=None: Stream(script)
+    stream = Stream(list(idle))
+    torch.cuda.current_stream = lambda device=None: stream
+    torch.cuda.default_stream = lambda device=None: Stream([]) if side else stream
     torch.cuda.is_current_stream_capturing = lambda: capturing
     cpu = torch.device("cpu")
     ran = []
@@ -67,6 +69,8 @@ def worker(rank, port, out_dir):
         "large_gain": run_calls(group, [True] * n, ft.HOST_GAIN_MS),
         # Under capture nothing is sampled (the script would run dry).
         "capturing": run_calls(group, [], 0.05, capturing=True),
+        # Nor on a side stream (a warm-up before capture).
+        "side": run_calls(group, [], 0.05, side=True),
     }
     ft.adapt_to_host(False)
     rows["off"] = run_calls(group, [], 0.05)
@@ -86,5 +90,5 @@ def test_host_bound_groups_turn_to_seq_alike_on_every_rank(tmp_path):
         assert rows["one_rank_idle"] == [[sched] * (skip + n - 1) + ["seq"], "host-bound", [n, n], "seq"], r
         assert rows["below"] == [[sched] * (skip + n), "predicted", [n, ft.HOST_IDLE - 1], sched], r
         assert rows["large_gain"] == [[sched] * (skip + n), "predicted", [0, None], sched], r
-        for case in ("capturing", "off"):
+        for case in ("capturing", "side", "off"):
             assert rows[case] == [[sched] * skip, "predicted", [0, None], sched], (r, case)
