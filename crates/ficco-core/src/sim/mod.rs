@@ -216,6 +216,8 @@ struct Flow {
     /// Rate cap alone, bytes/ms.
     cap: f64,
     is_copy: bool,
+    /// The rank whose copy engine runs it (copies only).
+    issuer: Option<usize>,
     ranks: Vec<usize>,
 }
 
