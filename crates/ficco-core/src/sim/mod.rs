@@ -195,7 +195,9 @@ struct Node {
     hi: bool,
     work: Work,
     preds_left: usize,
-    succs: Vec<usize>,
+    /// Successors, each with the delay (ms) before this task's completion
+    /// reaches it (a cross-rank dependency's flag, see `flag_wait_us`).
+    succs: Vec<(usize, f64)>,
     state: State,
     start: f64,
     end: f64,
@@ -245,6 +247,8 @@ enum TimerKind {
     FlowStarts(usize),
     /// A Signal or Wait is done.
     FlagDone(usize),
+    /// A delayed dependency of the task reaches it.
+    DepArrives(usize),
 }
 
 struct Group {
@@ -450,7 +454,9 @@ impl<'a> Sim<'a> {
                     TaskKind::Signal { .. } => Work::Flag {
                         ms: hw.nvlink.latency_us / 1000.0,
                     },
-                    TaskKind::Wait { .. } => Work::Flag { ms: 0.0 },
+                    TaskKind::Wait { .. } => Work::Flag {
+                        ms: hw.nvlink.flag_wait_us.unwrap_or(0.0) / 1000.0,
+                    },
                     TaskKind::TileGemm(g) => {
                         let green = plan.resources.green_sms.unwrap_or(hw.sm_count);
                         let cap = g
@@ -532,7 +538,50 @@ impl<'a> Sim<'a> {
                 preds.dedup();
                 nodes[me].preds_left += preds.len();
                 for &pr in &preds {
-                    nodes[pr].succs.push(me);
+                    // A plain dependency on another rank's task runs as the
+                    // GPU executor runs it (`plan::signal`): a flag written
+                    // over NVLink, then the waiting stream's wake-up.
+                    let delay = match hw.nvlink.flag_wait_us {
+                        Some(w) if nodes[pr].rank != rank && graph.deps(v).contains(&pr) => {
+                            (hw.nvlink.latency_us + w) / 1000.0
+                        }
+                        _ => 0.0,
+                    };
+                    nodes[pr].succs.push((me, delay));
+                }
+            }
+        }
+        // The producer's stream writes each such flag after the task (one
+        // per consumer rank), holding that stream for the write's latency.
+        if hw.nvlink.flag_wait_us.is_some() {
+            let mut stream_next = vec![None; total];
+            for v in 0..total {
+                if let Some(u) = graph.stream_pred(v) {
+                    stream_next[u] = Some(v);
+                }
+            }
+            for rank in 0..p {
+                for index in 0..plan.ranks[rank].tasks.len() {
+                    let v = graph.node(TaskId { rank, index });
+                    let me = offset[rank] + index;
+                    let mut to: Vec<usize> = nodes[me]
+                        .succs
+                        .iter()
+                        .filter(|&&(s, d)| d > 0.0 && nodes[s].rank != rank)
+                        .map(|&(s, _)| nodes[s].rank)
+                        .collect();
+                    to.sort_unstable();
+                    to.dedup();
+                    if to.is_empty() {
+                        continue;
+                    }
+                    let hold = to.len() as f64 * hw.nvlink.latency_us / 1000.0;
+                    let next = stream_next[v];
+                    for e in nodes[me].succs.iter_mut() {
+                        if Some(e.0) == next {
+                            e.1 = e.1.max(hold);
+                        }
+                    }
                 }
             }
         }
@@ -667,6 +716,7 @@ impl<'a> Sim<'a> {
                         });
                     }
                     TimerKind::FlagDone(i) => self.complete(i),
+                    TimerKind::DepArrives(s) => self.release(s),
                 }
             }
             for k in finished {

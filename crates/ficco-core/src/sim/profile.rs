@@ -73,6 +73,14 @@ pub struct LinkParams {
     pub usable_gbs: f64,
     /// One-way latency, µs.
     pub latency_us: f64,
+    /// With it, a plan's plain cross-rank dependencies run as the GPU
+    /// executor runs them (`plan::signal`): the producer's stream writes a
+    /// flag (`latency_us`, holding that stream), and the consumer's stream
+    /// starts its next task this long after the flag lands (stream-wait
+    /// polling, the launch behind it), µs; Wait tasks take it too. Default:
+    /// none (dependencies are seen at once, Waits take no time).
+    #[serde(default)]
+    pub flag_wait_us: Option<f64>,
 }
 
 /// DMA copy engines of one GPU.
@@ -396,6 +404,9 @@ impl HwProfile {
             if let Some(v) = e.peer_gbs {
                 pos("nccl.p2p.peer_gbs", v)?;
             }
+        }
+        if let Some(v) = self.nvlink.flag_wait_us {
+            nonneg("nvlink.flag_wait_us", v)?;
         }
         if let Some(v) = self.copy_engine.fanout_gbs {
             pos("copy_engine.fanout_gbs", v)?;

@@ -443,13 +443,23 @@ impl<'a> Sim<'a> {
             self.dispatch_tiles(g);
         }
         let succs = std::mem::take(&mut self.nodes[i].succs);
-        for &s in &succs {
-            self.nodes[s].preds_left -= 1;
-            if self.nodes[s].preds_left == 0 {
-                self.launch(s);
+        for &(s, delay) in &succs {
+            if delay > 0.0 {
+                self.timers
+                    .push((self.now + delay, TimerKind::DepArrives(s)));
+            } else {
+                self.release(s);
             }
         }
         self.nodes[i].succs = succs;
+    }
+
+    /// One of `s`'s predecessors is done: launches it when it was the last.
+    pub(super) fn release(&mut self, s: usize) {
+        self.nodes[s].preds_left -= 1;
+        if self.nodes[s].preds_left == 0 {
+            self.launch(s);
+        }
     }
 
     /// Recomputes every active rate: GEMM waves from contention, reduces from
