@@ -153,9 +153,12 @@ enum Work {
         nominal_ms: f64,
         sms: usize,
     },
-    /// Signal (the flag write's latency) or Wait (0): a timer, no resource.
+    /// Signal (`ms`: the flag write's latency) or Wait (`ms`: when its flag
+    /// is seen, `flag_wait_us` after its Signal; it ends then, or at once if
+    /// it starts later): a timer, no resource.
     Flag {
         ms: f64,
+        wait: bool,
     },
     Tile(TileWork),
 }
@@ -453,9 +456,11 @@ impl<'a> Sim<'a> {
                     },
                     TaskKind::Signal { .. } => Work::Flag {
                         ms: hw.nvlink.latency_us / 1000.0,
+                        wait: false,
                     },
                     TaskKind::Wait { .. } => Work::Flag {
-                        ms: hw.nvlink.flag_wait_us.unwrap_or(0.0) / 1000.0,
+                        ms: 0.0,
+                        wait: true,
                     },
                     TaskKind::TileGemm(g) => {
                         let green = plan.resources.green_sms.unwrap_or(hw.sm_count);

@@ -31,10 +31,16 @@ impl<'a> Sim<'a> {
                 self.sm_wait[r].push(i);
                 self.dirty[r] = true;
             }
-            Work::Flag { ms } => {
+            Work::Flag { ms, wait } => {
                 self.nodes[i].state = State::Running;
                 self.nodes[i].start = self.now;
-                self.timers.push((self.now + ms, TimerKind::FlagDone(i)));
+                // A Wait's `ms` is when its flag is seen (absolute).
+                let end = if wait {
+                    ms.max(self.now)
+                } else {
+                    self.now + ms
+                };
+                self.timers.push((end, TimerKind::FlagDone(i)));
             }
         }
     }
@@ -371,7 +377,13 @@ impl<'a> Sim<'a> {
         // Out of its node while it changes, so that the gates' nodes can be
         // read; only the spinning blocks and those handed out are looked at
         // (every block at every call was quadratic at large GPU counts).
-        let mut t = match std::mem::replace(&mut self.nodes[i].work, Work::Flag { ms: 0.0 }) {
+        let mut t = match std::mem::replace(
+            &mut self.nodes[i].work,
+            Work::Flag {
+                ms: 0.0,
+                wait: false,
+            },
+        ) {
             Work::Tile(t) => t,
             other => {
                 self.nodes[i].work = other;
@@ -443,6 +455,20 @@ impl<'a> Sim<'a> {
             self.dispatch_tiles(g);
         }
         let succs = std::mem::take(&mut self.nodes[i].succs);
+        if let Work::Flag { wait: false, .. } = self.nodes[i].work {
+            // A Signal: its Waits end when the flag is seen, `flag_wait_us`
+            // from now (at once if they reach it later).
+            let seen = self.now + self.hw.nvlink.flag_wait_us.unwrap_or(0.0) / 1000.0;
+            for &(s, _) in &succs {
+                if let Work::Flag {
+                    ref mut ms,
+                    wait: true,
+                } = self.nodes[s].work
+                {
+                    *ms = ms.max(seen);
+                }
+            }
+        }
         for &(s, delay) in &succs {
             if delay > 0.0 {
                 self.timers
