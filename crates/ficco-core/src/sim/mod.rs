@@ -565,27 +565,25 @@ impl<'a> Sim<'a> {
                     stream_next[u] = Some(v);
                 }
             }
-            for rank in 0..p {
-                for index in 0..plan.ranks[rank].tasks.len() {
-                    let v = graph.node(TaskId { rank, index });
-                    let me = offset[rank] + index;
-                    let mut to: Vec<usize> = nodes[me]
-                        .succs
-                        .iter()
-                        .filter(|&&(s, d)| d > 0.0 && nodes[s].rank != rank)
-                        .map(|&(s, _)| nodes[s].rank)
-                        .collect();
-                    to.sort_unstable();
-                    to.dedup();
-                    if to.is_empty() {
-                        continue;
-                    }
-                    let hold = to.len() as f64 * hw.nvlink.latency_us / 1000.0;
-                    let next = stream_next[v];
-                    for e in nodes[me].succs.iter_mut() {
-                        if Some(e.0) == next {
-                            e.1 = e.1.max(hold);
-                        }
+            // Graph nodes are the simulator's nodes (rank-major order).
+            for me in 0..total {
+                let rank = nodes[me].rank;
+                let mut to: Vec<usize> = nodes[me]
+                    .succs
+                    .iter()
+                    .filter(|&&(s, d)| d > 0.0 && nodes[s].rank != rank)
+                    .map(|&(s, _)| nodes[s].rank)
+                    .collect();
+                to.sort_unstable();
+                to.dedup();
+                if to.is_empty() {
+                    continue;
+                }
+                let hold = to.len() as f64 * hw.nvlink.latency_us / 1000.0;
+                let next = stream_next[me];
+                for e in nodes[me].succs.iter_mut() {
+                    if Some(e.0) == next {
+                        e.1 = e.1.max(hold);
                     }
                 }
             }
