@@ -277,7 +277,8 @@ fn a_suite_beyond_the_ideal_says_why() {
         .lines()
         .find(|l| l.starts_with("#  best "))
         .expect("summary");
-    assert!(best.split_whitespace().any(|x| x == "0.782"), "{best}");
+    // geo(T/ideal); 0.782 before the simulator's P = 4 terms (h200-nvlink).
+    assert!(best.split_whitespace().any(|x| x == "0.827"), "{best}");
     assert!(
         out.contains("#  (agg_E > 1 or geo(T/ideal) < 1: faster than the ideal, whose comm is the NCCL collective; copy engines move the same bytes faster"),
         "{out}"

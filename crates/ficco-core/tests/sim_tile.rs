@@ -22,6 +22,9 @@ fn hw() -> HwProfile {
     hw.gemm.full_grid = false;
     hw.copy_engine.pull_bw_gbs = None;
     hw.copy_engine.pull_latency_us = None;
+    // Dependencies seen at once, Waits free, no push fan-out limit.
+    hw.nvlink.flag_wait_us = None;
+    hw.copy_engine.fanout_gbs = None;
     let c = &mut hw.contention;
     c.gemm_slowdown_nccl = 1.0;
     c.gemm_slowdown_copy = 1.0;

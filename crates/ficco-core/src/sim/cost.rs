@@ -321,12 +321,10 @@ pub fn problem_gemm_ms(hw: &HwProfile, p: &Problem) -> f64 {
 pub fn problem_comm_ms(hw: &HwProfile, p: &Problem) -> f64 {
     if p.op.is_moe() {
         let bytes = p.comm_bytes() as f64;
-        let per_peer = hw
-            .nccl
-            .p2p_peer_gbs
-            .map_or(f64::INFINITY, |g| g * (p.gpus - 1) as f64);
+        let (lat_us, peer_gbs) = hw.p2p(p.gpus);
+        let per_peer = peer_gbs.map_or(f64::INFINITY, |g| g * (p.gpus - 1) as f64);
         let bw = bytes_per_ms(hw.nccl.p2p_bus_gbs.min(per_peer));
-        return hw.nccl.p2p_latency_us * US + bytes / bw;
+        return lat_us * US + bytes / bw;
     }
     collective_ms(hw, p.collective(), p.comm_bytes(), p.gpus)
 }

@@ -153,9 +153,12 @@ enum Work {
         nominal_ms: f64,
         sms: usize,
     },
-    /// Signal (the flag write's latency) or Wait (0): a timer, no resource.
+    /// Signal (`ms`: the flag write's latency) or Wait (`ms`: when its flag
+    /// is seen, `flag_wait_us` after its Signal; it ends then, or at once if
+    /// it starts later): a timer, no resource.
     Flag {
         ms: f64,
+        wait: bool,
     },
     Tile(TileWork),
 }
@@ -195,7 +198,9 @@ struct Node {
     hi: bool,
     work: Work,
     preds_left: usize,
-    succs: Vec<usize>,
+    /// Successors, each with the delay (ms) before this task's completion
+    /// reaches it (a cross-rank dependency's flag, see `flag_wait_us`).
+    succs: Vec<(usize, f64)>,
     state: State,
     start: f64,
     end: f64,
@@ -216,6 +221,8 @@ struct Flow {
     /// Rate cap alone, bytes/ms.
     cap: f64,
     is_copy: bool,
+    /// The rank whose copy engine runs it (copies only).
+    issuer: Option<usize>,
     ranks: Vec<usize>,
 }
 
@@ -243,6 +250,8 @@ enum TimerKind {
     FlowStarts(usize),
     /// A Signal or Wait is done.
     FlagDone(usize),
+    /// A delayed dependency of the task reaches it.
+    DepArrives(usize),
 }
 
 struct Group {
@@ -447,8 +456,12 @@ impl<'a> Sim<'a> {
                     },
                     TaskKind::Signal { .. } => Work::Flag {
                         ms: hw.nvlink.latency_us / 1000.0,
+                        wait: false,
                     },
-                    TaskKind::Wait { .. } => Work::Flag { ms: 0.0 },
+                    TaskKind::Wait { .. } => Work::Flag {
+                        ms: 0.0,
+                        wait: true,
+                    },
                     TaskKind::TileGemm(g) => {
                         let green = plan.resources.green_sms.unwrap_or(hw.sm_count);
                         let cap = g
@@ -530,7 +543,48 @@ impl<'a> Sim<'a> {
                 preds.dedup();
                 nodes[me].preds_left += preds.len();
                 for &pr in &preds {
-                    nodes[pr].succs.push(me);
+                    // A plain dependency on another rank's task runs as the
+                    // GPU executor runs it (`plan::signal`): a flag written
+                    // over NVLink, then the waiting stream's wake-up.
+                    let delay = match hw.nvlink.flag_wait_us {
+                        Some(w) if nodes[pr].rank != rank && graph.deps(v).contains(&pr) => {
+                            (hw.nvlink.latency_us + w) / 1000.0
+                        }
+                        _ => 0.0,
+                    };
+                    nodes[pr].succs.push((me, delay));
+                }
+            }
+        }
+        // The producer's stream writes each such flag after the task (one
+        // per consumer rank), holding that stream for the write's latency.
+        if hw.nvlink.flag_wait_us.is_some() {
+            let mut stream_next = vec![None; total];
+            for v in 0..total {
+                if let Some(u) = graph.stream_pred(v) {
+                    stream_next[u] = Some(v);
+                }
+            }
+            // Graph nodes are the simulator's nodes (rank-major order).
+            for me in 0..total {
+                let rank = nodes[me].rank;
+                let mut to: Vec<usize> = nodes[me]
+                    .succs
+                    .iter()
+                    .filter(|&&(s, d)| d > 0.0 && nodes[s].rank != rank)
+                    .map(|&(s, _)| nodes[s].rank)
+                    .collect();
+                to.sort_unstable();
+                to.dedup();
+                if to.is_empty() {
+                    continue;
+                }
+                let hold = to.len() as f64 * hw.nvlink.latency_us / 1000.0;
+                let next = stream_next[me];
+                for e in nodes[me].succs.iter_mut() {
+                    if Some(e.0) == next {
+                        e.1 = e.1.max(hold);
+                    }
                 }
             }
         }
@@ -665,6 +719,7 @@ impl<'a> Sim<'a> {
                         });
                     }
                     TimerKind::FlagDone(i) => self.complete(i),
+                    TimerKind::DepArrives(s) => self.release(s),
                 }
             }
             for k in finished {

@@ -73,6 +73,14 @@ pub struct LinkParams {
     pub usable_gbs: f64,
     /// One-way latency, µs.
     pub latency_us: f64,
+    /// With it, a plan's plain cross-rank dependencies run as the GPU
+    /// executor runs them (`plan::signal`): the producer's stream writes a
+    /// flag (`latency_us`, holding that stream), and the consumer's stream
+    /// starts its next task this long after the flag lands (stream-wait
+    /// polling, the launch behind it), µs; Wait tasks take it too. Default:
+    /// none (dependencies are seen at once, Waits take no time).
+    #[serde(default)]
+    pub flag_wait_us: Option<f64>,
 }
 
 /// DMA copy engines of one GPU.
@@ -92,6 +100,12 @@ pub struct CopyEngineParams {
     /// Fixed cost of one pulling copy, µs. Default `latency_us`.
     #[serde(default)]
     pub pull_latency_us: Option<f64>,
+    /// Aggregate bandwidth of the copies one GPU issues while two or more of
+    /// them move bytes at once (to or from different peers), GB/s: concurrent
+    /// copy engines of one GPU reach less together than one alone. Default:
+    /// no limit besides the links.
+    #[serde(default)]
+    pub fanout_gbs: Option<f64>,
 }
 
 /// One collective's calibrated bus bandwidth at one GPU count.
@@ -127,6 +141,26 @@ pub struct NcclParams {
     pub ll_bus_gbs: Option<f64>,
     /// Per-(collective, P) parameters.
     pub collective: Vec<CollectiveParams>,
+    /// Grouped send/recv at a given communicator size, overriding
+    /// `p2p_latency_us` and `p2p_peer_gbs` there (NCCL splits its p2p
+    /// channels among the communicator's peers, so one peer's bandwidth
+    /// depends on P). P not listed: the largest listed P below it, else the
+    /// global values. Default: none.
+    #[serde(default)]
+    pub p2p: Vec<P2pParams>,
+}
+
+/// Grouped send/recv at one communicator size (see [`NcclParams::p2p`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct P2pParams {
+    pub gpus: usize,
+    /// Fixed cost of one grouped step, µs. Default `p2p_latency_us`.
+    #[serde(default)]
+    pub latency_us: Option<f64>,
+    /// Bandwidth to or from one peer, GB/s. Default `p2p_peer_gbs`.
+    #[serde(default)]
+    pub peer_gbs: Option<f64>,
 }
 
 /// Memory-bound reduce kernels.
@@ -360,6 +394,23 @@ impl HwProfile {
         if let Some(v) = self.nccl.p2p_peer_gbs {
             pos("nccl.p2p_peer_gbs", v)?;
         }
+        for e in &self.nccl.p2p {
+            if e.gpus < 2 {
+                return Err(format!("nccl.p2p.gpus must be at least 2, got {}", e.gpus));
+            }
+            if let Some(v) = e.latency_us {
+                nonneg("nccl.p2p.latency_us", v)?;
+            }
+            if let Some(v) = e.peer_gbs {
+                pos("nccl.p2p.peer_gbs", v)?;
+            }
+        }
+        if let Some(v) = self.nvlink.flag_wait_us {
+            nonneg("nvlink.flag_wait_us", v)?;
+        }
+        if let Some(v) = self.copy_engine.fanout_gbs {
+            pos("copy_engine.fanout_gbs", v)?;
+        }
         if self.nccl.ll_latency_us.is_some() != self.nccl.ll_bus_gbs.is_some() {
             return Err("nccl.ll_latency_us and nccl.ll_bus_gbs go together".into());
         }
@@ -446,6 +497,23 @@ impl HwProfile {
             )));
         }
         Ok(())
+    }
+
+    /// Grouped send/recv at `gpus` ranks: (latency µs, per-peer GB/s if
+    /// limited), from the `nccl.p2p` entry with the largest P not above
+    /// `gpus`, else the global values.
+    pub fn p2p(&self, gpus: usize) -> (f64, Option<f64>) {
+        let e = self
+            .nccl
+            .p2p
+            .iter()
+            .filter(|e| e.gpus <= gpus)
+            .max_by_key(|e| e.gpus);
+        (
+            e.and_then(|e| e.latency_us)
+                .unwrap_or(self.nccl.p2p_latency_us),
+            e.and_then(|e| e.peer_gbs).or(self.nccl.p2p_peer_gbs),
+        )
     }
 
     /// The parameters of `kind` at `gpus` ranks: the entry with the largest

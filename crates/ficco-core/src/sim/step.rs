@@ -31,10 +31,16 @@ impl<'a> Sim<'a> {
                 self.sm_wait[r].push(i);
                 self.dirty[r] = true;
             }
-            Work::Flag { ms } => {
+            Work::Flag { ms, wait } => {
                 self.nodes[i].state = State::Running;
                 self.nodes[i].start = self.now;
-                self.timers.push((self.now + ms, TimerKind::FlagDone(i)));
+                // A Wait's `ms` is when its flag is seen (absolute).
+                let end = if wait {
+                    ms.max(self.now)
+                } else {
+                    self.now + ms
+                };
+                self.timers.push((end, TimerKind::FlagDone(i)));
             }
         }
     }
@@ -194,6 +200,9 @@ impl<'a> Sim<'a> {
             usage_work: bytes,
             cap,
             is_copy: true,
+            // Only pushes to a peer share the fan-out limit: local copies stay
+            // in HBM, and concurrent pulls measured at full speed (run 3).
+            issuer: (src != dst && !pull).then_some(src),
             ranks: if src == dst {
                 vec![src]
             } else {
@@ -250,12 +259,10 @@ impl<'a> Sim<'a> {
                     .chain(recv.iter())
                     .fold(0.0f64, |a, &b| a.max(b));
                 work = w;
-                let per_peer = hw
-                    .nccl
-                    .p2p_peer_gbs
-                    .map_or(f64::INFINITY, |g| g * peers.min(p) as f64);
+                let (lat_us, peer_gbs) = hw.p2p(p);
+                let per_peer = peer_gbs.map_or(f64::INFINITY, |g| g * peers.min(p) as f64);
                 cap = cost::bytes_per_ms(hw.nccl.p2p_bus_gbs.min(per_peer));
-                lat_ms = hw.nccl.p2p_latency_us * 1e-3;
+                lat_ms = lat_us * 1e-3;
                 if w > 0.0 {
                     for r in 0..p {
                         if sent[r] > 0.0 {
@@ -277,6 +284,7 @@ impl<'a> Sim<'a> {
             usage_work: work,
             cap: cap * self.nccl_scale,
             is_copy: false,
+            issuer: None,
             ranks,
         });
         self.timers
@@ -369,7 +377,13 @@ impl<'a> Sim<'a> {
         // Out of its node while it changes, so that the gates' nodes can be
         // read; only the spinning blocks and those handed out are looked at
         // (every block at every call was quadratic at large GPU counts).
-        let mut t = match std::mem::replace(&mut self.nodes[i].work, Work::Flag { ms: 0.0 }) {
+        let mut t = match std::mem::replace(
+            &mut self.nodes[i].work,
+            Work::Flag {
+                ms: 0.0,
+                wait: false,
+            },
+        ) {
             Work::Tile(t) => t,
             other => {
                 self.nodes[i].work = other;
@@ -441,13 +455,37 @@ impl<'a> Sim<'a> {
             self.dispatch_tiles(g);
         }
         let succs = std::mem::take(&mut self.nodes[i].succs);
-        for &s in &succs {
-            self.nodes[s].preds_left -= 1;
-            if self.nodes[s].preds_left == 0 {
-                self.launch(s);
+        if let Work::Flag { wait: false, .. } = self.nodes[i].work {
+            // A Signal: its Waits end when the flag is seen, `flag_wait_us`
+            // from now (at once if they reach it later).
+            let seen = self.now + self.hw.nvlink.flag_wait_us.unwrap_or(0.0) / 1000.0;
+            for &(s, _) in &succs {
+                if let Work::Flag {
+                    ref mut ms,
+                    wait: true,
+                } = self.nodes[s].work
+                {
+                    *ms = ms.max(seen);
+                }
+            }
+        }
+        for &(s, delay) in &succs {
+            if delay > 0.0 {
+                self.timers
+                    .push((self.now + delay, TimerKind::DepArrives(s)));
+            } else {
+                self.release(s);
             }
         }
         self.nodes[i].succs = succs;
+    }
+
+    /// One of `s`'s predecessors is done: launches it when it was the last.
+    pub(super) fn release(&mut self, s: usize) {
+        self.nodes[s].preds_left -= 1;
+        if self.nodes[s].preds_left == 0 {
+            self.launch(s);
+        }
     }
 
     /// Recomputes every active rate: GEMM waves from contention, reduces from
@@ -540,16 +578,38 @@ impl<'a> Sim<'a> {
         if n == 0 {
             return rate;
         }
+        let p = self.p;
         let link = cost::bytes_per_ms(self.hw.nvlink.usable_gbs);
-        let mut residual = vec![link; 2 * self.p];
-        let mut frozen = vec![false; n];
-        let usage = |j: usize| -> &Vec<(usize, f64)> {
+        // Resources: egress (r), ingress (P + r), and the copy engines of
+        // rank r together (2P + r), bounded only while two or more of its
+        // copies move bytes (`copy_engine.fanout_gbs`).
+        let mut residual = vec![link; 2 * p];
+        let flow_of = |j: usize| -> &Flow {
             let ActKind::Flow(f) = self.active[flow_ix[j]].kind else {
                 unreachable!()
             };
-            &self.flows[f].usage
+            &self.flows[f]
         };
-        let mut load = vec![0.0; 2 * self.p];
+        let mut issued = vec![0usize; p];
+        for j in 0..n {
+            if let Some(r) = flow_of(j).issuer {
+                issued[r] += 1;
+            }
+        }
+        let fanout = self.hw.copy_engine.fanout_gbs.map(cost::bytes_per_ms);
+        residual.extend(issued.iter().map(|&k| match fanout {
+            Some(bw) if k >= 2 => bw,
+            _ => f64::INFINITY,
+        }));
+        let mut frozen = vec![false; n];
+        let usage = |j: usize| {
+            let fl = flow_of(j);
+            fl.usage
+                .iter()
+                .copied()
+                .chain(fl.issuer.map(|r| (2 * p + r, 1.0)))
+        };
+        let mut load = vec![0.0; 3 * p];
         loop {
             load.iter_mut().for_each(|x| *x = 0.0);
             let mut any = false;
@@ -560,7 +620,7 @@ impl<'a> Sim<'a> {
                 }
                 any = true;
                 delta = delta.min(caps[j] - rate[j]);
-                for &(res, coef) in usage(j) {
+                for (res, coef) in usage(j) {
                     load[res] += coef;
                 }
             }
@@ -568,7 +628,7 @@ impl<'a> Sim<'a> {
                 break;
             }
             for res in 0..load.len() {
-                if load[res] > 0.0 {
+                if load[res] > 0.0 && residual[res].is_finite() {
                     delta = delta.min(residual[res] / load[res]);
                 }
             }
@@ -581,9 +641,7 @@ impl<'a> Sim<'a> {
                     continue;
                 }
                 rate[j] += delta;
-                let saturated = usage(j)
-                    .iter()
-                    .any(|&(res, _)| residual[res] <= link * 1e-9);
+                let saturated = usage(j).any(|(res, _)| residual[res] <= link * 1e-9);
                 if rate[j] >= caps[j] * (1.0 - 1e-12) || saturated {
                     frozen[j] = true;
                 }
