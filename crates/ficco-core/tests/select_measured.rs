@@ -23,6 +23,9 @@ use ficco_core::space::Schedule;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
+mod common;
+use common::Row;
+
 /// A pick may be this much slower than `seq` on data the rules were not
 /// derived from.
 const NOISE: f64 = 1.05;
@@ -30,17 +33,6 @@ const NOISE: f64 = 1.05;
 #[derive(Deserialize)]
 struct Fixture {
     scenarios: Vec<Row>,
-}
-
-#[derive(Deserialize, Clone)]
-struct Row {
-    scenario: String,
-    op: String,
-    m: usize,
-    k: usize,
-    n: usize,
-    gpus: usize,
-    times_ms: BTreeMap<String, f64>,
 }
 
 /// The measured time of every schedule of a stored report's scenario.
@@ -138,27 +130,6 @@ fn concurrent_picks_are_never_measured_slower_than_seq() {
     }
 }
 
-#[derive(Deserialize)]
-struct Sweeps {
-    sweeps: Vec<Sweep>,
-}
-
-/// One anchor sweep: every schedule measured, and PyTorch's sequential and
-/// ideal times from the same device call.
-#[derive(Deserialize)]
-struct Sweep {
-    label: String,
-    scenarios: Vec<SweepRow>,
-}
-
-#[derive(Deserialize)]
-struct SweepRow {
-    #[serde(flatten)]
-    row: Row,
-    torch_seq_ms: f64,
-    torch_ideal_ms: f64,
-}
-
 /// `data/sweeps-h200x4-ffd6dd6.json` (`bench/sweep_fixture.py`): the llama3
 /// suite and the held-out validation set (`suites/validation.toml`), each at
 /// P = 4 and P = 2, every schedule measured beside PyTorch on 4 H200s
@@ -178,7 +149,7 @@ struct SweepRow {
 /// known miss of the "never slower than seq" target.
 #[test]
 fn rule_picks_on_the_h200_sweeps() {
-    let f: Sweeps = serde_json::from_str(include_str!("data/sweeps-h200x4-ffd6dd6.json")).unwrap();
+    let f = common::h200_sweeps();
     let hw = HwProfile::builtin("h200-nvlink").unwrap();
     let floor = BTreeMap::from([
         ("llama3-p4", 0.90),

@@ -20,31 +20,10 @@ use ficco_core::choose::select::predict_ms;
 use ficco_core::problem::workload::{Op, Problem};
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::space::Schedule;
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-#[derive(Deserialize)]
-struct Fixture {
-    sweeps: Vec<Sweep>,
-}
-
-#[derive(Deserialize)]
-struct Sweep {
-    label: String,
-    scenarios: Vec<Row>,
-}
-
-#[derive(Deserialize)]
-struct Row {
-    scenario: String,
-    op: String,
-    m: usize,
-    k: usize,
-    n: usize,
-    gpus: usize,
-    times_ms: BTreeMap<String, f64>,
-}
+mod common;
 
 /// One valid measured row and the simulator's prediction.
 struct Scored {
@@ -74,10 +53,10 @@ fn profile() -> HwProfile {
 }
 
 fn score(hw: &HwProfile) -> Vec<Scored> {
-    let f: Fixture = serde_json::from_str(include_str!("data/sweeps-h200x4-ffd6dd6.json")).unwrap();
+    let f = common::h200_sweeps();
     let mut jobs = Vec::new();
     for sw in &f.sweeps {
-        for r in &sw.scenarios {
+        for r in sw.scenarios.iter().map(|s| &s.row) {
             for (s, &t) in &r.times_ms {
                 if t.is_finite() && t > 0.0 {
                     jobs.push((sw.label.clone(), r, s.clone(), t));
