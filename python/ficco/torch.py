@@ -234,11 +234,12 @@ def _drop(group, sess) -> None:
     with _lock:
         if _sessions.get(group) is sess:
             del _sessions[group]
-            _decisions.pop(group, None)
-            _forget_host(group)
+            _forget(group)
 
 
-def _forget_host(group) -> None:
+def _forget(group) -> None:
+    """Drops `group`'s ``auto`` decisions and host watch (under ``_lock``)."""
+    _decisions.pop(group, None)
     _host_group.pop(group, None)
     for key in [k for k in _host_calls if k[0] is group]:
         del _host_calls[key]
@@ -525,7 +526,6 @@ def _torch_seq(op, a, b, out, group, size, gathered=None):
     the GEMM on the current stream (PyTorch's functional collectives: C++
     ops, a few tens of µs of host where the ``torch.distributed`` calls cost
     hundreds; see ``_grad``)."""
-    fc, name = _grad._fc, group.group_name
     if op == "ag-gemm":
         full = gathered
         if full is None:
@@ -536,7 +536,7 @@ def _torch_seq(op, a, b, out, group, size, gathered=None):
         _grad.reduce_scatter_into(out, torch.mm(a, b), group)
     else:
         torch.mm(a, b, out=out)
-        fc.wait_tensor(fc.all_reduce_(out, "sum", name))
+        _grad._fc.wait_tensor(_grad._fc.all_reduce_(out, "sum", group.group_name))
 
 
 # ------------------------------------------------- host-bound call shapes
@@ -685,8 +685,7 @@ def forget_decisions(group: Optional[dist.ProcessGroup] = None) -> None:
         return
     g = _resolve(group)
     with _lock:
-        _decisions.pop(g, None)
-        _forget_host(g)
+        _forget(g)
 
 
 def decisions(group: Optional[dist.ProcessGroup] = None) -> Dict[Tuple[str, int, int, int], Decision]:
