@@ -15,7 +15,16 @@ ranks of a job, three ways, side by side:
   memory, no gather in the backward); ``ficco-torchbwd`` runs every input
   gradient as PyTorch's backward does (its collective on the NCCL stream
   beside the weight gradient's GEMM), never as ficco's op
-  (``ficco.torch.input_grads_on_ficco(False)``).
+  (``ficco.torch.input_grads_on_ficco(False)``); ``ficco-allbwd`` runs
+  every input gradient as ficco's op where ``auto`` picks a schedule,
+  ``all_gather_matmul``'s beside its weight gradient included
+  (``input_grads_on_ficco(True)``; the default leaves that one to
+  PyTorch, whose reduce-scatter hides behind the weight gradient's GEMM);
+* ``no-comm``: the bound of any overlap: PyTorch's model with each
+  collective replaced by a local copy of its output's size (no link
+  traffic, forward and backward), the step as if communication cost
+  nothing. Its loss is not the job's (not checked) and its learning rate
+  is 0, so that its weights keep the values the other ways start from.
 
 The block is ``examples/llama_tp_block.py``'s (RMSNorm without a learned
 weight here, so every parameter is a TP shard): per block, all-gather ->
@@ -64,6 +73,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_tp_block import rope, rope_tables, slowest  # noqa: E402
 
 
+WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-torchbwd", "ficco-allbwd", "no-comm")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dim", type=int, default=8192, help="model width D (Llama-3-70B: 8192)")
@@ -76,7 +88,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=4, help="steps left out of the timing")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--mode", choices=["eager", "graphs", "compile", "all"], default="eager")
-    p.add_argument("--ways", default="pytorch,async-tp,ficco,ficco-keep")
+    p.add_argument("--ways", default="pytorch,async-tp,ficco,ficco-keep",
+                   help=f"comma-separated, of: {', '.join(WAYS)} (the module's doc says what each is)")
     p.add_argument("--loss-tol", type=float, default=2e-2,
                    help="largest relative difference of a step's loss from PyTorch sequential's")
     p.add_argument("--grad-tol", type=float, default=5e-2,
@@ -99,21 +112,56 @@ def rms_norm(x, eps=1e-5):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+class LocalGather(torch.autograd.Function):
+    """``no-comm``'s all-gather: this rank's shard copied `p` times (the
+    bytes an all-gather writes, none sent); its backward keeps this rank's
+    rows of the gradient (a reduce-scatter's output, nothing summed)."""
+
+    @staticmethod
+    def forward(ctx, shard, p, rank):
+        ctx.p, ctx.rank = p, rank
+        return shard.repeat(p, 1)
+
+    @staticmethod
+    def backward(ctx, dfull):
+        rows = dfull.shape[0] // ctx.p
+        return dfull.narrow(0, ctx.rank * rows, rows).contiguous(), None, None
+
+
+class LocalScatter(torch.autograd.Function):
+    """``no-comm``'s reduce-scatter: this rank's rows (nothing summed or
+    sent); its backward is :class:`LocalGather`'s forward."""
+
+    @staticmethod
+    def forward(ctx, full, p, rank):
+        ctx.p = p
+        rows = full.shape[0] // p
+        return full.narrow(0, rank * rows, rows).contiguous()
+
+    @staticmethod
+    def backward(ctx, dshard):
+        return dshard.repeat(ctx.p, 1), None, None
+
+
 class Comm:
     """How a way runs the block's two communication-dependent matmuls."""
 
     def __init__(self, name, group):
         self.name, self.group = name, group
-        self.p = dist.get_world_size(group)
+        self.p, self.rank = dist.get_world_size(group), dist.get_rank(group)
 
     def ag_mm(self, a, b):
         if self.name == "ficco":
             return ft.all_gather_matmul(a, b, group=self.group)
+        if self.name == "no-comm":
+            return LocalGather.apply(a, self.p, self.rank) @ b
         return funcol.all_gather_tensor_autograd(a, 0, self.group) @ b
 
     def mm_rs(self, a, b):
         if self.name == "ficco":
             return ft.matmul_reduce_scatter(a, b, group=self.group)
+        if self.name == "no-comm":
+            return LocalScatter.apply(a @ b, self.p, self.rank)
         return funcol.reduce_scatter_tensor_autograd(a @ b, "sum", 0, self.group)
 
 
@@ -212,10 +260,10 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
         # Each way and mode decides as a program that runs only it would.
         ft.forget_decisions(group)
         ft_grad.keep_gathered(way == "ficco-keep")
-        ft_grad.input_grads_on_ficco(way != "ficco-torchbwd")
-    comm = Comm("ficco" if ficco else "pytorch", group)
+        ft_grad.input_grads_on_ficco({"ficco-torchbwd": False, "ficco-allbwd": True}.get(way, "auto"))
+    comm = Comm("ficco" if ficco else way if way == "no-comm" else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0 if way == "no-comm" else args.lr)
     fwd = model
     if way == "async-tp":
         enable_async_tp(group)
@@ -398,6 +446,11 @@ def main():
     say(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, ficco {ft._native.version()}")
     modes = ["eager", "graphs", "compile"] if args.mode == "all" else [args.mode]
     ways = [w for w in args.ways.split(",") if w]
+    unknown = sorted(set(ways) - set(WAYS))
+    if unknown:
+        say(f"train_tp: unknown way(s) {', '.join(unknown)} in --ways; known: {', '.join(WAYS)}")
+        dist.destroy_process_group()
+        sys.exit(2)
     record = {"tokens": args.tokens, "P": p, "layers": args.layers, "device": torch.cuda.get_device_name(dev),
               "modes": {}}
     failed = False
@@ -418,7 +471,7 @@ def main():
             res[way] = {"losses": losses, "times": med, "memory": mem}
             if way == "pytorch":
                 ref_grads = grads
-            elif ref_grads is not None:
+            elif ref_grads is not None and way != "no-comm":
                 res[way]["grad_err"] = slowest(grad_err(grads, ref_grads), dev)
             del grads
         record["modes"][mode] = res
@@ -432,7 +485,8 @@ def main():
             speed = base["times"]["step"] / t["step"] if base else float("nan")
             diff = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], base["losses"])) if base else 0.0
             r["max_loss_diff"] = diff
-            ok = diff < args.loss_tol and r.get("grad_err", 0.0) < args.grad_tol
+            # no-comm computes something else (the bound, not the job's loss).
+            ok = way == "no-comm" or diff < args.loss_tol and r.get("grad_err", 0.0) < args.grad_tol
             failed |= not ok
             say(f"  {way:9} {t['step']:8.3f} {t['forward']:7.3f} {t['backward']:7.3f} {speed:9.2f}x "
                 f"{r['memory']['peak_gib']:8.2f} {r['memory']['outside_torch_gib']:8.2f} "
