@@ -15,11 +15,7 @@ ranks of a job, three ways, side by side:
   memory, no gather in the backward); ``ficco-torchbwd`` runs every input
   gradient as PyTorch's backward does (its collective on the NCCL stream
   beside the weight gradient's GEMM), never as ficco's op
-  (``ficco.torch.input_grads_on_ficco(False)``); ``ficco-allbwd`` runs
-  every input gradient as ficco's op where ``auto`` picks a schedule,
-  ``all_gather_matmul``'s beside its weight gradient included
-  (``input_grads_on_ficco(True)``; the default leaves that one to
-  PyTorch, whose reduce-scatter hides behind the weight gradient's GEMM);
+  (``ficco.torch.input_grads_on_ficco(False)``);
 * ``no-comm``: the bound of any overlap: PyTorch's model with each
   collective replaced by a local copy of its output's size (no link
   traffic, forward and backward), the step as if communication cost
@@ -73,7 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_tp_block import rope, rope_tables, slowest  # noqa: E402
 
 
-WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-torchbwd", "ficco-allbwd", "no-comm")
+WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-torchbwd", "no-comm")
 
 
 def parse_args():
@@ -260,7 +256,7 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
         # Each way and mode decides as a program that runs only it would.
         ft.forget_decisions(group)
         ft_grad.keep_gathered(way == "ficco-keep")
-        ft_grad.input_grads_on_ficco({"ficco-torchbwd": False, "ficco-allbwd": True}.get(way, "auto"))
+        ft_grad.input_grads_on_ficco(way != "ficco-torchbwd")
     comm = Comm("ficco" if ficco else way if way == "no-comm" else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.0 if way == "no-comm" else args.lr)

@@ -45,26 +45,17 @@ ficco's own GEMMs); else PyTorch's sequential backward runs it (NCCL, and
 ``torch.mm`` on the transposed view). A schedule forced on the forward
 call applies to the forward only; the backward's ops are ``auto``.
 
-**Which input gradients may run on ficco** (:func:`input_grads_on_ficco`).
-``all_gather_matmul``'s input gradient is a reduce-scatter of
-``dc @ b_rᵀ``; beside it runs the weight gradient's GEMM, of the same
-FLOPs, which does not need the reduce-scatter. PyTorch's path then hides
-the reduce-scatter behind that GEMM: ``T = T_gemm + max(T_rs, T_wgrad)``,
-which is ``2·T_gemm`` wherever ``T_rs ≤ T_gemm``. ficco's fused op overlaps
-the same reduce-scatter with the input gradient's own GEMM instead, and the
-weight gradient's GEMM follows: ``T = T_fused + T_wgrad ≥ 2·T_gemm``. It
-cannot win there, and it lost (the 2-block training step's backward on 4
-H100s under CUDA graphs: 0.4-1.3 ms slower than PyTorch's at 2048-16384
-tokens). So by default (``"auto"``) that input gradient runs on ficco only
-where no weight gradient is computed beside it. ``matmul_reduce_scatter``'s
-input gradient is different: both of its GEMMs need the gathered ``dc``,
-so PyTorch's backward leaves the all-gather exposed, and ficco's
-``all_gather_matmul`` overlaps it.
+Both input gradients run on ficco, ``all_gather_matmul``'s too, although
+PyTorch's path could hide its reduce-scatter behind the weight gradient's
+GEMM (``T_gemm + max(T_rs, T_wgrad)``, against ficco's ``T_fused +
+T_wgrad``). Leaving that one to PyTorch was measured slower: a 2-block
+training step on 4 H200s, 2048 and 8192 tokens, eager and graphs, lost 0.5-
+1.5% against running it on ficco (``bench/RESULTS.md``, ninth session).
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -183,24 +174,19 @@ _refused = set()
 
 
 def _input_grad(
-    op: str, x: torch.Tensor, w: torch.Tensor, group, gather: bool = False,
-    beside_wgrad: bool = False,
+    op: str, x: torch.Tensor, w: torch.Tensor, group, gather: bool = False
 ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """`op` of `x` and `w`ᵀ on ficco (`w` read transposed in place: the
     forward's weight ``[k, n]`` is the op's B stored ``[n, k]``), with the
     gathered `x` where `gather` (ag-gemm); or None where PyTorch's backward
-    should run it: :func:`input_grads_on_ficco` leaves it out (off, or
-    ``"auto"`` with a weight gradient's GEMM `beside_wgrad` that hides
-    PyTorch's collective), `auto` decided ``seq`` (the gain does not cover
-    the call's cost), or the schedule cannot read a transposed B. Loopback
-    jobs always run ficco (gloo has no device collectives)."""
-    on = input_grads_on_ficco()
-    if not on:
+    should run it: :func:`input_grads_on_ficco` is off, `auto` decided
+    ``seq`` (the gain does not cover the call's cost), or the schedule
+    cannot read a transposed B. Loopback jobs
+    always run ficco (gloo has no device collectives)."""
+    if not input_grads_on_ficco():
         return None
     fn = f"ficco.torch.{ft._OPS[op]} (backward)"
     sess = ft._session(fn, group)
-    if on == "auto" and beside_wgrad and not sess.loopback:
-        return None
     size = dist.get_world_size(group)
     m = x.shape[0] * size if op == "ag-gemm" else x.shape[0]
     k, n = w.shape[1], w.shape[0]
@@ -238,7 +224,7 @@ def ag_mm_backward(
     full, gathered = (a, _Done()) if kept or not need_b else all_gather_async(a, group)
     scattered = _Done()
     if need_a:
-        ran = _input_grad("gemm-rs", dc, b, group, beside_wgrad=need_b)
+        ran = _input_grad("gemm-rs", dc, b, group)
         if ran is not None:
             da = ran[0]
         else:
@@ -288,27 +274,18 @@ def keep_gathered(on: Optional[bool] = None) -> bool:
     return _keep
 
 
-_on_ficco: Union[str, bool] = "auto"
+_on_ficco = True
 
 
-def input_grads_on_ficco(on: Union[str, bool, None] = None) -> Union[str, bool]:
-    """Which input gradients the backward may run as ficco's op (each where
-    ``auto`` picks an overlapped schedule for its shape), the others as
-    PyTorch's backward does (the GEMM, then its collective):
-
-    * ``"auto"`` (the default): every one except ``all_gather_matmul``'s
-      where its weight gradient is computed too (PyTorch's reduce-scatter
-      runs hidden behind that GEMM; the module's doc says why ficco cannot
-      beat that);
-    * ``True``: every one;
-    * ``False``: none.
-
-    Returns the setting; ``on`` sets it."""
+def input_grads_on_ficco(on: Optional[bool] = None) -> bool:
+    """Whether the backward may run an input gradient as ficco's op (where
+    ``auto`` picks an overlapped schedule for its shape: the default), or
+    always as PyTorch's backward does: the GEMM, then its collective beside
+    the weight gradient's GEMM. Returns the setting;
+    ``on`` sets it."""
     global _on_ficco
     if on is not None:
-        if not (isinstance(on, bool) or on == "auto"):
-            raise ValueError(f"input_grads_on_ficco: on must be 'auto', True or False, not {on!r}")
-        _on_ficco = on
+        _on_ficco = bool(on)
     return _on_ficco
 
 

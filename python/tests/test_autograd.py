@@ -9,9 +9,7 @@ sequential reference on gloo, ``_run`` and ``_execute``), and the session by
 one whose decision is given: the input gradient then takes ficco's op
 (``gain``), PyTorch's sequential backward (``seq``), or PyTorch's after the
 schedule refused a transposed B (``refused``), or PyTorch's although ficco's
-op would gain (``off``: ``input_grads_on_ficco(False)``; ``auto``, the
-default, for ``all_gather_matmul``'s input gradient beside its weight
-gradient). All are checked. A wrong operand,
+op would gain (``off``: ``input_grads_on_ficco(False)``). All are checked. A wrong operand,
 transpose or collective in a formula gives an error of order 1; bf16
 rounding, ~1e-2. The GPU tests check the same gradients with the real ops.
 """
@@ -44,7 +42,7 @@ class Session:
     def decide(self, op, m, k, n):
         self.decided.append((op, m, k, n))
         name = {"seq": "seq", "gain": "shard-copy-ring", "refused": "tile-copy-ring",
-                "off": "shard-copy-ring", "auto": "shard-copy-ring"}[self.decision]
+                "off": "shard-copy-ring"}[self.decision]
         return (name, "shard-copy-ring", "measured", 1.0, 0.5, 0.5, 0.01)
 
 
@@ -134,9 +132,8 @@ def worker(rank, port, out_dir, decision, keep):
     ft._execute = cpu_execute(calls)
     ft._sessions[group] = sess = Session(decision)
     _grad.keep_gathered(keep)
-    # "off": a gain, but the input gradients never run as ficco's op;
-    # "auto": a gain, and only matmul_reduce_scatter's runs as ficco's op.
-    _grad.input_grads_on_ficco({"off": False, "auto": "auto"}.get(decision, True))
+    # "off": a gain, but the input gradients never run as ficco's op.
+    _grad.input_grads_on_ficco(decision != "off")
     i = inputs(rank)
     rows = {}
     for op, f in (("ag-gemm", ft.all_gather_matmul), ("gemm-rs", ft.matmul_reduce_scatter),
@@ -165,7 +162,7 @@ def worker(rank, port, out_dir, decision, keep):
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["keep", "regather"])
-@pytest.mark.parametrize("decision", ["gain", "seq", "refused", "off", "auto"])
+@pytest.mark.parametrize("decision", ["gain", "seq", "refused", "off"])
 def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_path):
     port = ficco.free_port()
     mp.spawn(worker, args=(port, str(tmp_path), decision, keep), nprocs=WORLD)
@@ -182,17 +179,13 @@ def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_p
             # (A refused call raised before it ran; PyTorch's backward ran it.)
             assert rows["ag-gemm"]["calls"] == [fwd_ag, ["gemm-rs", [M, N], [K, N], True]]
             assert rows["gemm-rs"]["calls"] == [fwd_rs, ["ag-gemm", [M // WORLD, N], [K, N], True]]
-        elif decision == "auto":
-            assert rows["ag-gemm"]["calls"] == [fwd_ag]
-            assert rows["gemm-rs"]["calls"] == [fwd_rs, ["ag-gemm", [M // WORLD, N], [K, N], True]]
         else:
             assert rows["ag-gemm"]["calls"] == [fwd_ag]
             assert rows["gemm-rs"]["calls"] == [fwd_rs]
         assert rows["gemm-ar"]["calls"] == [["gemm-ar", [M, K], [K, N]]]
         # Decided once per backward shape: the input gradient's op, [m, k=n, n=k]
         # (nothing to decide where the input gradients stay on PyTorch).
-        want = {"off": [], "auto": [["ag-gemm", M, N, K]]}.get(
-            decision, [["gemm-rs", M, N, K], ["ag-gemm", M, N, K]])
+        want = [] if decision == "off" else [["gemm-rs", M, N, K], ["ag-gemm", M, N, K]]
         assert rows["decided"] == want
 
 
@@ -242,11 +235,3 @@ def test_compile_traces_forward_and_backward_through_the_ops(world4):
     assert [t for t in bwd if t.startswith("ficco.")] == [
         "ficco.matmul_reduce_scatter_backward.default",
         "ficco.all_gather_matmul_backward.default"], bwd
-
-
-@pytest.mark.parametrize("bad", ["all", 1, 0.5])
-def test_input_grads_setting_refuses_what_it_does_not_know(bad):
-    before = _grad.input_grads_on_ficco()
-    with pytest.raises(ValueError, match="input_grads_on_ficco"):
-        _grad.input_grads_on_ficco(bad)
-    assert _grad.input_grads_on_ficco() == before
