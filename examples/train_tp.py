@@ -8,11 +8,12 @@ ranks of a job, three ways, side by side:
   micro-pipeline TP pass (``torch._inductor.config._micro_pipeline_tp``,
   symmetric memory), which fuses the collectives with their matmuls,
   forward and backward; it exists only compiled (``--mode compile``);
-* ``ficco``: ``ficco.torch``'s ops, with their backward (``ficco._grad``):
-  ``all_gather_matmul``'s weight gradient gathers its operand again in the
-  backward (the default); ``ficco-keep`` keeps the gathered operand its op
-  hands back instead (as PyTorch's forward keeps its gathered input: more
-  memory, no gather in the backward); ``ficco-torchbwd`` runs every input
+* ``ficco``: ``ficco.torch``'s ops, with their backward (``ficco._grad``),
+  as set by default: ``all_gather_matmul`` keeps the gathered operand its
+  op hands back for the weight gradient on more than 2 ranks (as PyTorch's
+  forward keeps its gathered input), and gathers it again in the backward
+  on 2; ``ficco-keep`` always keeps it; ``ficco-regather`` always gathers
+  again (less memory); ``ficco-torchbwd`` runs every input
   gradient as PyTorch's backward does (its collective on the NCCL stream
   beside the weight gradient's GEMM), never as ficco's op
   (``ficco.torch.input_grads_on_ficco(False)``);
@@ -69,7 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_tp_block import rope, rope_tables, slowest  # noqa: E402
 
 
-WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-torchbwd", "no-comm")
+WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-regather", "ficco-torchbwd", "no-comm")
 
 
 def parse_args():
@@ -255,7 +256,7 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
     if ficco:
         # Each way and mode decides as a program that runs only it would.
         ft.forget_decisions(group)
-        ft_grad.keep_gathered(way == "ficco-keep")
+        ft_grad.keep_gathered({"ficco-keep": True, "ficco-regather": False}.get(way, "auto"))
         ft_grad.input_grads_on_ficco(way != "ficco-torchbwd")
     comm = Comm("ficco" if ficco else way if way == "no-comm" else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)

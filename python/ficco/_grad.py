@@ -13,11 +13,11 @@ upstream gradient ``dc``:
 =========================  =====================================  ================================
 op                         input gradient                         weight gradient
 =========================  =====================================  ================================
-``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``: ``a``
-                           ``matmul_reduce_scatter`` on ficco,     gathered again during the input
-                           or ``torch.mm`` and a reduce-scatter    gradient's GEMM (or the gathered
-                           that runs during the weight gradient    ``a`` the forward op handed back:
-                                                                   :func:`keep_gathered`)
+``all_gather_matmul``      ``reduce_scatter(dc @ b_rᵀ)``:          ``all_gather(a)ᵀ @ dc``: the
+                           ``matmul_reduce_scatter`` on ficco,     gathered ``a`` the forward op
+                           or ``torch.mm`` and a reduce-scatter    handed back, or ``a`` gathered
+                           that runs during the weight gradient    again during the input gradient's
+                                                                   GEMM (:func:`keep_gathered`)
 ``matmul_reduce_scatter``  ``all_gather(dc) @ b_rᵀ``:              ``aᵀ @ all_gather(dc)``: the
                            ``all_gather_matmul`` on ficco,         ``dc`` the input gradient's op
                            or PyTorch's (one gather for both)      handed back
@@ -55,7 +55,7 @@ training step on 4 H200s, 2048 and 8192 tokens, eager and graphs, lost 0.5-
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -257,21 +257,33 @@ def mm_rs_backward(
 
 _BACKWARD = {"ag-gemm": ag_mm_backward, "gemm-rs": mm_rs_backward}
 
-_keep: Optional[bool] = None
+_keep: Union[str, bool, None] = None  # None: FICCO_KEEP_GATHERED not read yet
 
 
-def keep_gathered(on: Optional[bool] = None) -> bool:
+def keep_gathered(on: Union[str, bool, None] = None) -> Union[str, bool]:
     """Whether ``all_gather_matmul`` keeps the gathered operand its forward
-    op hands back, for the weight gradient (``FICCO_KEEP_GATHERED=1``: no
-    gather in the backward for it, and the memory PyTorch's forward holds
-    too), else the backward gathers it again (the default, ``0``: as fast
-    on 2 H100s, with less memory). Returns the setting; ``on`` sets it."""
+    op hands back, for the weight gradient (no gather in the backward for
+    it, and the memory PyTorch's forward holds too), or the backward
+    gathers it again (less memory): ``True``, ``False``, or ``"auto"`` (the
+    default, ``FICCO_KEEP_GATHERED``): keep on more than 2 ranks. Gathering
+    again was as fast on 2 H100s and 0.2-2% slower a training step on 4
+    H200s (``bench/RESULTS.md``). Returns the setting; ``on`` sets it."""
     global _keep
     if on is not None:
-        _keep = bool(on)
+        if not (isinstance(on, bool) or on == "auto"):
+            raise ValueError(f"keep_gathered: on must be 'auto', True or False, not {on!r}")
+        _keep = on
     elif _keep is None:
-        _keep = ft._native.keep_gathered_default()
+        found = ft._native.keep_gathered_default()
+        _keep = "auto" if found is None else found
     return _keep
+
+
+def keeps_gathered(group) -> bool:
+    """Whether ``all_gather_matmul`` on `group` keeps its gathered operand
+    (:func:`keep_gathered`, with ``"auto"`` resolved by the group's size)."""
+    k = keep_gathered()
+    return k if isinstance(k, bool) else dist.get_world_size(group) > 2
 
 
 _on_ficco = True

@@ -307,8 +307,9 @@ def _op(op, a_name, a, b, group, schedule, out):
             "(or call under torch.no_grad())"
         )
     _check_initialised(fn)
-    name = _group_name(_resolve(group))
-    if grad and op == "ag-gemm" and b.requires_grad and _grad.keep_gathered():
+    resolved = _resolve(group)
+    name = _group_name(resolved)
+    if grad and op == "ag-gemm" and b.requires_grad and _grad.keeps_gathered(resolved):
         # The weight gradient needs all_gather(a): kept from here.
         return torch.ops.ficco.all_gather_matmul_keep(a, b, name, schedule)[0]
     ops = getattr(torch.ops.ficco, _OPS[op])

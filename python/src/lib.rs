@@ -162,10 +162,11 @@ fn env_settings() -> PyResult<ficco_core::settings::Settings> {
 }
 
 /// `FICCO_KEEP_GATHERED` as the Rust settings parse it (read now): whether
-/// `all_gather_matmul` keeps its gathered operand for the weight gradient.
-/// Raises `ValueError` naming a bad value.
+/// `all_gather_matmul` keeps its gathered operand for the weight gradient
+/// (`None`: auto, by the group's size). Raises `ValueError` naming a bad
+/// value.
 #[pyfunction]
-fn keep_gathered_default() -> PyResult<bool> {
+fn keep_gathered_default() -> PyResult<Option<bool>> {
     env_settings().map(|s| s.keep_gathered)
 }
 

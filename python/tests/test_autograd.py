@@ -235,3 +235,17 @@ def test_compile_traces_forward_and_backward_through_the_ops(world4):
     assert [t for t in bwd if t.startswith("ficco.")] == [
         "ficco.matmul_reduce_scatter_backward.default",
         "ficco.all_gather_matmul_backward.default"], bwd
+
+
+def test_keep_gathered_auto_keeps_on_more_than_two_ranks(world4):
+    before = _grad.keep_gathered()
+    try:
+        _grad.keep_gathered("auto")
+        assert _grad.keeps_gathered(dist.group.WORLD)  # 4 ranks
+        _grad.keep_gathered(False)
+        assert not _grad.keeps_gathered(dist.group.WORLD)
+        with pytest.raises(ValueError, match="keep_gathered"):
+            _grad.keep_gathered("yes")
+        assert _grad.keep_gathered() is False
+    finally:
+        _grad.keep_gathered(before)
