@@ -141,6 +141,12 @@ fn concurrent_picks_are_never_measured_slower_than_seq() {
 /// on the validation set, and lost at every llama3 gemm-rs of the older
 /// run 4: dropped.)
 ///
+/// The fastest measured schedule of each scenario reaches E 0.954 / 0.862
+/// / 0.856 / 1.007 on these sweeps (llama3 P = 4 / P = 2, validation P = 4 /
+/// P = 2; printed with `--nocapture`): issue 30's E ≥ 0.95 at P = 2 is
+/// above what any pick reaches on llama3 here, and its 0.85 at P = 4 on the
+/// validation set leaves 0.006 of slack.
+///
 /// Asserted: the aggregated E of the rule pick (against PyTorch's reference,
 /// as `score_tune.py` computes it) on each sweep, and that every pick
 /// measured slower than `seq` is a compute-bound ag-gemm (T_comp/T_comm ≥ 5
@@ -161,11 +167,12 @@ fn rule_picks_on_the_h200_sweeps() {
     for sweep in &f.sweeps {
         let rows: Vec<Row> = sweep.scenarios.iter().map(|s| s.row.clone()).collect();
         let picks = pick_over_seq(&rows, &hw);
-        let (mut seq, mut ideal, mut pick) = (0.0, 0.0, 0.0);
+        let (mut seq, mut ideal, mut pick, mut best) = (0.0, 0.0, 0.0, 0.0);
         for (s, (_, _, name, ratio)) in sweep.scenarios.iter().zip(&picks) {
             seq += s.torch_seq_ms;
             ideal += s.torch_ideal_ms;
             pick += s.row.times_ms[name];
+            best += s.row.times_ms.values().copied().fold(f64::INFINITY, f64::min);
             if *ratio > 1.0 {
                 let op: Op = s.row.op.parse().unwrap();
                 let p = Problem::new(op, s.row.m, s.row.k, s.row.n, s.row.gpus).unwrap();
@@ -179,6 +186,11 @@ fn rule_picks_on_the_h200_sweeps() {
             }
         }
         let e = (seq - pick) / (seq - ideal);
+        // What picking the fastest measured schedule of every scenario
+        // reaches: the ceiling of any selector on this data.
+        let oracle = (seq - best) / (seq - ideal);
+        eprintln!("{}: rule pick E {e:.3}, best measured E {oracle:.3}", sweep.label);
+        assert!(e <= oracle + 1e-9);
         let want = floor[sweep.label.as_str()];
         assert!(e >= want, "{}: aggregated E {e:.3} < {want}", sweep.label);
     }
