@@ -7,10 +7,11 @@ parallel over the ranks of a job, run three ways and compared:
   (``torch.ops.symm_mem.fused_all_gather_matmul`` and
   ``fused_matmul_reduce_scatter``);
 * ``ficco``: ``ficco.torch.all_gather_matmul`` and ``matmul_reduce_scatter``;
-* ``no-comm``: the bound of any overlap: PyTorch sequential with each
-  collective replaced by a local copy of its output's size (no link
-  traffic), the block as if communication cost nothing. It computes
-  something else (its error is not checked).
+* ``no-comm``: the ceiling of any overlap (about the best it can reach,
+  not a strict bound): PyTorch sequential with each collective replaced by
+  a local copy of its output's size (no link traffic), the block as if
+  communication cost nothing. It computes something else (its error is
+  not checked).
 
 The block (Megatron-style TP with sequence parallelism, as async-TP runs it):
 each rank holds T/P tokens of the residual stream ``x`` ``[T/P, D]``::
@@ -193,7 +194,7 @@ class Sequential:
 
 
 class NoComm:
-    """The bound: the all-gather becomes this rank's shard copied P times
+    """The ceiling: the all-gather becomes this rank's shard copied P times
     (the bytes it writes), the reduce-scatter this rank's rows of the
     product (nothing summed or sent)."""
 
@@ -399,12 +400,12 @@ def main():
                 if way.name not in outs:
                     continue
                 err = slowest(rel_err(outs[way.name], ref, x), red_dev)
-                # no-comm computes something else: the bound, not the block.
+                # no-comm computes something else: the ceiling, not the block.
                 ok = err < TOLERANCE or isinstance(way, NoComm)
                 failed |= not ok
                 t = times[way.name]
                 speed = times["pytorch"] / t if "pytorch" in times else float("nan")
-                shown = "(bound)" if isinstance(way, NoComm) else f"{err:9.2e}"
+                shown = "(ceiling)" if isinstance(way, NoComm) else f"{err:9.2e}"
                 say(f"  {way.name:10} {t:9.3f} {speed:9.2f}x {shown:>9}{'' if ok else '  MISMATCH'}")
             fc = next((w_ for w_ in ways if isinstance(w_, Ficco)), None)
             if fc is not None and "ficco" in times:
