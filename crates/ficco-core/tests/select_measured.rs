@@ -172,7 +172,12 @@ fn rule_picks_on_the_h200_sweeps() {
             seq += s.torch_seq_ms;
             ideal += s.torch_ideal_ms;
             pick += s.row.times_ms[name];
-            best += s.row.times_ms.values().copied().fold(f64::INFINITY, f64::min);
+            best += s
+                .row
+                .times_ms
+                .values()
+                .copied()
+                .fold(f64::INFINITY, f64::min);
             if *ratio > 1.0 {
                 let op: Op = s.row.op.parse().unwrap();
                 let p = Problem::new(op, s.row.m, s.row.k, s.row.n, s.row.gpus).unwrap();
@@ -189,7 +194,10 @@ fn rule_picks_on_the_h200_sweeps() {
         // What picking the fastest measured schedule of every scenario
         // reaches: the ceiling of any selector on this data.
         let oracle = (seq - best) / (seq - ideal);
-        eprintln!("{}: rule pick E {e:.3}, best measured E {oracle:.3}", sweep.label);
+        eprintln!(
+            "{}: rule pick E {e:.3}, best measured E {oracle:.3}",
+            sweep.label
+        );
         assert!(e <= oracle + 1e-9);
         let want = floor[sweep.label.as_str()];
         assert!(e >= want, "{}: aggregated E {e:.3} < {want}", sweep.label);
