@@ -549,12 +549,14 @@ HOST_SKIP = 2
 #: stream was idle when the call came.
 HOST_SAMPLES = 16
 #: Samples found idle, on the rank with the most, from which the group is
-#: host-bound: more than half (a loop that synchronizes every step finds the
-#: step's first call idle: a quarter of the samples with four shapes a step).
-#: Measured on 4 H100s, Llama-3-70B-width training at 2048 tokens, eager: the
-#: watch found 9-11 of 16 idle; with the shapes' schedules the step ran 0.93x
-#: PyTorch, turned to `seq` 1.18x (the same machine, one call apart).
-HOST_IDLE = HOST_SAMPLES // 2 + 1
+#: host-bound: more than a third (a loop that synchronizes every step finds
+#: the step's first call idle: a quarter of the samples with four shapes a
+#: step). Measured on 4 GPUs, Llama-3-70B width, eager: training at 2048
+#: tokens found 8-11 of 16 idle (turned to `seq`: 1.00x, 1.10x, 1.18x
+#: PyTorch; with the shapes' schedules: 0.88x-1.07x), at 8192 tokens 2-3, at
+#: 16384 0; the block at 2048 tokens 5-10 (about 1.0x either way), above 0.
+#: Half (9) left runs at 8 on their schedules.
+HOST_IDLE = HOST_SAMPLES // 3 + 1
 #: Gains (ms per call) from which a shape keeps its schedule even where the
 #: host sets the pace: more than a call of ficco costs the host beyond
 #: PyTorch's (measured on 4 H200s: 0.2-0.27 ms issued directly, 0.07 ms as
