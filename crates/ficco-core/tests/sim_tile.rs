@@ -31,6 +31,10 @@ fn hw() -> HwProfile {
     c.gemm_slowdown_gemm = 1.0;
     c.nccl_slowdown_gemm = 1.0;
     c.copy_slowdown_gemm = 1.0;
+    // ficco's kernel as fast as the wave model, no hook costs.
+    hw.own_gemm.points.clear();
+    hw.own_gemm.tile_slowdown = 1.0;
+    hw.own_gemm.tile_acc_slowdown = 1.0;
     hw
 }
 
@@ -163,6 +167,16 @@ fn ungated_tile_gemm_is_a_plain_gemm() {
         cost::gemm_ms(&hw, 384, K, N, 132),
         "as the cost model",
     );
+}
+
+/// The profile's hook cost stretches every tile (the launch stays).
+#[test]
+fn tile_slowdown_stretches_the_tiles() {
+    let mut hw = hw();
+    let x = times(&hw, 3);
+    hw.own_gemm.tile_slowdown = 1.25;
+    let t = simulate(&plan(3, vec![task("g", 0, tile(3, 1, None, None))]), &hw).unwrap();
+    close(t.total_ms, x.launch_ms + 3.0 * 1.25 * x.tile_ms, "total");
 }
 
 /// Block 0 is ready before the launch (a flag set on the compute stream);

@@ -55,7 +55,9 @@
 //!   of a block whose wait flag is not yet signalled still takes its SM,
 //!   which spins until the flag's Signal is done and then computes the tile;
 //!   the SMs behind it take the next tiles, so a late block holds back only
-//!   the SMs that reached it. When every tile of a block is done, the
+//!   the SMs that reached it. A tile takes ficco's kernel's wave time
+//!   ([`own`]) times the profile's `own_gemm.tile_slowdown` (and
+//!   `tile_acc_slowdown` where it adds into a peer's buffer, `-acc`). When every tile of a block is done, the
 //!   block's counter is signalled: a Wait on it ends then (not at the end of
 //!   the GEMM). SMs with no tile left are freed at once (the kernel's tail).
 //!   Contention applies to its tiles as to any GEMM wave.
@@ -469,7 +471,14 @@ impl<'a> Sim<'a> {
                             .unwrap_or(hw.sm_count)
                             .min(green)
                             .clamp(1, hw.sm_count);
-                        let c = cost::gemm_cost(hw, g.a.rows, g.a.cols, g.b.cols, cap);
+                        // ficco's own kernel, with its hooks' cost.
+                        let mut c = own::gemm_cost(hw, g.a.rows, g.a.cols, g.b.cols, cap, None);
+                        c.wave_ms *= hw.own_gemm.tile_slowdown
+                            * if g.dest_add {
+                                hw.own_gemm.tile_acc_slowdown
+                            } else {
+                                1.0
+                            };
                         let blocks = g.blocks().max(1);
                         let tiles_per_block = c.tiles.div_ceil(blocks).max(1);
                         Work::Tile(TileWork {

@@ -253,6 +253,15 @@ pub struct OwnGemmParams {
     /// `[stages, time multiplier]` of `-occS`; stage counts not listed: 1.
     #[serde(default)]
     pub stage_slowdown: Vec<[f64; 2]>,
+    /// Time multiplier of the `tile` schedules' kernel (ficco's, with its
+    /// wait and signal hooks and its block-ordered tiles) over the plain
+    /// kernel on the same shape. Default 1.
+    #[serde(default = "one")]
+    pub tile_slowdown: f64,
+    /// Further multiplier where the tile kernel adds its blocks into a
+    /// peer's buffer (`-acc`: a read-modify-write over NVLink). Default 1.
+    #[serde(default = "one")]
+    pub tile_acc_slowdown: f64,
 }
 
 impl Default for OwnGemmParams {
@@ -262,6 +271,8 @@ impl Default for OwnGemmParams {
             points: vec![],
             default_ratio: 1.0,
             stage_slowdown: vec![],
+            tile_slowdown: 1.0,
+            tile_acc_slowdown: 1.0,
         }
     }
 }
@@ -458,6 +469,8 @@ impl HwProfile {
             pos("own_gemm.stage_slowdown stages", s[0])?;
             pos("own_gemm.stage_slowdown multiplier", s[1])?;
         }
+        pos("own_gemm.tile_slowdown", own.tile_slowdown)?;
+        pos("own_gemm.tile_acc_slowdown", own.tile_acc_slowdown)?;
         let c = &self.contention;
         for (what, v) in [
             ("contention.gemm_slowdown_nccl", c.gemm_slowdown_nccl),
