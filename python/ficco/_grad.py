@@ -49,8 +49,9 @@ Both input gradients run on ficco, ``all_gather_matmul``'s too, although
 PyTorch's path could hide its reduce-scatter behind the weight gradient's
 GEMM (``T_gemm + max(T_rs, T_wgrad)``, against ficco's ``T_fused +
 T_wgrad``). Leaving that one to PyTorch was measured slower: a 2-block
-training step on 4 H200s, 2048 and 8192 tokens, eager and graphs, lost 0.5-
-1.5% against running it on ficco (``bench/RESULTS.md``, ninth session).
+training step on 4 H200s lost 0.8-1.6% against running it on ficco (2048
+tokens under CUDA graphs, 8192 eager and under graphs; ``bench/RESULTS.md``,
+ninth session).
 """
 
 from __future__ import annotations
