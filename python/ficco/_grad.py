@@ -196,9 +196,7 @@ def _input_grad(
         return None
     name = None  # auto: loopback picks among the schedules it can run
     if not sess.loopback:
-        d = ft._decision(sess, group, op, m, k, n)
-        if d.schedule != "seq":
-            d = ft._watch_host(group, op, m, k, n, d, x.device)
+        d = ft._auto(sess, group, op, m, k, n, x.device)
         if d.schedule == "seq":
             return None
         name = d.schedule

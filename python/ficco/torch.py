@@ -484,10 +484,7 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
     gathered A (autograd keeps it for the weight gradient)."""
     try:
         if name is None:
-            d = _decision(sess, group, op, m, k, n)
-            if d.schedule != "seq" and not sess.loopback:
-                d = _watch_host(group, op, m, k, n, d, a.device)
-            name = d.schedule
+            name = _auto(sess, group, op, m, k, n, a.device).schedule
             if name == "seq" and not sess.loopback:
                 # The candidate's gain does not cover the call's own cost:
                 # PyTorch's sequential reference, on the caller's stream.
@@ -674,6 +671,16 @@ def _decision(sess, group, op, m, k, n) -> Decision:
     if d is None:
         d = Decision(*sess.decide(op, m, k, n))
         per[key] = d
+    return d
+
+
+def _auto(sess, group, op, m, k, n, device) -> Decision:
+    """What ``auto`` runs for a call of this shape: its decision
+    (:func:`_decision`), turned to ``seq`` where the host sets the pace
+    (:func:`_watch_host`; loopback jobs are not watched)."""
+    d = _decision(sess, group, op, m, k, n)
+    if d.schedule != "seq" and not sess.loopback:
+        d = _watch_host(group, op, m, k, n, d, device)
     return d
 
 

@@ -20,10 +20,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import ficco
 import ficco.torch as ft
 from ficco import _grad
 
@@ -163,11 +161,8 @@ def worker(rank, port, out_dir, decision, keep):
 
 @pytest.mark.parametrize("keep", [True, False], ids=["keep", "regather"])
 @pytest.mark.parametrize("decision", ["gain", "seq", "refused", "off"])
-def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, tmp_path):
-    port = ficco.free_port()
-    mp.spawn(worker, args=(port, str(tmp_path), decision, keep), nprocs=WORLD)
-    for r in range(WORLD):
-        rows = json.loads((tmp_path / f"rank{r}.json").read_text())
+def test_gradients_match_float64_autograd_of_the_whole_job(decision, keep, gloo_job):
+    for r, rows in enumerate(gloo_job(worker, WORLD, decision, keep)):
         for op in ("ag-gemm", "gemm-rs", "gemm-ar"):
             row = rows[op]
             assert row["err_a"] < TOLERANCE and row["err_b"] < TOLERANCE, (r, op, row)

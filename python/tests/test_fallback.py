@@ -8,9 +8,7 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-import ficco
 import ficco.torch as ft
 
 WORLD = 2
@@ -73,11 +71,8 @@ def worker(rank, port, out_dir):
     dist.destroy_process_group()
 
 
-def test_a_seq_decision_runs_pytorchs_reference(tmp_path):
-    port = ficco.free_port()
-    mp.spawn(worker, args=(port, str(tmp_path)), nprocs=WORLD)
-    for r in range(WORLD):
-        rows = json.loads((tmp_path / f"rank{r}.json").read_text())
+def test_a_seq_decision_runs_pytorchs_reference(gloo_job):
+    for r, rows in enumerate(gloo_job(worker, WORLD)):
         for op, row in rows.items():
             assert row["same_out"], (r, op)
             assert row["err"] < 2e-2, (r, op, row)

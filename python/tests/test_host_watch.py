@@ -11,9 +11,7 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-import ficco
 import ficco.torch as ft
 
 WORLD = 2
@@ -79,12 +77,9 @@ def worker(rank, port, out_dir):
     dist.destroy_process_group()
 
 
-def test_host_bound_groups_turn_to_seq_alike_on_every_rank(tmp_path):
-    port = ficco.free_port()
-    mp.spawn(worker, args=(port, str(tmp_path)), nprocs=WORLD)
+def test_host_bound_groups_turn_to_seq_alike_on_every_rank(gloo_job):
     n, skip, sched = ft.HOST_SAMPLES, ft.HOST_SKIP, "shard-copy-ring"
-    for r in range(WORLD):
-        rows = json.loads((tmp_path / f"rank{r}.json").read_text())
+    for r, rows in enumerate(gloo_job(worker, WORLD)):
         # The last sampled call decides, and runs seq already; so does a
         # shape first called after the verdict.
         assert rows["one_rank_idle"] == [[sched] * (skip + n - 1) + ["seq"], "host-bound", [n, n], "seq"], r
