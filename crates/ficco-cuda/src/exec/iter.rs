@@ -9,7 +9,7 @@
 use super::issue::issue;
 use super::rank::Rank;
 use super::shared::Shared;
-use crate::driver::cuda::{self as cu, MemOp};
+use crate::driver::cuda::{self as cu, MemOp, MemOpQueue};
 use crate::error::{drv, CudaError, Result};
 use crate::signal::{word, Point, SET};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -117,27 +117,35 @@ impl RankIssue {
     /// Start of an iteration of `parity`: [`RankIssue::wait_peers`], then
     /// [`RankIssue::fork`].
     pub fn begin(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
-        self.wait_peers(sh, parity)?;
+        let mut q = self.control_queue();
+        self.wait_peers(sh, parity, &mut q)?;
+        // SAFETY: the control stream is live; the words are as above.
+        unsafe { q.flush()? };
         self.fork()
     }
 
-    /// On the control stream: wait for every other rank's end of the
-    /// previous iteration (barrier bank `1 - parity`), then clear that bank.
-    /// Past it, no peer reads or writes this iteration's buffers any more
-    /// for the previous iteration.
-    pub fn wait_peers(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+    /// A queue of memory operations for the control stream: the control
+    /// steps below gather theirs into it, so that consecutive steps make
+    /// one graph node (see [`cu::stream_memops`]).
+    pub fn control_queue(&self) -> MemOpQueue {
+        MemOpQueue::new(self.control.cu_stream())
+    }
+
+    /// On the control stream (into `q`): wait for every other rank's end
+    /// of the previous iteration (barrier bank `1 - parity`), then clear
+    /// that bank. Past it, no peer reads or writes this iteration's buffers
+    /// any more for the previous iteration.
+    pub fn wait_peers(&self, sh: &Shared<'_>, parity: usize, q: &mut MemOpQueue) -> Result<()> {
         let r = self.r;
         let bank = 1 - parity % 2;
-        let c = self.control.cu_stream();
-        let waits: Vec<MemOp> = sh
-            .peers(r)
-            .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, bank)), SET))
-            .collect();
-        // SAFETY: the words are inside rank r's live flag buffer (sized to the layout).
-        unsafe { cu::stream_memops(c, &waits)? };
+        q.push(
+            sh.peers(r)
+                .map(|p| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(p, r, bank)), SET)),
+        );
         let (first, n) = sh.layout.bank(r, bank);
-        // SAFETY: as above; every writer of this bank is done (see crate::signal).
-        unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c) }
+        // SAFETY: the words are inside rank r's live flag buffer (sized to
+        // the layout); every writer of this bank is done (see crate::signal).
+        unsafe { q.clear(word(sh.flags[r], first), n) }
     }
 
     /// Every plan stream starts after what the control stream has so far.
@@ -234,7 +242,10 @@ impl RankIssue {
     /// [`RankIssue::signal_end`].
     pub fn end(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
         self.join()?;
-        self.signal_end(sh, parity)
+        let mut q = self.control_queue();
+        self.signal_end(sh, parity, &mut q)?;
+        // SAFETY: the control stream is live; the words are as in signal_end.
+        unsafe { q.flush() }
     }
 
     /// The control stream waits for every plan stream.
@@ -246,102 +257,91 @@ impl RankIssue {
         Ok(())
     }
 
-    /// On the control stream, after [`RankIssue::join`]: clear this rank's
-    /// task flags (every wait passed), and set this rank's word in every
-    /// other rank's barrier bank `parity`.
-    pub fn signal_end(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+    /// On the control stream (into `q`), after [`RankIssue::join`]: clear
+    /// this rank's task flags (every wait passed), and set this rank's word
+    /// in every other rank's barrier bank `parity`.
+    pub fn signal_end(&self, sh: &Shared<'_>, parity: usize, q: &mut MemOpQueue) -> Result<()> {
         let r = self.r;
-        let c = self.control.cu_stream();
         let (first, tw) = sh.layout.task_range(r);
-        if tw > 0 {
-            // SAFETY: the task words are inside rank r's live flag buffer.
-            unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, tw, c)? };
-        }
-        let writes: Vec<MemOp> = sh
-            .peers(r)
-            .map(|q| MemOp::Write(word(sh.flags[q], sh.layout.end_slot(r, q, parity)), SET))
-            .collect();
-        // SAFETY: each word is inside rank q's live flag buffer.
-        unsafe { cu::stream_memops(c, &writes) }
+        // SAFETY: the task words are inside rank r's live flag buffer.
+        unsafe { q.clear(word(sh.flags[r], first), tw)? };
+        q.push(
+            sh.peers(r)
+                .map(|p| MemOp::Write(word(sh.flags[p], sh.layout.end_slot(r, p, parity)), SET)),
+        );
+        Ok(())
     }
 
-    /// On the control stream: set word `slot(r)` (a fixed bank's word for
-    /// this rank) in the flag memory of every rank of `to`.
+    /// On the control stream (into `q`): set word `slot(r)` (a fixed
+    /// bank's word for this rank) in the flag memory of every rank of `to`.
     pub fn signal_peers(
         &self,
         sh: &Shared<'_>,
         to: &[usize],
         slot: impl Fn(usize) -> usize,
-    ) -> Result<()> {
-        let writes: Vec<MemOp> = to
-            .iter()
-            .map(|&q| MemOp::Write(word(sh.flags[q], slot(self.r)), SET))
-            .collect();
-        // SAFETY: each word is inside rank q's live flag buffer (the fixed
-        // banks come first in every layout).
-        unsafe { cu::stream_memops(self.control.cu_stream(), &writes) }
+        q: &mut MemOpQueue,
+    ) {
+        q.push(
+            to.iter()
+                .map(|&p| MemOp::Write(word(sh.flags[p], slot(self.r)), SET)),
+        );
     }
 
-    /// On the control stream: wait for word `slot(q)` of this rank's flag
-    /// memory for every rank `q` of `from`, then clear those words (their
-    /// writers set them again only after this rank's next end signal).
+    /// On the control stream (into `q`): wait for word `slot(p)` of this
+    /// rank's flag memory for every rank `p` of `from`, then clear those
+    /// words (their writers set them again only after this rank's next end
+    /// signal).
     pub fn wait_peers_and_clear(
         &self,
         sh: &Shared<'_>,
         from: &[usize],
         slot: impl Fn(usize) -> usize,
-    ) -> Result<()> {
+        q: &mut MemOpQueue,
+    ) {
         let r = self.r;
-        let c = self.control.cu_stream();
-        let waits: Vec<MemOp> = from
-            .iter()
-            .map(|&q| MemOp::WaitGeq(word(sh.flags[r], slot(q)), SET))
-            .collect();
-        // SAFETY: the words are inside rank r's live flag buffer.
-        unsafe { cu::stream_memops(c, &waits)? };
-        let clears: Vec<MemOp> = from
-            .iter()
-            .map(|&q| MemOp::Write(word(sh.flags[r], slot(q)), 0))
-            .collect();
-        // SAFETY: as above; a separate batch, so it follows every wait.
-        unsafe { cu::stream_memops(c, &clears) }
+        q.push(
+            from.iter()
+                .map(|&p| MemOp::WaitGeq(word(sh.flags[r], slot(p)), SET)),
+        );
+        // After every wait (the batch keeps their order).
+        q.push(
+            from.iter()
+                .map(|&p| MemOp::Clear(word(sh.flags[r], slot(p)))),
+        );
     }
 
-    /// On the control stream, after [`RankIssue::signal_end`] of `parity`:
-    /// wait until every other rank ended this iteration too (its word of
-    /// bank `parity`), then clear those words (each writer sets its word
-    /// again only after [`RankIssue::signal_done`], which the waiter's next
-    /// call waits for before it can end). Past it, no rank touches any
-    /// buffer of this iteration.
-    pub fn wait_all_ended(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+    /// On the control stream (into `q`), after [`RankIssue::signal_end`]
+    /// of `parity`: wait until every other rank ended this iteration too
+    /// (its word of bank `parity`), then clear those words (each writer
+    /// sets its word again only after [`RankIssue::signal_done`], which the
+    /// waiter's next call waits for before it can end). Past it, no rank
+    /// touches any buffer of this iteration.
+    pub fn wait_all_ended(&self, sh: &Shared<'_>, parity: usize, q: &mut MemOpQueue) -> Result<()> {
         let r = self.r;
-        let c = self.control.cu_stream();
         let bank = parity % 2;
-        let waits: Vec<MemOp> = sh
-            .peers(r)
-            .map(|q| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(q, r, bank)), SET))
-            .collect();
-        // SAFETY: the words are inside rank r's live flag buffer.
-        unsafe { cu::stream_memops(c, &waits)? };
+        q.push(
+            sh.peers(r)
+                .map(|p| MemOp::WaitGeq(word(sh.flags[r], sh.layout.end_slot(p, r, bank)), SET)),
+        );
         let (first, n) = sh.layout.bank(r, bank);
-        // SAFETY: as above; every writer of this bank is done with it.
-        unsafe { cu::memset_d32_async(word(sh.flags[r], first), 0, n, c) }
+        // SAFETY: the words are inside rank r's live flag buffer; every
+        // writer of this bank is done with it.
+        unsafe { q.clear(word(sh.flags[r], first), n) }
     }
 
-    /// On the control stream, after [`RankIssue::wait_all_ended`] of
-    /// `parity`: set this rank's word in every peer's bank `1 - parity`,
-    /// the bank the next call's [`RankIssue::wait_peers`] waits on. The
-    /// banks are then as they were before the call: a call leaves no
-    /// parity behind, so a captured call replays any number of times.
-    pub fn signal_done(&self, sh: &Shared<'_>, parity: usize) -> Result<()> {
+    /// On the control stream (into `q`), after
+    /// [`RankIssue::wait_all_ended`] of `parity`: set this rank's word in
+    /// every peer's bank `1 - parity`, the bank the next call's
+    /// [`RankIssue::wait_peers`] waits on. The banks are then as they were
+    /// before the call: a call leaves no parity behind, so a captured call
+    /// replays any number of times.
+    pub fn signal_done(&self, sh: &Shared<'_>, parity: usize, q: &mut MemOpQueue) {
         let r = self.r;
         let bank = 1 - parity % 2;
-        let writes: Vec<MemOp> = sh
-            .peers(r)
-            .map(|q| MemOp::Write(word(sh.flags[q], sh.layout.end_slot(r, q, bank)), SET))
-            .collect();
-        // SAFETY: each word is inside rank q's live flag buffer.
-        unsafe { cu::stream_memops(self.control.cu_stream(), &writes) }
+        q.push(
+            sh.peers(r)
+                .map(|p| MemOp::Write(word(sh.flags[p], sh.layout.end_slot(r, p, bank)), SET)),
+        );
     }
 }
 

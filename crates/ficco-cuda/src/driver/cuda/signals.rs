@@ -81,16 +81,35 @@ pub(crate) enum MemOp {
     WaitGeq(DevicePtr, u32),
     /// Write the value after a system-scope release fence (default flags).
     Write(DevicePtr, u32),
+    /// Write 0 without a fence (`CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`):
+    /// a waiter clearing its own word, which no peer reads before the
+    /// waiter's next fenced write (that write's fence orders the clear).
+    Clear(DevicePtr),
 }
 
-/// Enqueues `ops` in order on `stream` as one `cuStreamBatchMemOp`: one
-/// node in a captured graph instead of one per word, which is what a graph
-/// launch pays for. A single operation uses the plain call.
+/// The most operations one `cuStreamBatchMemOp` takes ("less than 256").
+const BATCH_MAX: usize = 255;
+
+/// Enqueues `ops` in order on `stream` as one `cuStreamBatchMemOp` (one
+/// more per 255): one node in a captured graph instead of one per word. A
+/// replay's host cost is about 1 µs per memory-operation node, where
+/// kernels and copies cost next to nothing (`bench/graph_launch.py`). The
+/// operations of a batch run in their order, as separate calls would: a
+/// wait holds back the operations after it.
 ///
 /// # Safety
 /// Every address is a live, 4-byte aligned device word the stream's device
 /// can reach; `stream` is live.
 pub(crate) unsafe fn stream_memops(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
+    for chunk in ops.chunks(BATCH_MAX) {
+        stream_batch(stream, chunk)?;
+    }
+    Ok(())
+}
+
+/// One `cuStreamBatchMemOp` of at most [`BATCH_MAX`] operations (a single
+/// wait or fenced write uses the plain call).
+unsafe fn stream_batch(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
     match ops {
         [] => Ok(()),
         [MemOp::WaitGeq(a, v)] => stream_wait_value32_geq(stream, *a, *v),
@@ -119,6 +138,13 @@ pub(crate) unsafe fn stream_memops(stream: sys::CUstream, ops: &[MemOp]) -> Resu
                             p.writeValue.flags =
                                 sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
                         }
+                        MemOp::Clear(a) => {
+                            p.writeValue.operation =
+                                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                            p.writeValue.address = a.raw();
+                            p.writeValue.__bindgen_anon_1.value = 0;
+                            p.writeValue.flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32;
+                        }
                     }
                     p
                 })
@@ -134,6 +160,55 @@ pub(crate) unsafe fn stream_memops(stream: sys::CUstream, ops: &[MemOp]) -> Resu
                 sys::cuStreamBatchMemOp_v2(stream, n, params.as_mut_ptr(), 0),
             )
         }
+    }
+}
+
+/// Up to this many words are cleared by no-fence writes inside a batch;
+/// more by a memset, which splits the batch but is one node of any size.
+const CLEAR_AS_OPS: usize = 32;
+
+/// Memory operations bound for one stream, gathered so that consecutive
+/// ones go out as one batch ([`stream_memops`]). Anything else the caller
+/// issues on the stream must come after [`MemOpQueue::flush`].
+pub(crate) struct MemOpQueue {
+    stream: sys::CUstream,
+    ops: Vec<MemOp>,
+}
+
+impl MemOpQueue {
+    pub(crate) fn new(stream: sys::CUstream) -> Self {
+        MemOpQueue {
+            stream,
+            ops: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, ops: impl IntoIterator<Item = MemOp>) {
+        self.ops.extend(ops);
+    }
+
+    /// Zeroes the `n` words from `first`, in order with the operations
+    /// around it (each word cleared without a fence: see [`MemOp::Clear`]).
+    ///
+    /// # Safety
+    /// As [`stream_memops`], for every word.
+    pub(crate) unsafe fn clear(&mut self, first: DevicePtr, n: usize) -> Result<()> {
+        if n <= CLEAR_AS_OPS {
+            self.push((0..n).map(|i| MemOp::Clear(first.offset(4 * i))));
+            Ok(())
+        } else {
+            self.flush()?;
+            memset_d32_async(first, 0, n, self.stream)
+        }
+    }
+
+    /// Enqueues what was gathered.
+    ///
+    /// # Safety
+    /// As [`stream_memops`].
+    pub(crate) unsafe fn flush(&mut self) -> Result<()> {
+        let ops = std::mem::take(&mut self.ops);
+        stream_memops(self.stream, &ops)
     }
 }
 
@@ -188,4 +263,72 @@ pub(crate) unsafe fn stream_done(stream: sys::CUstream) -> Result<bool> {
         return Ok(false);
     }
     check("cuStreamQuery", r).map(|_| true)
+}
+
+#[cfg(test)]
+mod tests {
+    //! GPU test (`#[ignore]`d; see `ficco-testkit` for the policy): the
+    //! control steps of a call share one batch, which is only right if a
+    //! batch runs its operations in order, each wait holding back the rest.
+    use super::*;
+    use crate::mem::DeviceBuffer;
+    use cudarc::driver::CudaContext;
+    use ficco_testkit::{gate, GpuAvailability};
+    use std::time::{Duration, Instant};
+
+    fn words(buf: &DeviceBuffer, n: usize) -> Vec<u32> {
+        let mut b = vec![0u8; 4 * n];
+        buf.download(&mut b).expect("download");
+        b.chunks(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    #[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
+    fn a_batch_keeps_its_order_and_its_wait_holds_back_what_follows() {
+        let test = "a_batch_keeps_its_order_and_its_wait_holds_back_what_follows";
+        let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
+            Ok(n) => GpuAvailability::Found(n),
+            Err(e) => GpuAvailability::Unusable(e.to_string()),
+        };
+        gate(test, 1, found);
+        let ctx = CudaContext::new(0).expect("primary context");
+        // Word 0 gates the batch; 1..=40 are cleared by a memset (more than
+        // CLEAR_AS_OPS), 41..=44 by no-fence writes; 45.. are written with
+        // their index: more than one batch of 255.
+        const N: usize = 45 + 300;
+        let buf = DeviceBuffer::alloc(&ctx, 4 * N).expect("alloc");
+        let init: Vec<u32> = (0..N)
+            .map(|i| if (1..45).contains(&i) { 7 } else { 0 })
+            .collect();
+        let bytes: Vec<u8> = init.iter().flat_map(|w| w.to_le_bytes()).collect();
+        buf.upload(&bytes).expect("upload");
+        let at = |i: usize| buf.ptr().offset(4 * i);
+        let s = stream_create_nonblocking().expect("stream");
+        let mut q = MemOpQueue::new(s);
+        q.push([MemOp::WaitGeq(at(0), 1)]);
+        // SAFETY: every word is inside the live allocation; the stream is ours.
+        unsafe {
+            q.clear(at(41), 4).expect("clear as ops");
+            q.push((45..N).map(|i| MemOp::Write(at(i), i as u32)));
+            q.clear(at(1), 40).expect("clear by memset");
+            q.flush().expect("flush");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(words(&buf, N), init, "ran before its wait passed");
+        buf.upload(&1u32.to_le_bytes()).expect("open the gate");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // SAFETY: the stream is live until destroyed below.
+        while !unsafe { stream_done(s) }.expect("query") {
+            assert!(Instant::now() < deadline, "the batch never finished");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: idle, destroyed once.
+        unsafe { crate::driver::cuda::stream_destroy(s) };
+        let got = words(&buf, N);
+        assert!(got[1..45].iter().all(|&w| w == 0), "{:?}", &got[1..45]);
+        let wrong = (45..N).filter(|&i| got[i] != i as u32).count();
+        assert_eq!(wrong, 0, "{wrong} written words wrong");
+    }
 }

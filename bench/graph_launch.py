@@ -1,0 +1,185 @@
+"""Host cost of one ``cuGraphLaunch`` by what the graph holds (one GPU).
+
+A replayed operator call is one graph launch on the caller's stream, and
+its host cost is that launch: this measures what the launch pays per node
+of each kind ficco's call graphs hold (stream memory operations, batches
+of them, memsets, copies, kernels, forked streams), to know which nodes to
+merge. Each graph is captured from the driver API on a stream of its own
+and launched ``--launches`` times; the host time of each ``cuGraphLaunch``
+call alone is taken (median, µs), with the device drained every 32
+launches so that the launch queue never fills.
+
+    python bench/graph_launch.py [--launches 2000] [--json OUT.json]
+"""
+
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--launches", type=int, default=2000)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+
+    import torch
+
+    torch.cuda.init()
+    dev = torch.device("cuda", 0)
+    words = torch.zeros(4096, dtype=torch.int32, device=dev)
+    data = torch.zeros(1 << 20, dtype=torch.bfloat16, device=dev)
+    torch.cuda.synchronize()
+    cu = ctypes.CDLL("libcuda.so.1")
+    vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+
+    def ok(r, what):
+        if r != 0:
+            raise RuntimeError(f"{what} failed: CUresult {r}")
+
+    def stream():
+        s = vp()
+        ok(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
+        return s
+
+    def event():
+        e = vp()
+        ok(cu.cuEventCreate(ctypes.byref(e), 2), "cuEventCreate")  # no timing
+        return e
+
+    main_s = stream()
+    sides = [stream() for _ in range(4)]
+    ext = torch.cuda.ExternalStream(main_s.value, device=dev)
+    base = words.data_ptr()
+
+    def w(i):
+        return u64(base + 4 * i)
+
+    # CUstreamBatchMemOpParams: a 48-byte union; write/wait value 32.
+    class Op(ctypes.Structure):
+        _fields_ = [("operation", u32), ("pad", u32), ("address", u64), ("value", u64),
+                    ("flags", u32), ("pad2", u32), ("alias", u64), ("rest", u64)]
+
+    WAIT, WRITE = 1, 2
+
+    def batch(s, ops):
+        arr = (Op * len(ops))()
+        for j, (kind, i, v) in enumerate(ops):
+            arr[j].operation = kind
+            arr[j].address = base + 4 * i
+            arr[j].value = v
+            arr[j].flags = 0  # GEQ for waits, fenced for writes
+        ok(cu.cuStreamBatchMemOp_v2(s, u32(len(ops)), arr, u32(0)), "cuStreamBatchMemOp")
+
+    def write1(s, i, v=1):
+        ok(cu.cuStreamWriteValue32_v2(s, w(i), u32(v), u32(0)), "cuStreamWriteValue32")
+
+    def kernel(s):
+        with torch.cuda.stream(ext if s is main_s else torch.cuda.ExternalStream(s.value, device=dev)):
+            data[:256].add_(1)
+
+    def memset(s, i, n=8):
+        ok(cu.cuMemsetD32Async(w(i), u32(0), ctypes.c_size_t(n), s), "cuMemsetD32Async")
+
+    def memcpy(s, nbytes=4096):
+        ok(cu.cuMemcpyDtoDAsync_v2(u64(data.data_ptr() + (1 << 20)), u64(data.data_ptr()),
+                                   ctypes.c_size_t(nbytes), s), "cuMemcpyDtoDAsync")
+
+    def fork_join(n_side, body):
+        go = event()
+        ok(cu.cuEventRecord(go, main_s), "cuEventRecord")
+        ends = []
+        for s in sides[:n_side]:
+            ok(cu.cuStreamWaitEvent(s, go, u32(0)), "cuStreamWaitEvent")
+            body(s)
+            e = event()
+            ok(cu.cuEventRecord(e, s), "cuEventRecord")
+            ends.append(e)
+        for e in ends:
+            ok(cu.cuStreamWaitEvent(main_s, e, u32(0)), "cuStreamWaitEvent")
+
+    # Every write sets word >= 1 once and the waits wait for >= 0 (always
+    # true): the graphs replay without any peer.
+    def waits_writes(s, n, batched):
+        ops = [(WAIT, 1000 + i, 0) if i % 2 else (WRITE, 2000 + i, 1) for i in range(n)]
+        if batched:
+            batch(s, ops)
+        else:
+            for kind, i, _ in ops:
+                if kind == WRITE:
+                    write1(s, i)
+                else:
+                    ok(cu.cuStreamWaitValue32_v2(s, w(i), u32(0), u32(0)), "cuStreamWaitValue32")
+
+    cases = {
+        "1 kernel": lambda s: kernel(s),
+        "8 kernels": lambda s: [kernel(s) for _ in range(8)],
+        "32 kernels": lambda s: [kernel(s) for _ in range(32)],
+        "1 kernel + 8 single memops": lambda s: (kernel(s), waits_writes(s, 8, False)),
+        "1 kernel + 32 single memops": lambda s: (kernel(s), waits_writes(s, 32, False)),
+        "1 kernel + 1 batch of 8 memops": lambda s: (kernel(s), waits_writes(s, 8, True)),
+        "1 kernel + 1 batch of 32 memops": lambda s: (kernel(s), waits_writes(s, 32, True)),
+        "1 kernel + 4 batches of 8 memops": lambda s: (kernel(s), [waits_writes(s, 8, True) for _ in range(4)]),
+        "1 kernel + 8 memsets": lambda s: (kernel(s), [memset(s, 3000 + 8 * i) for i in range(8)]),
+        "1 kernel + 8 memcpys": lambda s: (kernel(s), [memcpy(s) for _ in range(8)]),
+        "fork 2 x 1 kernel": lambda s: fork_join(2, kernel),
+        "fork 4 x 1 kernel": lambda s: fork_join(4, kernel),
+        "fork 4 x (kernel + 2 memops)": lambda s: fork_join(
+            4, lambda t: (kernel(t), waits_writes(t, 2, False))),
+        # About a P = 4 shard-copy call: control memops around forked copies and GEMMs.
+        "call-like, memops single": lambda s: (
+            waits_writes(s, 2, False), memset(s, 3000), waits_writes(s, 6, False),
+            fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, False), kernel(t))),
+            waits_writes(s, 6, False), memset(s, 3100), waits_writes(s, 8, False), memset(s, 3200),
+            waits_writes(s, 4, False)),
+        "call-like, memops batched": lambda s: (
+            waits_writes(s, 8, True),
+            fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, True), kernel(t))),
+            waits_writes(s, 22, True)),
+    }
+
+    def capture(body):
+        ok(cu.cuStreamBeginCapture_v2(main_s, u32(2)), "cuStreamBeginCapture")  # relaxed
+        try:
+            body(main_s)
+        finally:
+            g = vp()
+            r = cu.cuStreamEndCapture(main_s, ctypes.byref(g))
+        ok(r, "cuStreamEndCapture")
+        n = ctypes.c_size_t(0)
+        ok(cu.cuGraphGetNodes(g, None, ctypes.byref(n)), "cuGraphGetNodes")
+        ge = vp()
+        ok(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(0)), "cuGraphInstantiate")
+        ok(cu.cuGraphUpload(ge, main_s), "cuGraphUpload")
+        return ge, n.value
+
+    rows = []
+    for name, body in cases.items():
+        ge, nodes = capture(body)
+        launch = cu.cuGraphLaunch
+        times = []
+        for i in range(args.launches):
+            t0 = time.perf_counter_ns()
+            r = launch(ge, main_s)
+            t1 = time.perf_counter_ns()
+            if r != 0:
+                raise RuntimeError(f"cuGraphLaunch: {r}")
+            times.append((t1 - t0) / 1e3)
+            if i % 32 == 31:
+                ok(cu.cuStreamSynchronize(main_s), "cuStreamSynchronize")
+        ok(cu.cuStreamSynchronize(main_s), "cuStreamSynchronize")
+        med = statistics.median(times[args.launches // 10:])
+        rows.append({"graph": name, "nodes": nodes, "launch_us": med})
+        print(f"{name:36} {nodes:4d} nodes  {med:7.2f} us/launch", flush=True)
+    t = [time.perf_counter_ns() for _ in range(1001)]
+    print(f"# perf_counter_ns itself: {statistics.median(b - a for a, b in zip(t, t[1:])) / 1e3:.2f} us")
+    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
