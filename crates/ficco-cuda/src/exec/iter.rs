@@ -306,7 +306,7 @@ impl RankIssue {
         // After every wait (the batch keeps their order).
         q.push(
             from.iter()
-                .map(|&p| MemOp::Clear(word(sh.flags[r], slot(p)))),
+                .map(|&p| MemOp::Write(word(sh.flags[r], slot(p)), 0)),
         );
     }
 

@@ -81,10 +81,6 @@ pub(crate) enum MemOp {
     WaitGeq(DevicePtr, u32),
     /// Write the value after a system-scope release fence (default flags).
     Write(DevicePtr, u32),
-    /// Write 0 without a fence (`CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`):
-    /// a waiter clearing its own word, which no peer reads before the
-    /// waiter's next fenced write (that write's fence orders the clear).
-    Clear(DevicePtr),
 }
 
 /// The most operations one `cuStreamBatchMemOp` takes ("less than 256").
@@ -138,13 +134,6 @@ unsafe fn stream_batch(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
                             p.writeValue.flags =
                                 sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
                         }
-                        MemOp::Clear(a) => {
-                            p.writeValue.operation =
-                                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
-                            p.writeValue.address = a.raw();
-                            p.writeValue.__bindgen_anon_1.value = 0;
-                            p.writeValue.flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32;
-                        }
                     }
                     p
                 })
@@ -163,9 +152,11 @@ unsafe fn stream_batch(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
     }
 }
 
-/// Up to this many words are cleared by no-fence writes inside a batch;
-/// more by a memset, which splits the batch but is one node of any size.
-const CLEAR_AS_OPS: usize = 32;
+/// Up to this many words are cleared by writes inside a batch; more by a
+/// memset, which splits the batch but is one node of any size. (A write
+/// without its fence would be cheaper, but the v2 memory operations refuse
+/// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`.)
+const CLEAR_AS_OPS: usize = 16;
 
 /// Memory operations bound for one stream, gathered so that consecutive
 /// ones go out as one batch ([`stream_memops`]). Anything else the caller
@@ -188,13 +179,13 @@ impl MemOpQueue {
     }
 
     /// Zeroes the `n` words from `first`, in order with the operations
-    /// around it (each word cleared without a fence: see [`MemOp::Clear`]).
+    /// around it.
     ///
     /// # Safety
     /// As [`stream_memops`], for every word.
     pub(crate) unsafe fn clear(&mut self, first: DevicePtr, n: usize) -> Result<()> {
         if n <= CLEAR_AS_OPS {
-            self.push((0..n).map(|i| MemOp::Clear(first.offset(4 * i))));
+            self.push((0..n).map(|i| MemOp::Write(first.offset(4 * i), 0)));
             Ok(())
         } else {
             self.flush()?;
@@ -295,7 +286,7 @@ mod tests {
         gate(test, 1, found);
         let ctx = CudaContext::new(0).expect("primary context");
         // Word 0 gates the batch; 1..=40 are cleared by a memset (more than
-        // CLEAR_AS_OPS), 41..=44 by no-fence writes; 45.. are written with
+        // CLEAR_AS_OPS), 41..=44 by writes in the batch; 45.. are written with
         // their index: more than one batch of 255.
         const N: usize = 45 + 300;
         let buf = DeviceBuffer::alloc(&ctx, 4 * N).expect("alloc");
