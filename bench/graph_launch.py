@@ -1,10 +1,11 @@
-"""Host cost of one ``cuGraphLaunch`` by what the graph holds (one GPU).
+"""Host cost of one ``cuGraphLaunch`` by what the graph holds (GPU 0).
 
 A replayed operator call is one graph launch on the caller's stream, and
 its host cost is that launch: this measures what the launch pays per node
 of each kind ficco's call graphs hold (stream memory operations, batches
 of them, memsets, copies, kernels, forked streams), to know which nodes to
-merge. Each graph is captured from the driver API on a stream of its own
+merge (with 2 GPUs, also copies from a peer). Each graph is captured
+from the driver API on a stream of its own
 and launched ``--launches`` times; the host time of each ``cuGraphLaunch``
 call alone is taken (median, µs), with the device drained every 32
 launches so that the launch queue never fills.
@@ -87,6 +88,23 @@ def main():
         ok(cu.cuMemcpyDtoDAsync_v2(u64(data.data_ptr() + (1 << 20)), u64(data.data_ptr()),
                                    ctypes.c_size_t(nbytes), s), "cuMemcpyDtoDAsync")
 
+    # A peer's buffer (GPU 1, peer access on), where there are 2 GPUs: the
+    # call graphs' copies pull from and push to peers.
+    peer = None
+    if torch.cuda.device_count() > 1:
+        peer = torch.zeros(1 << 20, dtype=torch.bfloat16, device=torch.device("cuda", 1))
+        torch.cuda.synchronize(1)
+        torch.cuda.set_device(dev)
+        pctx = vp()
+        ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(pctx), 1), "cuDevicePrimaryCtxRetain")
+        r = cu.cuCtxEnablePeerAccess(pctx, u32(0))
+        if r not in (0, 704):  # 704: already enabled
+            raise RuntimeError(f"cuCtxEnablePeerAccess: {r}")
+
+    def peer_memcpy(s, nbytes=4096):
+        ok(cu.cuMemcpyDtoDAsync_v2(u64(data.data_ptr()), u64(peer.data_ptr()),
+                                   ctypes.c_size_t(nbytes), s), "cuMemcpyDtoDAsync (peer)")
+
     def fork_join(n_side, body):
         go = event()
         ok(cu.cuEventRecord(go, main_s), "cuEventRecord")
@@ -139,6 +157,12 @@ def main():
             fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, True), kernel(t))),
             waits_writes(s, 22, True)),
     }
+
+    if peer is not None:
+        cases["1 kernel + 8 memcpys from a peer"] = lambda s: (
+            kernel(s), [peer_memcpy(s) for _ in range(8)])
+        cases["fork 3 x (peer memcpy + 1 memop)"] = lambda s: fork_join(
+            3, lambda t: (peer_memcpy(t), waits_writes(t, 1, False)))
 
     def capture(body):
         ok(cu.cuStreamBeginCapture_v2(main_s, u32(2)), "cuStreamBeginCapture")  # relaxed

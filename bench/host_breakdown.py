@@ -2,7 +2,9 @@
 
 Times each step of ``ficco.torch``'s steady-state call path on its own, in
 a loop of ``--calls`` (host microseconds per step, the slowest rank's
-median of ``--reps``), for one op and schedule at a small shape (where the
+median of ``--reps``; the device is drained, untimed, every ``--sync-every``
+calls, so that no launch waits for a full queue), for one op and schedule
+at a small shape (where the
 host matters most): the whole public call, the Python pieces (the cache
 lookup, the per-call checks, the output allocation, the stream, the
 decision) and the native call (``Session.run_op``) alone.
@@ -23,6 +25,8 @@ def main():
     p.add_argument("--shape", default="1024,1024,1024", help="m,k,n (m over all ranks)")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--sync-every", type=int, default=8,
+                   help="drain the device after this many calls (untimed)")
     args = p.parse_args()
 
     import torch
@@ -88,10 +92,16 @@ def main():
         reps = []
         for _ in range(args.reps):
             dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
+            spent = 0.0
+            for i in range(args.calls):
+                t0 = time.perf_counter()
                 fn()
-            reps.append((time.perf_counter() - t0) / args.calls * 1e6)
+                spent += time.perf_counter() - t0
+                # Drained every few calls: a full launch queue would make
+                # the host wait for the device, and that is not host cost.
+                if i % args.sync_every == args.sync_every - 1:
+                    torch.cuda.synchronize()
+            reps.append(spent / args.calls * 1e6)
             torch.cuda.synchronize()
         us = slowest(statistics.median(reps))
         if what.startswith("native run_op (positional)"):
