@@ -11,6 +11,8 @@ mod choose;
 /// Where the host time of this thread's operator calls went since the
 /// last report: each phase's name, mean microseconds and count.
 pub use crate::exec::op::clock::take as host_times;
+/// The native clock's marks for a binding's entry and return.
+pub use crate::exec::op::clock::{enter as clock_enter, leave as clock_leave};
 use choose::runs_in_loopback;
 
 use crate::backend::{GpuBackend, Operand};
@@ -357,7 +359,7 @@ impl Session {
     /// a call shape, and a few others, return once it ran: see
     /// `crate::exec::op`).
     pub fn run_op(&mut self, call: &OpCall<'_>) -> Result<OpDone> {
-        clock::start();
+        clock::begin();
         if !matches!(call.op, Op::AgGemm | Op::GemmRs | Op::GemmAr) {
             return Err(bad(format!(
                 "{} is not an operator call (ag-gemm, gemm-rs or gemm-ar)",

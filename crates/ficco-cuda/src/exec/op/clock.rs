@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 /// A phase of an operator call on the host, in call order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
+    /// From a binding's entry ([`enter`]) to the session's call: argument
+    /// conversion and checks, the GIL's release, the session lock.
+    Entry,
     /// The session's plan lookup (problem check, plan cache).
     Plan,
     /// The operands as the plan sees them (shared-memory agreement).
@@ -34,9 +37,13 @@ pub enum Phase {
     Capture,
     /// A call on the full path (synchronizing; see [`super::Path`]).
     Full,
+    /// From the call's last phase back to the binding's return
+    /// ([`leave`]): the result, the GIL again.
+    Return,
 }
 
-const PHASES: [Phase; 9] = [
+const PHASES: [Phase; 11] = [
+    Phase::Entry,
     Phase::Plan,
     Phase::Operands,
     Phase::Path,
@@ -46,11 +53,13 @@ const PHASES: [Phase; 9] = [
     Phase::Issue,
     Phase::Capture,
     Phase::Full,
+    Phase::Return,
 ];
 
 impl Phase {
     pub fn name(self) -> &'static str {
         match self {
+            Phase::Entry => "entry",
             Phase::Plan => "plan",
             Phase::Operands => "operands",
             Phase::Path => "path",
@@ -60,6 +69,7 @@ impl Phase {
             Phase::Issue => "issue",
             Phase::Capture => "capture",
             Phase::Full => "full",
+            Phase::Return => "return",
         }
     }
 }
@@ -103,11 +113,38 @@ static TOTALS: Mutex<Totals> = Mutex::new(Totals::ZERO);
 
 thread_local! {
     static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// A binding entered a call ([`enter`]) and has not left it.
+    static ENTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Starts a call's clock (on this thread).
 pub fn start() {
     LAST.with(|l| l.set(Some(Instant::now())));
+}
+
+/// A binding (the Python extension) received a call: its clock starts
+/// here, and the session's [`begin`] ends [`Phase::Entry`].
+pub fn enter() {
+    ENTERED.with(|e| e.set(true));
+    start();
+}
+
+/// The session's call begins: the end of [`Phase::Entry`] where a binding
+/// entered, else the start of the call's clock.
+pub fn begin() {
+    if ENTERED.with(Cell::get) {
+        lap(Phase::Entry);
+    } else {
+        start();
+    }
+}
+
+/// The binding returns: the end of [`Phase::Return`] (nothing where no
+/// [`enter`] preceded).
+pub fn leave() {
+    if ENTERED.with(|e| e.replace(false)) {
+        lap(Phase::Return);
+    }
 }
 
 /// Ends `phase`: the time since this thread's call started or its last
@@ -149,11 +186,49 @@ mod tests {
         assert!(t.take().is_empty());
     }
 
+    /// The tests that report the process's totals, one at a time (a
+    /// report resets them).
+    static GLOBAL: Mutex<()> = Mutex::new(());
+
+    /// A binding's entry and return are phases of their own; a call
+    /// without a binding starts at the session. (Other tests of this
+    /// process may lap too: counts are at least; another thread keeps this
+    /// one's thread-locals apart.)
+    #[test]
+    fn a_bindings_entry_and_return_are_phases() {
+        let _one = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
+        std::thread::spawn(|| {
+            enter();
+            std::thread::sleep(Duration::from_millis(2));
+            begin();
+            lap(Phase::Plan);
+            leave();
+            // Without a binding: begin starts, leave adds nothing.
+            begin();
+            lap(Phase::Plan);
+            leave();
+        })
+        .join()
+        .unwrap();
+        let got = take();
+        let of = |name: &str| got.iter().find(|p| p.0 == name).copied();
+        assert!(
+            of("entry").is_some_and(|e| e.2 >= 1 && e.1 >= 2000.0),
+            "{got:?}"
+        );
+        assert!(of("plan").is_some_and(|p| p.2 >= 2), "{got:?}");
+        assert!(of("return").is_some_and(|r| r.2 >= 1), "{got:?}");
+        let entry = got.iter().position(|p| p.0 == "entry");
+        let ret = got.iter().position(|p| p.0 == "return");
+        assert!(entry < ret, "phases in call order: {got:?}");
+    }
+
     /// The backward's calls run on autograd's thread; the report comes
     /// from another. (Other tests of this process may lap too: counts are
     /// at least.)
     #[test]
     fn laps_of_another_thread_reach_this_threads_report() {
+        let _one = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
         std::thread::spawn(|| {
             start();
             std::thread::sleep(Duration::from_millis(1));
