@@ -283,55 +283,6 @@ struct PySession {
 }
 
 impl PySession {
-    /// [`PySession::run_op`]'s checks and call, between the native clock's
-    /// entry and return marks.
-    #[allow(clippy::too_many_arguments)]
-    fn run_op_checked(
-        &self,
-        py: Python<'_>,
-        op: &str,
-        m: usize,
-        k: usize,
-        n: usize,
-        schedule: Option<String>,
-        a: u64,
-        b: u64,
-        out: u64,
-        stream: u64,
-        b_transposed: bool,
-        gathered: u64,
-    ) -> PyResult<String> {
-        let op = parse_op(op)?;
-        for (name, v) in [("m", m), ("k", k), ("n", n)] {
-            if v == 0 {
-                return Err(PyValueError::new_err(format!(
-                    "{name} must be positive, got 0"
-                )));
-            }
-        }
-        for (name, p) in [("a", a), ("b", b), ("out", out)] {
-            if p == 0 {
-                return Err(PyValueError::new_err(format!(
-                    "{name} is a null device address"
-                )));
-            }
-        }
-        let call = OpCall {
-            op,
-            m,
-            k,
-            n,
-            schedule: schedule.as_deref(),
-            a,
-            b,
-            out,
-            stream,
-            b_transposed,
-            gathered,
-        };
-        self.blocking(py, |s| s.run_op(&call)).map(|d| d.schedule)
-    }
-
     fn lock(&self) -> MutexGuard<'_, Option<Session>> {
         // A panic while the lock was held cannot leave a session half
         // changed in a way later calls rely on; take it back.
@@ -434,21 +385,40 @@ impl PySession {
         b_transposed: bool,
         gathered: u64,
     ) -> PyResult<String> {
+        // The native clock's entry and return marks bracket the checks
+        // and the call (`Session.host_times()`).
         ficco_cuda::session::clock_enter();
-        let ran = self.run_op_checked(
-            py,
-            op,
-            m,
-            k,
-            n,
-            schedule,
-            a,
-            b,
-            out,
-            stream,
-            b_transposed,
-            gathered,
-        );
+        let ran = (|| -> PyResult<String> {
+            let op = parse_op(op)?;
+            for (name, v) in [("m", m), ("k", k), ("n", n)] {
+                if v == 0 {
+                    return Err(PyValueError::new_err(format!(
+                        "{name} must be positive, got 0"
+                    )));
+                }
+            }
+            for (name, p) in [("a", a), ("b", b), ("out", out)] {
+                if p == 0 {
+                    return Err(PyValueError::new_err(format!(
+                        "{name} is a null device address"
+                    )));
+                }
+            }
+            let call = OpCall {
+                op,
+                m,
+                k,
+                n,
+                schedule: schedule.as_deref(),
+                a,
+                b,
+                out,
+                stream,
+                b_transposed,
+                gathered,
+            };
+            self.blocking(py, |s| s.run_op(&call)).map(|d| d.schedule)
+        })();
         ficco_cuda::session::clock_leave();
         ran
     }
