@@ -65,11 +65,11 @@ def main():
 
     WAIT, WRITE = 1, 2
 
-    def batch(s, ops):
+    def batch(s, ops, at=None):
         arr = (Op * len(ops))()
         for j, (kind, i, v) in enumerate(ops):
             arr[j].operation = kind
-            arr[j].address = base + 4 * i
+            arr[j].address = (base if at is None else at) + 4 * i
             arr[j].value = v
             arr[j].flags = 0  # GEQ for waits, fenced for writes
         ok(cu.cuStreamBatchMemOp_v2(s, u32(len(ops)), arr, u32(0)), "cuStreamBatchMemOp")
@@ -93,6 +93,7 @@ def main():
     peer = None
     if torch.cuda.device_count() > 1:
         peer = torch.zeros(1 << 20, dtype=torch.bfloat16, device=torch.device("cuda", 1))
+        peer_words = torch.zeros(4096, dtype=torch.int32, device=torch.device("cuda", 1))
         torch.cuda.synchronize(1)
         torch.cuda.set_device(dev)
         pctx = vp()
@@ -120,10 +121,10 @@ def main():
 
     # Every write sets word >= 1 once and the waits wait for >= 0 (always
     # true): the graphs replay without any peer.
-    def waits_writes(s, n, batched):
+    def waits_writes(s, n, batched, at=None):
         ops = [(WAIT, 1000 + i, 0) if i % 2 else (WRITE, 2000 + i, 1) for i in range(n)]
         if batched:
-            batch(s, ops)
+            batch(s, ops, at)
         else:
             for kind, i, _ in ops:
                 if kind == WRITE:
@@ -163,6 +164,19 @@ def main():
             kernel(s), [peer_memcpy(s) for _ in range(8)])
         cases["fork 3 x (peer memcpy + 1 memop)"] = lambda s: fork_join(
             3, lambda t: (peer_memcpy(t), waits_writes(t, 1, False)))
+        # The control steps' flags: a rank writes its peers' words and
+        # waits on its own (or the other way round).
+        pw = peer_words.data_ptr()
+        cases["1 kernel + 1 batch of 8 memops, peer's words"] = lambda s: (
+            kernel(s), waits_writes(s, 8, True, at=pw))
+        cases["1 kernel + 4 batches of 8 memops, peer's words"] = lambda s: (
+            kernel(s), [waits_writes(s, 8, True, at=pw) for _ in range(4)])
+        cases["1 kernel + 1 batch of 8 writes, peer's words"] = lambda s: (
+            kernel(s), batch(s, [(WRITE, 2000 + i, 1) for i in range(8)], pw))
+        cases["1 kernel + 1 batch of 8 waits, peer's words"] = lambda s: (
+            kernel(s), batch(s, [(WAIT, 1000 + i, 0) for i in range(8)], pw))
+        cases["1 kernel + 1 batch of 8 waits, own words"] = lambda s: (
+            kernel(s), batch(s, [(WAIT, 1000 + i, 0) for i in range(8)]))
 
     def capture(body):
         ok(cu.cuStreamBeginCapture_v2(main_s, u32(2)), "cuStreamBeginCapture")  # relaxed

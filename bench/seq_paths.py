@@ -8,10 +8,12 @@ all-gather→GEMM, attention-out and down GEMM→reduce-scatter), no grad:
 
 * ``c10d``: ``dist.all_gather_into_tensor`` / ``dist.reduce_scatter_tensor``
   and ``torch.mm`` (what ``examples/llama_tp_block.py``'s PyTorch way runs);
-* ``funcol``: ``ficco.torch._torch_seq`` alone (PyTorch's functional
-  collectives, as the public call runs them after a ``seq`` decision);
+* ``funcol``: PyTorch's functional collectives (``_c10d_functional``'s
+  ``_out`` ops and ``wait_tensor``) and ``torch.mm``;
+* ``torch-seq``: ``ficco.torch._torch_seq`` alone (what the public call runs
+  after a ``seq`` decision);
 * ``public-seq``: the public calls with every shape's ``auto`` decision
-  pinned to ``seq`` (``funcol`` plus ficco's Python call path);
+  pinned to ``seq`` (``torch-seq`` plus ficco's Python call path);
 * ``native-seq``: ``schedule="seq"`` (ficco's own sequential plan);
 * ``auto``: ``schedule="auto"`` with the host watch off (the shapes' picks).
 
@@ -79,7 +81,18 @@ def main():
         dist.reduce_scatter_tensor(out, y, group=g)
         return out
 
+    fc = torch.ops._c10d_functional
+
     def funcol(op, a, b):
+        if op == "ag-gemm":
+            full = torch.empty(a.shape[0] * size, a.shape[1], dtype=a.dtype, device=dev)
+            fc.wait_tensor(fc.all_gather_into_tensor_out(a, size, g.group_name, out=full))
+            return full @ b
+        out = torch.empty(a.shape[0] // size, b.shape[1], dtype=a.dtype, device=dev)
+        fc.wait_tensor(fc.reduce_scatter_tensor_out(a @ b, "sum", size, g.group_name, out=out))
+        return out
+
+    def torch_seq(op, a, b):
         rows = a.shape[0] * size if op == "ag-gemm" else a.shape[0] // size
         out = torch.empty(rows, b.shape[1], dtype=a.dtype, device=dev)
         ft._torch_seq(op, a, b, out, g, size)
@@ -90,7 +103,7 @@ def main():
             return getattr(ft, ft._OPS[op])(a, b, schedule=schedule)
         return run
 
-    ways = {"c10d": c10d, "funcol": funcol, "public-seq": public("auto"),
+    ways = {"c10d": c10d, "funcol": funcol, "torch-seq": torch_seq, "public-seq": public("auto"),
             "native-seq": public("seq"), "auto": public("auto")}
     # Each way's first calls set up (sessions, decisions, graphs), untimed.
     want = {site: c10d(op, a, b) for site, op, a, b in sites}

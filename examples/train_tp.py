@@ -13,7 +13,9 @@ ranks of a job, three ways, side by side:
   op hands back for the weight gradient on more than 2 ranks (as PyTorch's
   forward keeps its gathered input), and gathers it again in the backward
   on 2; ``ficco-keep`` always keeps it; ``ficco-regather`` always gathers
-  again (less memory); ``ficco-torchbwd`` runs every input
+  again (less memory); ``ficco-watch`` and ``ficco-nowatch`` turn the
+  host watch of ``auto`` on and off (``ficco.torch.adapt_to_host``);
+  ``ficco-torchbwd`` runs every input
   gradient as PyTorch's backward does (its collective on the NCCL stream
   beside the weight gradient's GEMM), never as ficco's op
   (``ficco.torch.input_grads_on_ficco(False)``);
@@ -71,7 +73,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_tp_block import rope, rope_tables, slowest  # noqa: E402
 
 
-WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-regather", "ficco-torchbwd", "no-comm")
+WAYS = ("pytorch", "async-tp", "ficco", "ficco-keep", "ficco-regather", "ficco-torchbwd",
+        "ficco-watch", "ficco-nowatch", "no-comm")
 
 
 def parse_args():
@@ -259,6 +262,8 @@ def run_way(way, mode, args, cfg, x, target, group, dev):
         ft.forget_decisions(group)
         ft_grad.keep_gathered({"ficco-keep": True, "ficco-regather": False}.get(way, "auto"))
         ft_grad.input_grads_on_ficco(way != "ficco-torchbwd")
+        ft.adapt_to_host({"ficco-watch": True, "ficco-nowatch": False}.get(
+            way, ft._native.adapt_host_default()))
     comm = Comm("ficco" if ficco else way if way == "no-comm" else "pytorch", group)
     model = Stack(cfg, comm, dist.get_rank(group), dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.0 if way == "no-comm" else args.lr)

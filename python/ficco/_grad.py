@@ -73,9 +73,6 @@ def _nccl(group) -> bool:
 # µs of host each here (measured: a training step at 2048 tokens on 4
 # H200s, 8 such calls in its backward), the functional ones a few tens.
 _fc = torch.ops._c10d_functional
-# Their ``_out`` forms (newer PyTorch); None where missing.
-_AG_OUT = getattr(_fc, "all_gather_into_tensor_out", None)
-_RS_OUT = getattr(_fc, "reduce_scatter_tensor_out", None)
 
 
 def all_gather(shard: torch.Tensor, group) -> torch.Tensor:
@@ -103,26 +100,6 @@ def reduce_scatter(full: torch.Tensor, group) -> torch.Tensor:
     host = full.float().cpu()
     dist.all_reduce(host, group=group)
     return host[rank * rows:(rank + 1) * rows].to(device=full.device, dtype=full.dtype)
-
-
-def all_gather_into(full: torch.Tensor, shard: torch.Tensor, group) -> None:
-    """``all_gather(shard)`` into `full`, ordered on the current stream
-    (NCCL groups; PyTorch before the functional ``_out`` ops: a copy)."""
-    size = dist.get_world_size(group)
-    if _AG_OUT is None:
-        full.copy_(_fc.wait_tensor(_fc.all_gather_into_tensor(shard, size, group.group_name)))
-    else:
-        _fc.wait_tensor(_AG_OUT(shard, size, group.group_name, out=full))
-
-
-def reduce_scatter_into(out: torch.Tensor, full: torch.Tensor, group) -> None:
-    """This rank's rows of ``sum over ranks(full)`` into `out`, as
-    :func:`all_gather_into`."""
-    size = dist.get_world_size(group)
-    if _RS_OUT is None:
-        out.copy_(_fc.wait_tensor(_fc.reduce_scatter_tensor(full, "sum", size, group.group_name)))
-    else:
-        _fc.wait_tensor(_RS_OUT(full, "sum", size, group.group_name, out=out))
 
 
 class _Done:
