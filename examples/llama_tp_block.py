@@ -74,6 +74,10 @@ def parse_args():
     p.add_argument("--loopback", action="store_true", help="every rank on cuda:0, gloo; no async-TP")
     p.add_argument("--mode", choices=["eager", "graphs", "compile", "all"], default="eager",
                    help="eager calls, a CUDA graph per block, torch.compile(fullgraph=True), or all three")
+    p.add_argument("--site-times", action="store_true",
+                   help="eager mode: also time each call site inside the block (CUDA events around "
+                        "each op call, the slowest rank's median per site), to tell which sites keep "
+                        "their harness saving in the block and what the rest of the block costs")
     p.add_argument("--json", metavar="FILE",
                    help="rank 0 writes the times per mode and way and what each ficco call site ran "
                         "(bench/block_vs_harness.py compares it with the harness)")
@@ -307,6 +311,51 @@ def runner(mode, way, x, w, cfg):
     return g.replay, out
 
 
+class SiteTimer:
+    """Wraps a way: CUDA events on the caller's stream around each op call.
+    A call's work joins the caller's stream before it returns (ficco's
+    included), so each pair spans the op on the device, in the block."""
+
+    def __init__(self, comm):
+        self.comm, self.name, self.marks = comm, comm.name, []
+
+    def _timed(self, fn, site, a, b):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        out = fn(site, a, b)
+        e.record()
+        self.marks.append((site, s, e))
+        return out
+
+    def ag_mm(self, site, a, b):
+        return self._timed(self.comm.ag_mm, site, a, b)
+
+    def mm_rs(self, site, a, b):
+        return self._timed(self.comm.mm_rs, site, a, b)
+
+
+def site_times(x, w, way, cfg, iters, device):
+    """Per call site, the median in-block time (ms, slowest rank), and the
+    block's median: eager blocks, synchronized after each."""
+    timer = SiteTimer(way)
+    blocks = []
+    for _ in range(iters):
+        timer.marks.clear()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        block(x, w, timer, cfg)
+        e.record()
+        torch.cuda.synchronize()
+        blocks.append((s.elapsed_time(e), [(site, a.elapsed_time(b)) for site, a, b in timer.marks]))
+    sites = {}
+    for _, marks in blocks:
+        for site, ms in marks:
+            sites.setdefault(site, []).append(ms)
+    out = {site: slowest(statistics.median(v), device) for site, v in sites.items()}
+    out["block"] = slowest(statistics.median(b for b, _ in blocks), device)
+    return out
+
+
 def rel_err(got, want, base):
     d_got, d_want = got.float() - base.float(), want.float() - base.float()
     return ((d_got - d_want).norm() / d_want.norm()).item()
@@ -394,6 +443,12 @@ def main():
                     say(f"{mode} {way.name}: failed: {type(e).__name__}: {str(e)[:400]}")
                     failed |= way.name != "async-tp"
             record["times"][mode] = dict(times)
+            if args.site_times and mode == "eager":
+                per = {}
+                for way in ways:
+                    if way.name in outs:
+                        per[way.name] = site_times(x, w, way, cfg, args.iters, red_dev)
+                record["site_times"] = per
             say(f"# mode {mode}")
             say(f"# {'way':10} {'ms/block':>9} {'vs pytorch':>10} {'rel err':>9}")
             for way in ways:
@@ -418,6 +473,23 @@ def main():
                 say(f"  ficco host watch: {samples} calls sampled, idle at "
                     f"{'-' if idle is None else idle} on the rank with the most (host-bound from "
                     f"{ft.HOST_IDLE})")
+            if mode == "eager" and "site_times" in record:
+                per = record["site_times"]
+                names = [n for n in per]
+                say("  in-block ms per call site (events around each call; 'rest' is the block "
+                    "outside the four calls):")
+                say("    " + f"{'site':8}" + "".join(f"{n:>10}" for n in names)
+                    + ("  ficco saves" if "pytorch" in per and "ficco" in per else ""))
+                for site in list(next(iter(per.values())).keys()) + ["rest"]:
+                    def ms(n):
+                        t = per[n]
+                        if site != "rest":
+                            return t[site]
+                        return t["block"] - sum(v for k, v in t.items() if k != "block")
+                    row = "    " + f"{site:8}" + "".join(f"{ms(n):10.3f}" for n in names)
+                    if "pytorch" in per and "ficco" in per:
+                        row += f"  {ms('pytorch') - ms('ficco'):10.3f}"
+                    say(row)
             if mode == "eager" and fc is not None:
                 say("  ficco schedules: " + ", ".join(f"{k}={v}" for k, v in fc.ran.items()))
                 decided = ft.decisions(group)
