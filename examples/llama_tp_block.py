@@ -336,7 +336,12 @@ class SiteTimer:
 
 def site_times(x, w, way, cfg, iters, device):
     """Per call site, the median in-block time (ms, slowest rank), and the
-    block's median: eager blocks, synchronized after each."""
+    block's median: eager blocks, synchronized after each. Each site's
+    slowest rank may differ (a collective absorbs the ranks' skew on
+    whichever rank arrives first), so the sites' sum can exceed any rank's
+    share of the block, and the block outside them ("rest") can read low
+    (at 16384 tokens on 4 H200s PyTorch's read 0.8 ms below every other
+    way's: bench/RESULTS.md, eleventh session)."""
     timer = SiteTimer(way)
     blocks = []
     for _ in range(iters):
