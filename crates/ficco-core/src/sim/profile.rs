@@ -9,7 +9,9 @@
 //!   scenarios of `data/anchor-h200x4.jsonl` and bandwidths measured on the
 //!   device (one 256 MiB peer copy at 390 GB/s, 0.69 ms; about 400 GB/s into
 //!   one GPU from three peers).
-//! - `h100-nvlink`: derived from `h200-nvlink` by public specs, not calibrated.
+//! - `h100-nvlink`: `h200-nvlink`'s model (the same die, NVLink and NCCL)
+//!   with H100's memory, its GEMM values refit on `ficco soak` on 4 H100s
+//!   (`tests/sim_h100.rs`).
 //!
 //! Any other profile is a TOML file with the same fields; [`HwProfile::load`]
 //! takes a built-in name or a path. Units are in the field names: `_us`
@@ -563,7 +565,7 @@ mod tests {
         assert!(HwProfile::builtin("h100-nvlink")
             .unwrap()
             .description
-            .contains("not calibrated"));
+            .contains("H100"));
     }
 
     #[test]
