@@ -5,7 +5,7 @@ use ficco_core::plan::{
     Buffer, BufferRole, NcclOp, Plan, RankPlan, RankView, StreamRole, StreamSpec, Task, TaskId,
     TaskKind, View,
 };
-use ficco_core::problem::workload::{Op, Problem};
+use ficco_core::problem::workload::{Collective, Op, Problem};
 use ficco_core::sim::cost;
 use ficco_core::sim::profile::HwProfile;
 use ficco_core::sim::simulate;
@@ -514,5 +514,46 @@ fn own_gemm_runs_the_measured_ratio_on_its_sm_budget() {
         run(GemmEngine::Own, Some(66), None),
         ficco_core::sim::own::gemm_ms(&hw, 4096, 4096, 4096, 66, None),
         "own::gemm_ms",
+    );
+}
+
+/// A lone all-reduce of 64 MiB on 4 GPUs under `resources`.
+fn lone_all_reduce(hw: &HwProfile, green_sms: Option<usize>, nccl_ctas: Option<usize>) -> f64 {
+    let mut b = B::new(4);
+    for r in 0..4 {
+        b.push(r, 1, all_reduce(0, 64 * MB), &[]);
+    }
+    let mut plan = b.plan();
+    plan.resources.green_sms = green_sms;
+    plan.resources.nccl_ctas = nccl_ctas;
+    simulate(&plan, hw).unwrap().total_ms
+}
+
+#[test]
+fn a_collective_whose_ctas_outnumber_its_green_partition_runs_in_rounds() {
+    let hw = hw_quiet();
+    assert_eq!(hw.nccl.channels, Some(24));
+    let free = lone_all_reduce(&hw, None, None);
+    // 132 - 112 = 20 SMs for 24 CTAs: two rounds, half the bandwidth.
+    let gc112 = lone_all_reduce(&hw, Some(112), None);
+    // 132 - 100 = 32 SMs hold all 24 at once: as without the split.
+    let gc100 = lone_all_reduce(&hw, Some(100), None);
+    // 8 CTAs fit the 20 SMs: only the CTA limit's own factor (8 of 16).
+    let gc112_cta8 = lone_all_reduce(&hw, Some(112), Some(8));
+    let cta8 = lone_all_reduce(&hw, None, Some(8));
+    let (l, bw) = cost::collective_protocol(&hw, Collective::AllReduce, 64 * MB, 4);
+    let bytes = 2.0 * (64 * MB) as f64 * 3.0 / 4.0;
+    close(free, l + bytes / bw, "free");
+    close(gc112, l + 2.0 * bytes / bw, "gc112");
+    close(gc100, free, "gc100");
+    close(gc112_cta8, cta8, "gc112-cta8");
+    close(cta8, l + 2.0 * bytes / bw, "cta8");
+    // Without the profile's channel count the split is not modelled.
+    let mut unknown = hw.clone();
+    unknown.nccl.channels = None;
+    close(
+        lone_all_reduce(&unknown, Some(112), None),
+        free,
+        "no channels",
     );
 }

@@ -67,7 +67,8 @@
 //!   its bandwidth cap scales by min(1, N / `nccl_sms`) (fewer channels move
 //!   fewer bytes at once). `-gcN`: GEMMs get at most N SMs, and NCCL kernels
 //!   run on the other partition, resident at once without taking SMs from
-//!   the GEMM. `-own`, `-smN`, `-occS` (the plan's GEMM engine is ficco's
+//!   the GEMM; a collective whose CTAs (`nccl.channels`) outnumber that
+//!   partition's SMs runs in rounds, its bandwidth divided by their number. `-own`, `-smN`, `-occS` (the plan's GEMM engine is ficco's
 //!   kernel): each GEMM is the cuBLASLt wave model scaled by ficco's measured
 //!   time over cuBLASLt's on that shape ([`own`]), on a persistent grid
 //!   (ficco's split-K fills the SMs of a short GEMM, like the profile's
@@ -288,6 +289,9 @@ struct Sim<'a> {
     nccl_beside: bool,
     /// NCCL bandwidth factor of the CTA limit.
     nccl_scale: f64,
+    /// A collective's bandwidth factor under a green-context split: one
+    /// over the rounds its CTAs take on the communication partition's SMs.
+    green_rounds_scale: f64,
     /// Per node: tile GEMM blocks (node, block) its completion makes ready.
     gates: Vec<Vec<(usize, usize)>>,
     /// (tile GEMM node, block) -> Wait nodes that end when the block is stored.
@@ -360,6 +364,24 @@ fn gemm_work(hw: &HwProfile, c: &cost::GemmCost, cap: usize, persistent: bool) -
 
 /// NCCL's "size" of a collective: the gathered buffer (all-gather), the
 /// input (reduce-scatter) or the buffer (all-reduce), bytes.
+/// A collective's bandwidth factor under a green-context split (`-gcN`):
+/// its kernel's CTAs (`-ctaN`, else the profile's `nccl.channels`), one per
+/// SM, on the `sm_count - N` SMs of the communication partition. Where they
+/// do not all fit at once, the kernel runs in rounds, and the ring's
+/// channels wait for one another across ranks, so its bandwidth is one over
+/// the rounds. Measured (4 H100s and 4 H200s, the concurrent suite): NCCL
+/// 2.28's ring kernels have 24 CTAs, a `-gc112` split leaves 20 SMs, and
+/// every `-gc112` NCCL schedule ran as slow as `-cta8` (half NCCL's
+/// bandwidth), where the model without rounds predicted it near ideal.
+fn green_rounds_scale(plan: &Plan, hw: &HwProfile) -> f64 {
+    let (Some(green), Some(channels)) = (plan.resources.green_sms, hw.nccl.channels) else {
+        return 1.0;
+    };
+    let partition = hw.sm_count.saturating_sub(green).max(1);
+    let ctas = plan.resources.nccl_ctas.unwrap_or(channels).max(1);
+    1.0 / ctas.div_ceil(partition) as f64
+}
+
 fn nccl_size(op: &NcclOp) -> usize {
     match op {
         NcclOp::AllGather { recv, .. } | NcclOp::AllReduce { recv, .. } => recv.bytes(),
@@ -633,6 +655,7 @@ impl<'a> Sim<'a> {
                 .resources
                 .nccl_ctas
                 .map_or(1.0, |n| (n as f64 / hw.nccl_sms.max(1) as f64).min(1.0)),
+            green_rounds_scale: green_rounds_scale(plan, hw),
             gates,
             block_waiters,
         })

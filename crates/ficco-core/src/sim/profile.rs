@@ -141,6 +141,11 @@ pub struct NcclParams {
     /// Low-latency protocol: bus bandwidth, GB/s (with `ll_latency_us`).
     #[serde(default)]
     pub ll_bus_gbs: Option<f64>,
+    /// CTAs (channels) of a ring collective's kernel: under a green-context
+    /// split (`-gcN`) whose communication partition has fewer SMs, the
+    /// kernel runs in rounds ([`crate::sim`]). Default: not modelled.
+    #[serde(default)]
+    pub channels: Option<usize>,
     /// Per-(collective, P) parameters.
     pub collective: Vec<CollectiveParams>,
     /// Grouped send/recv at a given communicator size, overriding

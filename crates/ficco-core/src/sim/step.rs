@@ -228,7 +228,7 @@ impl<'a> Sim<'a> {
                 work = first_op.bytes_sent(g2) as f64;
                 let size = nccl_size(first_op);
                 let (l, bw) = cost::collective_protocol(hw, coll, size, g2);
-                cap = bw;
+                cap = bw * self.green_rounds_scale;
                 lat_ms = l;
                 for &m in &members {
                     let r = self.nodes[m].rank;
