@@ -69,9 +69,11 @@ def _nccl(group) -> bool:
 
 
 # PyTorch's functional collectives: C++ ops (as its own autograd collectives
-# and compiled code call them). The `torch.distributed` calls cost 170-300
-# µs of host each here (measured: a training step at 2048 tokens on 4
-# H200s, 8 such calls in its backward), the functional ones a few tens.
+# and compiled code call them). In the backward, the `torch.distributed`
+# calls cost 170-300 µs of host each (measured: a training step at 2048
+# tokens on 4 H200s, 8 such calls in its backward), the functional ones a
+# few tens. (In the forward the two cost about the same: ficco.torch's
+# sequential fallback calls `torch.distributed`; bench/seq_paths.py.)
 _fc = torch.ops._c10d_functional
 
 

@@ -525,8 +525,9 @@ def _torch_seq(op, a, b, out, group, size, gathered=None):
     calls into `out`: as the user's own PyTorch code calls them, and no
     more host time than the functional collectives (the block's four calls
     at 2048 tokens, 4 GPUs, ``bench/seq_paths.py``: 604 against 642 µs and
-    758 against 761 µs in two runs, the same device time). Captured in CUDA
-    graphs and under ``torch.compile`` it gives eager's output."""
+    758 against 761 µs in two runs, the same device time). Its all-gather
+    and reduce-scatter calls replay in CUDA graphs and run under
+    ``torch.compile`` with eager's output (checked there too)."""
     if op == "ag-gemm":
         full = gathered
         if full is None:

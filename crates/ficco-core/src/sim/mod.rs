@@ -68,7 +68,8 @@
 //!   fewer bytes at once). `-gcN`: GEMMs get at most N SMs, and NCCL kernels
 //!   run on the other partition, resident at once without taking SMs from
 //!   the GEMM; a collective whose CTAs (`nccl.channels`) outnumber that
-//!   partition's SMs runs in rounds, its bandwidth divided by their number. `-own`, `-smN`, `-occS` (the plan's GEMM engine is ficco's
+//!   partition's SMs runs in rounds, its bandwidth divided by their number.
+//!   `-own`, `-smN`, `-occS` (the plan's GEMM engine is ficco's
 //!   kernel): each GEMM is the cuBLASLt wave model scaled by ficco's measured
 //!   time over cuBLASLt's on that shape ([`own`]), on a persistent grid
 //!   (ficco's split-K fills the SMs of a short GEMM, like the profile's
@@ -362,8 +363,6 @@ fn gemm_work(hw: &HwProfile, c: &cost::GemmCost, cap: usize, persistent: bool) -
     }
 }
 
-/// NCCL's "size" of a collective: the gathered buffer (all-gather), the
-/// input (reduce-scatter) or the buffer (all-reduce), bytes.
 /// A collective's bandwidth factor under a green-context split (`-gcN`):
 /// its kernel's CTAs (`-ctaN`, else the profile's `nccl.channels`), one per
 /// SM, on the `sm_count - N` SMs of the communication partition. Where they
@@ -382,6 +381,8 @@ fn green_rounds_scale(plan: &Plan, hw: &HwProfile) -> f64 {
     1.0 / ctas.div_ceil(partition) as f64
 }
 
+/// NCCL's "size" of a collective: the gathered buffer (all-gather), the
+/// input (reduce-scatter) or the buffer (all-reduce), bytes.
 fn nccl_size(op: &NcclOp) -> usize {
     match op {
         NcclOp::AllGather { recv, .. } | NcclOp::AllReduce { recv, .. } => recv.bytes(),
