@@ -87,12 +87,6 @@ def main():
         regs = warps * (-(-k["regs"] * 32 // 256) * 256)
         return regs, k["smem"] + RESERVED, warps * 32
 
-    def resident(k, smem=None):
-        regs, sm, threads = need(k)
-        if smem is not None:
-            sm = smem + RESERVED
-        return min(sm_regs // max(regs, 1), sm_smem // sm, sm_threads // threads, MAX_BLOCKS)
-
     kernels = {}
     for e in events:
         if e.get("cat") != "kernel":
@@ -113,14 +107,12 @@ def main():
         key = (name, k["threads"], k["regs"], k["smem"])
         if key not in kernels:
             kernels[key] = k
-    ks = list(kernels.values())
-    rows = []
-    for k in ks:
+    rows = list(kernels.values())
+    for k in rows:
         regs, sm, threads = need(k)
-        k["per_sm"] = resident(k)
         k["limits"] = {"registers": sm_regs // max(regs, 1), "shared memory": sm_smem // sm,
                        "threads": sm_threads // threads}
-        rows.append(k)
+        k["per_sm"] = min(*k["limits"].values(), MAX_BLOCKS)
     comm = [k for k in rows if k["kind"] == "nccl"]
     verdicts = []
     for g in (k for k in rows if k["kind"] in ("gemm", "ficco")):

@@ -156,7 +156,7 @@ def main():
     # calls with every decision pinned to seq, replayed / compiled, against
     # c10d's eager outputs.
     pin_seq(True)
-    run = public("auto")
+    run = ways["public-seq"]
 
     def calls():
         return [run(op, a, b) for _, op, a, b in sites]
