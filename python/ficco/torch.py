@@ -256,6 +256,7 @@ def close() -> None:
         _decisions.clear()
         _host_group.clear()
         _host_calls.clear()
+        _grad_groups.clear()
         _steady.clear()
     errors = []
     for _, s in items:
@@ -308,6 +309,8 @@ def _op(op, a_name, a, b, group, schedule, out):
         )
     _check_initialised(fn)
     resolved = _resolve(group)
+    if grad:
+        _grad_groups.add(resolved)
     name = _group_name(resolved)
     if grad and op == "ag-gemm" and b.requires_grad and _grad.keeps_gathered(resolved):
         # The weight gradient needs all_gather(a): kept from here.
@@ -569,6 +572,8 @@ _host_calls: Dict[tuple, int] = {}
 # Per group: [samples, idle samples, verdict] with the verdict None while
 # sampling, then the most idle samples of any rank (agreed by every rank).
 _host_group: Dict[object, list] = {}
+# Groups that made a call needing a gradient: only these are watched.
+_grad_groups: set = set()
 _adapt: Optional[bool] = None
 
 
@@ -614,9 +619,16 @@ def _watch_host(group, op, m, k, n, d: "Decision", device) -> "Decision":
     precedes a capture, which runs on another stream (as
     ``torch.cuda.make_graphed_callables`` does; measured: its 3 eager
     iterations were host-bound and would have turned a captured step to
-    ``seq``). Every rank makes the same calls in the same order, so every
+    ``seq``). Nor does a group that has made no call needing a gradient: a
+    forward-only program (inference, ``torch.no_grad()``) is never turned.
+    There a replayed call costs the host less than PyTorch's collective and
+    matmul (``bench/seq_paths.py``: 67-98 against 110-170 µs a call at
+    P = 4), so ``seq`` cannot relieve the host (measured: the block at 2048
+    tokens ran 0.84x PyTorch where the watch turned it, 1.16-1.26x where it
+    did not), while in training it can (1.06x and 1.18x turned, against 1.03x
+    and 1.07x). Every rank makes the same calls in the same order, so every
     rank reaches the agreement at the same call."""
-    if d.gain_ms >= HOST_GAIN_MS or not adapt_to_host():
+    if d.gain_ms >= HOST_GAIN_MS or not adapt_to_host() or group not in _grad_groups:
         return d
     w = _host_group.get(group)
     if w is None:

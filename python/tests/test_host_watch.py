@@ -1,8 +1,8 @@
 """``auto``'s host watch, on the CPU: a group whose caller's stream is found
 idle at most of its sampled calls on some rank turns its shapes to ``seq``
 on every rank at the same call, unless their gain is large; calls under
-capture, calls on a side stream and shapes already decided are not
-counted. Two gloo processes stand in for
+capture, calls on a side stream, shapes already decided and groups that
+never needed a gradient are not counted. Two gloo processes stand in for
 the GPUs: the stream's idleness is scripted per rank, and the agreement is
 a real all-reduce over the group."""
 
@@ -30,13 +30,17 @@ class Stream:
         return self.idle.pop(0)
 
 
-def run_calls(group, idle, gain_ms, capturing=False, side=False):
+def run_calls(group, idle, gain_ms, capturing=False, side=False, grad=True):
     """The schedule each of `len(idle) + HOST_SKIP` calls of SHAPE runs, the
     basis of its last decision, the watch's (samples, idle) and what a
-    shape first called after them runs."""
+    shape first called after them runs. `grad`: the group has made a call
+    that needs a gradient."""
     ft._host_calls.clear()
     ft._host_group.clear()
     ft._decisions.clear()
+    ft._grad_groups.clear()
+    if grad:
+        ft._grad_groups.add(group)
     ft._decisions[group] = {SHAPE: decision(gain_ms)}
     stream = Stream(list(idle))
     torch.cuda.current_stream = lambda device=None: stream
@@ -69,6 +73,8 @@ def worker(rank, port, out_dir):
         "capturing": run_calls(group, [], 0.05, capturing=True),
         # Nor on a side stream (a warm-up before capture).
         "side": run_calls(group, [], 0.05, side=True),
+        # Nor in a group with no call needing a gradient (forward only).
+        "no_grad": run_calls(group, [], 0.05, grad=False),
     }
     ft.adapt_to_host(False)
     rows["off"] = run_calls(group, [], 0.05)
@@ -85,5 +91,5 @@ def test_host_bound_groups_turn_to_seq_alike_on_every_rank(gloo_job):
         assert rows["one_rank_idle"] == [[sched] * (skip + n - 1) + ["seq"], "host-bound", [n, n], "seq"], r
         assert rows["below"] == [[sched] * (skip + n), "predicted", [n, ft.HOST_IDLE - 1], sched], r
         assert rows["large_gain"] == [[sched] * (skip + n), "predicted", [0, None], sched], r
-        for case in ("capturing", "side", "off"):
+        for case in ("capturing", "side", "no_grad", "off"):
             assert rows[case] == [[sched] * skip, "predicted", [0, None], sched], (r, case)

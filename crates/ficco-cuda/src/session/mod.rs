@@ -739,6 +739,115 @@ mod tests {
             );
         }
         eprintln!("rank {me}/{world}: {} repeated calls match", issued.len());
+        // Calls at one address set, replayed from the fourth on (by the
+        // launch thread unless FICCO_LAUNCH_THREAD=0): each round's inputs
+        // are copied in and its output out on the caller's stream around
+        // the call, everything queued before anything is read, so a replay
+        // launched out of the stream's order reads another round's inputs
+        // or is read before it ran.
+        let rounds = 8u64;
+        let cases: Vec<(Op, usize, usize)> = [Op::AgGemm, Op::GemmRs]
+            .into_iter()
+            .map(|op| {
+                let a_rows = if op == Op::AgGemm { shard } else { M };
+                let out_rows = if op == Op::GemmRs { shard } else { M };
+                (op, a_rows, out_rows)
+            })
+            .collect();
+        let fixed: Vec<_> = cases
+            .iter()
+            .map(|&(_, a_rows, out_rows)| {
+                (
+                    upload(&vec![0u16; a_rows * K]),
+                    upload(&vec![0u16; K * N]),
+                    upload(&vec![0x7fc0u16; out_rows * N]),
+                )
+            })
+            .collect();
+        // Made before the first call: an allocation or a synchronous copy
+        // would drain the queue between rounds.
+        let mut rounds_data = vec![];
+        for round in 0..rounds {
+            for (j, &(op, a_rows, out_rows)) in cases.iter().enumerate() {
+                let seed = 50_000 + 1000 * round + 100 * j as u64;
+                rounds_data.push((
+                    j,
+                    op,
+                    seed,
+                    upload(&rand(a_rows * K, seed + me as u64)),
+                    upload(&rand(K * N, seed + 50 + me as u64)),
+                    upload(&vec![0x7fc0u16; out_rows * N]),
+                ));
+            }
+        }
+        let handed_before = s.job().expect("job").op.handed_over();
+        ctx.bind_to_thread().expect("bind");
+        for (j, op, seed, a_src, b_src, dst) in &rounds_data {
+            let (a, b, out) = &fixed[*j];
+            // SAFETY: equal sizes on this device; stream 0 is the caller's.
+            unsafe {
+                crate::driver::cuda::memcpy_dtod_async(
+                    a.ptr(),
+                    a_src.ptr(),
+                    a.bytes(),
+                    std::ptr::null_mut(),
+                )
+                .expect("copy a in");
+                crate::driver::cuda::memcpy_dtod_async(
+                    b.ptr(),
+                    b_src.ptr(),
+                    b.bytes(),
+                    std::ptr::null_mut(),
+                )
+                .expect("copy b in");
+            }
+            s.run_op(&OpCall {
+                op: *op,
+                m: M,
+                k: K,
+                n: N,
+                schedule: Some("shard-copy-ring"),
+                a: a.ptr().raw(),
+                b: b.ptr().raw(),
+                out: out.ptr().raw(),
+                stream: 0,
+                b_transposed: false,
+                gathered: 0,
+            })
+            .unwrap_or_else(|e| panic!("rank {me} replay {op} seed {seed}: {e}"));
+            ctx.bind_to_thread().expect("bind");
+            // SAFETY: as above.
+            unsafe {
+                crate::driver::cuda::memcpy_dtod_async(
+                    dst.ptr(),
+                    out.ptr(),
+                    out.bytes(),
+                    std::ptr::null_mut(),
+                )
+                .expect("copy out");
+            }
+        }
+        s.synchronize().expect("every replay finished");
+        for (_, op, seed, _, _, dst) in &rounds_data {
+            let err = rel_err(&download(dst), &reference_of(*op, *seed));
+            assert!(
+                err < 2e-2,
+                "rank {me} replayed {op} seed {seed}: rel err {err}"
+            );
+        }
+        let handed = s.job().expect("job").op.handed_over() - handed_before;
+        if ficco_core::settings::Settings::current().launch_thread {
+            // Rounds 4 to 8 of each shape at least (the first rounds set up,
+            // issue and capture).
+            assert!(
+                handed >= 2 * 5,
+                "rank {me}: {handed} replays handed to the launch thread"
+            );
+        }
+        eprintln!(
+            "rank {me}/{world}: {} replayed calls match ({handed} launched by the launch thread)",
+            rounds_data.len()
+        );
         // A bad call is an error on every rank, not a crash.
         let e = s
             .run_op(&OpCall {
