@@ -472,13 +472,12 @@ def run_fail(rank, world, victim, out_path):
 
 def run_failfast(rank, world, victim, out_path):
     """Every rank runs the same shape a few times (its later calls take the
-    fast path, and from the fourth replay a graph, launched by ficco's
-    launch thread); then the victim dies and the others call that shape
-    again: the call returns before it runs, its stream is released by
-    ficco's watch thread, and the hang is raised by ft.synchronize()."""
+    fast path); then the victim dies and the others call that shape again:
+    the call returns before it runs, its stream is released by ficco's
+    watch thread, and the hang is raised by ft.synchronize()."""
     a, b = operands("ag-gemm", 1, rank, world)
     with torch.no_grad():
-        for _ in range(5):
+        for _ in range(3):
             ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
     torch.cuda.synchronize()
 

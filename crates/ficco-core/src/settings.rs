@@ -39,7 +39,6 @@ pub struct Var {
 pub const WATCHDOG_MS: &str = "FICCO_WATCHDOG_MS";
 pub const GRAPHS: &str = "FICCO_GRAPHS";
 pub const OP_SYNC: &str = "FICCO_OP_SYNC";
-pub const LAUNCH_THREAD: &str = "FICCO_LAUNCH_THREAD";
 pub const KEEP_GATHERED: &str = "FICCO_KEEP_GATHERED";
 pub const ADAPT_HOST: &str = "FICCO_ADAPT_HOST";
 pub const GROUPED: &str = "FICCO_GROUPED";
@@ -78,12 +77,6 @@ pub const VARS: &[Var] = &[
         takes: "0 or 1",
         default: "0",
         what: "operator calls always take the full path (reset, store barriers, host synchronize)",
-    },
-    Var {
-        name: LAUNCH_THREAD,
-        takes: "0 or 1",
-        default: "1",
-        what: "the Python ops' replayed calls are launched by a thread of ficco's: the caller's thread pays two stream memory operations and an event instead of the graph launch (28-37 µs at P = 4)",
     },
     Var {
         name: KEEP_GATHERED,
@@ -204,7 +197,6 @@ pub struct Settings {
     pub watchdog_ms: u64,
     pub graphs: bool,
     pub op_sync: bool,
-    pub launch_thread: bool,
     /// `None`: auto (the Python layer keeps on more than 2 ranks).
     pub keep_gathered: Option<bool>,
     pub adapt_host: bool,
@@ -223,7 +215,6 @@ impl Default for Settings {
             watchdog_ms: DEFAULT_WATCHDOG_MS,
             graphs: true,
             op_sync: false,
-            launch_thread: true,
             keep_gathered: None,
             adapt_host: true,
             grouped: Grouped::Auto,
@@ -296,7 +287,6 @@ impl Settings {
             watchdog_ms: positive(WATCHDOG_MS, DEFAULT_WATCHDOG_MS)?,
             graphs: flag(GRAPHS, true)?,
             op_sync: flag(OP_SYNC, false)?,
-            launch_thread: flag(LAUNCH_THREAD, true)?,
             keep_gathered: match value(KEEP_GATHERED).as_deref() {
                 None | Some("auto") => None,
                 Some(_) => Some(flag(KEEP_GATHERED, false)?),
@@ -403,7 +393,6 @@ mod tests {
             (WATCHDOG_MS, "2000"),
             (GRAPHS, "0"),
             (OP_SYNC, "1"),
-            (LAUNCH_THREAD, "0"),
             (KEEP_GATHERED, "1"),
             (ADAPT_HOST, "0"),
             (GROUPED, "loop"),
@@ -418,7 +407,6 @@ mod tests {
         .unwrap();
         assert_eq!(s.watchdog_ms, 2000);
         assert!(!s.graphs && s.op_sync && s.trace && s.task_progress);
-        assert!(!s.launch_thread);
         assert_eq!(s.keep_gathered, Some(true));
         assert_eq!(
             parse(&[(KEEP_GATHERED, "0")]).unwrap().keep_gathered,

@@ -37,11 +37,6 @@ pub struct Job {
     /// The CUDA device this rank drives.
     pub ordinal: usize,
     ctx: Arc<CudaContext>,
-    /// Operator calls: the flag epoch carried between runs, the cached call
-    /// shapes ([`crate::exec::op`]). Declared before the shared memory so
-    /// that it drops first: its launch thread launches what it still holds
-    /// before the memory those graphs use goes.
-    pub(crate) op: OpRunner,
     arena: Option<SymmetricMem>,
     flags: Option<SymmetricMem>,
     /// This rank's communicators over the job, by `maxCTAs` limit.
@@ -50,6 +45,9 @@ pub struct Job {
     runs: u64,
     /// Shared-memory exchanges so far (names each exchange).
     exchanges: u64,
+    /// Operator calls: the flag epoch carried between runs, the cached call
+    /// shapes ([`crate::exec::op`]).
+    pub(crate) op: OpRunner,
     /// Quiet barriers so far (names each).
     quiets: u64,
 }
@@ -174,7 +172,6 @@ impl Job {
         if !self.op.epoch.needs_quiet() {
             return Ok(());
         }
-        self.op.flush_launches()?;
         rank.synchronize()?;
         self.op.failure()?;
         self.quiets += 1;

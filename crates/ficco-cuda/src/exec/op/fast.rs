@@ -349,10 +349,6 @@ pub struct CallGraph(pub cudarc::driver::CudaGraph);
 // SAFETY: see the type's doc: exclusive use under the owner's lock; CUDA
 // graph and graph-exec handles are not tied to the thread that made them.
 unsafe impl Send for CallGraph {}
-// SAFETY: shared only between the session (which launches a graph once,
-// when it captures it) and the launch thread (which launches its replays,
-// one at a time, in call order): no two threads use one graph at once.
-unsafe impl Sync for CallGraph {}
 
 /// One operand of an operator call on caller memory.
 #[derive(Debug, Clone)]
@@ -526,7 +522,7 @@ pub(crate) struct OpPlan {
     pub flags: Vec<DevicePtr>,
     pub(super) iss: RankIssue,
     /// Graphs of this shape's calls by operand addresses.
-    pub(super) graphs: CallGraphs<Arc<CallGraph>>,
+    pub(super) graphs: CallGraphs<CallGraph>,
     /// Whether its calls may replay graphs: not with NCCL tasks, whose
     /// graph launches wait on the host for the previous one (measured: a
     /// 1.5 ms host stall per call at 16384 x 8192 x 8192), nor after a

@@ -128,7 +128,6 @@
 
 pub mod clock;
 mod fast;
-mod launch;
 #[cfg(test)]
 mod model_tests;
 mod path;
@@ -137,7 +136,6 @@ mod tests;
 mod watch;
 
 pub use fast::*;
-use launch::Launcher;
 pub use path::*;
 use watch::*;
 
@@ -150,17 +148,12 @@ use crate::exec::shared::CommHandle;
 use crate::mem::DevicePtr;
 use cudarc::driver::CudaEvent;
 use ficco_core::plan::Plan;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The operator-call state of one rank of a job: the [`Epoch`], the cached
 /// call shapes, the watch thread and the two events between the caller's
 /// stream and the control stream.
 pub(crate) struct OpRunner {
-    /// The launch thread of replays, from the first replay on
-    /// ([`launch`]). First, so that it drops first: it launches what it
-    /// still holds while the watch and the shapes' state are there.
-    launcher: Option<Launcher>,
     pub epoch: Epoch,
     pub cache: OpCache<OpPlan>,
     /// `FICCO_OP_SYNC=1` on some rank (agreed when the job opened).
@@ -186,9 +179,6 @@ pub(crate) struct OpRunner {
     /// another stream first waits for that event, so this rank's calls stay
     /// in order whatever streams the caller uses.
     last_on: Option<u64>,
-    /// Replays are launched by a thread of ficco's ([`launch`]);
-    /// `FICCO_LAUNCH_THREAD=0` launches them on the caller's thread.
-    launch_thread: bool,
 }
 
 impl OpRunner {
@@ -206,21 +196,7 @@ impl OpRunner {
             seq: 0,
             graphs: ficco_core::settings::Settings::current().graphs,
             last_on: None,
-            launch_thread: ficco_core::settings::Settings::current().launch_thread,
-            launcher: None,
         }
-    }
-
-    /// Replays handed to the launch thread so far.
-    #[cfg(test)]
-    pub fn handed_over(&self) -> u32 {
-        self.launcher.as_ref().map_or(0, Launcher::handed_over)
-    }
-
-    /// Waits until every replay handed to the launch thread is launched:
-    /// before anything frees or resets what a graph uses.
-    pub fn flush_launches(&self) -> Result<()> {
-        self.launcher.as_ref().map_or(Ok(()), Launcher::flush)
     }
 
     /// Waits until every call issued here finished on this rank's device;
@@ -234,7 +210,6 @@ impl OpRunner {
     /// (a hung one is released by the watch thread), leaving a hang found
     /// for the next call to report.
     pub fn wait_idle(&self) -> Result<()> {
-        self.flush_launches()?;
         match &self.watch {
             Some(w) => w
                 .state
@@ -248,8 +223,7 @@ impl OpRunner {
     /// The hang the watch thread found since the last call, if any (the
     /// epoch is then unknown).
     pub fn failure(&mut self) -> Result<()> {
-        let launch = self.launcher.as_ref().and_then(Launcher::take_failure);
-        match launch.or_else(|| self.watch.as_ref().and_then(Watch::take_failure)) {
+        match self.watch.as_ref().and_then(Watch::take_failure) {
             Some(e) => {
                 self.epoch.failed();
                 Err(e)
@@ -304,31 +278,24 @@ impl OpRunner {
             match st.graphs.action(bound.where_key()) {
                 Seen::First => GraphAction::Issue,
                 Seen::Again => GraphAction::Capture,
-                Seen::Replay(g) => GraphAction::Launch(g.clone()),
+                Seen::Replay(g) => GraphAction::Launch(g.0.cu_graph_exec()),
             }
         };
         let c = control.cu_stream();
         clock::lap(clock::Phase::Setup);
         if let GraphAction::Launch(g) = action {
-            // A replay is ordered on the caller's stream: after the caller's
-            // work so far and before its later work, without the two events
-            // of an issued call. The launch thread launches it, or (off)
-            // the caller's thread, straight onto the caller's stream.
-            if self.launch_thread && self.launcher.is_none() {
-                self.launcher = Some(Launcher::new(&rank.ctx)?);
-            }
+            // A replay goes straight onto the caller's stream: after the
+            // caller's work so far and before its later work without the
+            // two events of an issued call (the host cost of a model's
+            // steady-state call is this launch and one event record).
             // SAFETY: a graph of this shape's state captured with these
-            // very operand addresses (held by `st.graphs` and by the
-            // handed-over call); the caller's stream and the event are live
-            // on this context, which is current.
+            // very operand addresses (still held in `st.graphs`); the
+            // caller's stream and the event are live on this context.
             unsafe {
                 if self.last_on != Some(stream) {
                     cu::stream_wait_event(caller_stream, done.cu_event())?;
                 }
-                match self.launcher.as_mut() {
-                    Some(l) => l.hand_over(g, caller_stream)?,
-                    None => cu::graph_launch(g.0.cu_graph_exec(), caller_stream)?,
-                }
+                cu::graph_launch(g, caller_stream)?;
                 cu::event_record(done.cu_event(), caller_stream)?;
             }
             self.last_on = Some(stream);
@@ -359,7 +326,7 @@ impl OpRunner {
             self.seq = self.seq.wrapping_add(1).max(1);
             let seq = self.seq;
             let sh = st.shared(&bound.ptrs, words);
-            if matches!(action, GraphAction::Capture) {
+            if action == GraphAction::Capture {
                 // Issued into a graph (nothing runs yet), launched below. A
                 // capture that fails ran nothing and was ended: the call
                 // is issued directly, and so are the shape's later calls
@@ -393,7 +360,7 @@ impl OpRunner {
             }
         }
         if let Some(g) = captured {
-            st.graphs.insert(bound.where_key(), Arc::new(CallGraph(g)));
+            st.graphs.insert(bound.where_key(), CallGraph(g));
         }
         // SAFETY: a graph of this shape's state captured with these very
         // operand addresses (still held in `st.graphs`); the streams and
@@ -464,6 +431,7 @@ impl OpRunner {
 }
 
 /// How a fast call is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GraphAction {
     /// Step by step on the control stream, joined to the caller's stream
     /// by events.
@@ -472,7 +440,7 @@ enum GraphAction {
     /// and launched.
     Capture,
     /// A kept graph, launched.
-    Launch(Arc<CallGraph>),
+    Launch(cudarc::driver::sys::CUgraphExec),
 }
 
 /// The steps of one fast call on the control stream, from its start mark
