@@ -10,10 +10,9 @@ ranks of a job, three ways, side by side:
   forward and backward; it exists only compiled (``--mode compile``);
 * ``ficco``: ``ficco.torch``'s ops, with their backward (``ficco._grad``),
   as set by default: ``all_gather_matmul`` keeps the gathered operand its
-  op hands back for the weight gradient on more than 2 ranks (as PyTorch's
-  forward keeps its gathered input), and gathers it again in the backward
-  on 2; ``ficco-keep`` always keeps it; ``ficco-regather`` always gathers
-  again (less memory); ``ficco-watch`` and ``ficco-nowatch`` turn the
+  op hands back for the weight gradient (as PyTorch's forward keeps its
+  gathered input); ``ficco-keep`` always keeps it; ``ficco-regather``
+  always gathers again (less memory); ``ficco-watch`` and ``ficco-nowatch`` turn the
   host watch of ``auto`` on and off (``ficco.torch.adapt_to_host``);
   ``ficco-torchbwd`` runs every input
   gradient as PyTorch's backward does (its collective on the NCCL stream

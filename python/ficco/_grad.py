@@ -243,9 +243,11 @@ def keep_gathered(on: Union[str, bool, None] = None) -> Union[str, bool]:
     op hands back, for the weight gradient (no gather in the backward for
     it, and the memory PyTorch's forward holds too), or the backward
     gathers it again (less memory): ``True``, ``False``, or ``"auto"`` (the
-    default, ``FICCO_KEEP_GATHERED``): keep on more than 2 ranks. Gathering
-    again was as fast on 2 H100s and 0.2-2% slower a training step on 4
-    H200s (``bench/RESULTS.md``). Returns the setting; ``on`` sets it."""
+    default, ``FICCO_KEEP_GATHERED``): keep, on any number of ranks.
+    Gathering again made a training step 0.2-2% slower on 4 GPUs, and on 2
+    H100s 0-1% slower at 2048 tokens under graphs and compile, within 1%
+    either way at 8192 (``bench/RESULTS.md``, ninth and twelfth sessions).
+    Returns the setting; ``on`` sets it."""
     global _keep
     if on is not None:
         if not (isinstance(on, bool) or on == "auto"):
@@ -259,9 +261,9 @@ def keep_gathered(on: Union[str, bool, None] = None) -> Union[str, bool]:
 
 def keeps_gathered(group) -> bool:
     """Whether ``all_gather_matmul`` on `group` keeps its gathered operand
-    (:func:`keep_gathered`, with ``"auto"`` resolved by the group's size)."""
+    (:func:`keep_gathered`; ``"auto"`` keeps)."""
     k = keep_gathered()
-    return k if isinstance(k, bool) else dist.get_world_size(group) > 2
+    return k if isinstance(k, bool) else True
 
 
 _on_ficco = True

@@ -232,7 +232,7 @@ def test_compile_traces_forward_and_backward_through_the_ops(world4):
         "ficco.all_gather_matmul_backward.default"], bwd
 
 
-def test_keep_gathered_auto_keeps_on_more_than_two_ranks(world4):
+def test_keep_gathered_auto_keeps(world4):
     before = _grad.keep_gathered()
     try:
         _grad.keep_gathered("auto")

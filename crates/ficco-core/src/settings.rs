@@ -82,7 +82,7 @@ pub const VARS: &[Var] = &[
         name: KEEP_GATHERED,
         takes: "auto, 0 or 1",
         default: "auto",
-        what: "the Python `all_gather_matmul` keeps the gathered operand its op hands back, for the weight gradient, as PyTorch's forward keeps its gathered input (0: the backward gathers it again, with less memory; auto: keep on more than 2 ranks, where gathering again made the training step 0.2-2% slower on 4 H200s)",
+        what: "the Python `all_gather_matmul` keeps the gathered operand its op hands back, for the weight gradient, as PyTorch's forward keeps its gathered input (0: the backward gathers it again, with less memory; auto: keep, on any number of ranks: gathering again made the training step 0.2-2% slower on 4 GPUs and 0-1% on 2)",
     },
     Var {
         name: ADAPT_HOST,
@@ -197,7 +197,7 @@ pub struct Settings {
     pub watchdog_ms: u64,
     pub graphs: bool,
     pub op_sync: bool,
-    /// `None`: auto (the Python layer keeps on more than 2 ranks).
+    /// `None`: auto (the Python layer keeps).
     pub keep_gathered: Option<bool>,
     pub adapt_host: bool,
     pub grouped: Grouped,
