@@ -495,11 +495,20 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
                 _last[group] = "seq"
                 return out
         stream = _raw_stream(a.device.index)
+        target = out
+        if (a.data_ptr() | b.data_ptr() | out.data_ptr()) % 16:
+            # ficco binds operands in place, which must start on 16 bytes (a
+            # view with an offset may not): aligned copies, on the stream.
+            a, b = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (a, b))
+            if out.data_ptr() % 16:
+                out = torch.empty_like(out)
         # Positional: keyword arguments cost the extension call microseconds.
         ran = sess.run_op(
             op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream,
             b_transposed, 0 if gathered is None else gathered.data_ptr(),
         )
+        if out is not target:
+            out = target.copy_(out)
     except RuntimeError:
         # The job failed (a rank died or hung): this session is unusable.
         # Dropped, not closed (closing would wait at a barrier for the lost

@@ -84,7 +84,7 @@ impl GpuBackend {
         };
         if let exec::op::Path::Fast { parity } = job.op.epoch.path(facts) {
             clock::lap(Phase::Path);
-            let ptrs = job.arena_ptrs(plan)?;
+            let ptrs = job.arena_ptrs(plan, true)?;
             let bound = job.op.bind(&key, r, ptrs, operands)?;
             clock::lap(Phase::Bind);
             let watchdog_ms = self.run_opts.watchdog_ms;
@@ -124,7 +124,7 @@ impl GpuBackend {
         stream: u64,
         capable: bool,
     ) -> Result<()> {
-        let ptrs = self.bind(plan)?;
+        let ptrs = self.bind(plan, true)?;
         let r = self.ranks[0].rank;
         let uses = ficco_core::plan::validate::buffer_use(plan);
         let bound = exec::op::bind_operands(plan, r, &uses, ptrs, operands)?;

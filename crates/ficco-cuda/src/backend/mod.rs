@@ -379,7 +379,9 @@ impl GpuBackend {
         )
     }
 
-    fn bind(&mut self, plan: &Plan) -> Result<Vec<Vec<DevicePtr>>> {
+    /// Every rank's buffers of `plan`; `call`: for an operator call, whose
+    /// operands bound in place take no room in a job's shared arena.
+    fn bind(&mut self, plan: &Plan, call: bool) -> Result<Vec<Vec<DevicePtr>>> {
         if plan.ranks.len() != self.world() {
             return Err(CudaError::Plan(format!(
                 "plan has {} ranks but the backend drives {}",
@@ -393,7 +395,7 @@ impl GpuBackend {
             if let Some(rank) = self.ranks.first() {
                 job.quiesce(rank)?;
             }
-            return job.bind(plan);
+            return job.bind(plan, call);
         }
         self.ranks
             .iter_mut()
@@ -422,7 +424,7 @@ impl GpuBackend {
         }
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
-        let ptrs = self.bind(plan)?;
+        let ptrs = self.bind(plan, false)?;
         for (r, rp) in plan.ranks.iter().enumerate() {
             self.ranks[r].synchronize()?;
             for (b, buf) in rp.buffers.iter().enumerate() {

@@ -409,14 +409,21 @@ pub fn bind_operands(
             .and_then(|v| v.get(b))
             .copied()
             .unwrap_or_default();
-        let local = !u.remote && (op.role == BufferRole::Output || !u.written) && op.addr % 16 == 0;
         if let Some(all) = &op.shared {
             for (q, (rq, &p)) in plan.ranks.iter().zip(all).enumerate() {
                 if let Some(bq) = rq.buffer_with(op.role) {
                     ptrs[q][bq] = p;
                 }
             }
-        } else if local {
+        } else if in_place(op.role, u) {
+            // The arena keeps no room for it (`call_local`): bound in place
+            // or not at all.
+            if op.addr % 16 != 0 {
+                return Err(CudaError::Plan(format!(
+                    "{:?} of rank {r} starts at {:#x}, not a multiple of 16 bytes (a view with an offset); pass a tensor that starts on 16 bytes, e.g. its .clone()",
+                    op.role, op.addr
+                )));
+            }
             ptrs[r][b] = DevicePtr(op.addr);
         } else if op.role == BufferRole::Output {
             copy_out.push((DevicePtr(op.addr), ptrs[r][b], op.bytes));
@@ -429,6 +436,41 @@ pub fn bind_operands(
         copy_in,
         copy_out,
     })
+}
+
+/// The operand roles an operator call passes (A, B and the output).
+const CALL_ROLES: [BufferRole; 3] = [BufferRole::InputA, BufferRole::InputB, BufferRole::Output];
+
+/// Whether a call binds its operand of `role` in place, whatever it is: no
+/// peer touches the buffer, and no task writes it unless it is the output.
+fn in_place(role: BufferRole, u: BufferUse) -> bool {
+    CALL_ROLES.contains(&role) && !u.remote && (role == BufferRole::Output || !u.written)
+}
+
+/// Per rank per buffer of `plan`: an operand every call binds in place
+/// ([`bind_operands`]), so the job's shared arena keeps no room for it
+/// (`runtime::job::arena_layout`). Alike on every rank: it depends on the
+/// plan only.
+pub fn call_local(plan: &Plan) -> Vec<Vec<bool>> {
+    let uses = ficco_core::plan::validate::buffer_use(plan);
+    plan.ranks
+        .iter()
+        .enumerate()
+        .map(|(r, rp)| {
+            (0..rp.buffers.len())
+                .map(|b| {
+                    let u = uses
+                        .get(r)
+                        .and_then(|v| v.get(b))
+                        .copied()
+                        .unwrap_or_default();
+                    CALL_ROLES
+                        .iter()
+                        .any(|&role| rp.buffer_with(role) == Some(b) && in_place(role, u))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Binds ag-gemm's gathered A (`op`, `[m, k]` at the caller) of rank `r`:

@@ -156,7 +156,7 @@ impl Model {
         let plan = call.plan;
         let world = plan.ranks.len();
         let uses = buffer_use(plan);
-        let (offsets, _) = arena_layout(plan);
+        let (offsets, _) = arena_layout(plan, true);
         let arena: Vec<Vec<DevicePtr>> = offsets
             .iter()
             .enumerate()
