@@ -86,7 +86,7 @@ def check_ops(world, tmp_path):
     assert codes == [0] * world, f"exit codes {codes}; results {results}"
     failures = []
     for rank, rows in enumerate(results):
-        assert rows is not None and len(rows) == 12, f"rank {rank}: {rows}"
+        assert rows is not None and len(rows) == 15, f"rank {rank}: {rows}"
         for row in rows:
             what = f"rank {rank} {row['op']} schedule={row['schedule']}"
             if "error" in row:
@@ -105,7 +105,7 @@ def check_ops(world, tmp_path):
                 failures.append(f"{what}: no schedule name reported")
     assert not failures, "\n".join(failures)
     # "auto" made the same choice on every rank.
-    for i in range(12):
+    for i in range(15):
         assert len({rows[i]["ran"] for rows in results}) == 1, [rows[i] for rows in results]
 
 
