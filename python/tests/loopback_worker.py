@@ -238,6 +238,17 @@ def run_time(rank, world, out_path):
     ft.close()
 
 
+def check_result(row, got, out, op, case, rank, world):
+    """Records in `row` what a call of `op` returned (`got`, given `out=`)
+    against the reference of `case`, once the device finished it."""
+    torch.cuda.synchronize()
+    ref = reference(op, case, rank, world)
+    row["ran"] = ft.last_schedule()
+    row["same_tensor"] = got.data_ptr() == out.data_ptr()
+    row["nan"] = bool(torch.isnan(got).any())
+    row["err"] = float((got.float() - ref).norm() / ref.norm())
+
+
 def run_ops(rank, world, out_path):
     results = []
     case = 0
@@ -250,12 +261,7 @@ def run_ops(rank, world, out_path):
             try:
                 with torch.no_grad():
                     got = f(a, b, schedule=schedule, out=out)
-                torch.cuda.synchronize()
-                ref = reference(op, case, rank, world)
-                row["ran"] = ft.last_schedule()
-                row["same_tensor"] = got.data_ptr() == out.data_ptr()
-                row["nan"] = bool(torch.isnan(got).any())
-                row["err"] = float((got.float() - ref).norm() / ref.norm())
+                check_result(row, got, out, op, case, rank, world)
             except Exception as e:  # recorded; the test fails on it
                 row["error"] = f"{type(e).__name__}: {e}"
             results.append(row)
@@ -275,12 +281,7 @@ def run_ops(rank, world, out_path):
             out.fill_(float("nan"))
             with torch.no_grad():
                 got = f(a, b, schedule="shard-copy-ring", out=out)
-            torch.cuda.synchronize()
-            ref = reference(op, case, rank, world)
-            row["ran"] = ft.last_schedule()
-            row["same_tensor"] = got.data_ptr() == out.data_ptr()
-            row["nan"] = bool(torch.isnan(got).any())
-            row["err"] = float((got.float() - ref).norm() / ref.norm())
+            check_result(row, got, out, op, case, rank, world)
             del a, b, out, got
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"
@@ -305,12 +306,7 @@ def run_ops(rank, world, out_path):
             assert a.data_ptr() % 16 and out.data_ptr() % 16
             with torch.no_grad():
                 got = f(a, b, schedule="shard-copy-ring", out=out)
-            torch.cuda.synchronize()
-            ref = reference(op, case, rank, world)
-            row["ran"] = ft.last_schedule()
-            row["same_tensor"] = got.data_ptr() == out.data_ptr()
-            row["nan"] = bool(torch.isnan(got).any())
-            row["err"] = float((got.float() - ref).norm() / ref.norm())
+            check_result(row, got, out, op, case, rank, world)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"
         results.append(row)

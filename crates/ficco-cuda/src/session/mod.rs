@@ -779,26 +779,24 @@ mod tests {
                 ));
             }
         }
-        ctx.bind_to_thread().expect("bind");
-        for (j, op, seed, a_src, b_src, dst) in &rounds_data {
-            let (a, b, out) = &fixed[*j];
-            // SAFETY: equal sizes on this device; stream 0 is the caller's.
+        // Stream-ordered on stream 0, the calls' stream.
+        let copy = |dst: &DeviceBuffer, src: &DeviceBuffer| {
+            ctx.bind_to_thread().expect("bind");
+            // SAFETY: both hold dst.bytes() on this device (equal sizes).
             unsafe {
                 crate::driver::cuda::memcpy_dtod_async(
-                    a.ptr(),
-                    a_src.ptr(),
-                    a.bytes(),
+                    dst.ptr(),
+                    src.ptr(),
+                    dst.bytes(),
                     std::ptr::null_mut(),
                 )
-                .expect("copy a in");
-                crate::driver::cuda::memcpy_dtod_async(
-                    b.ptr(),
-                    b_src.ptr(),
-                    b.bytes(),
-                    std::ptr::null_mut(),
-                )
-                .expect("copy b in");
             }
+            .expect("stream-ordered copy");
+        };
+        for (j, op, seed, a_src, b_src, dst) in &rounds_data {
+            let (a, b, out) = &fixed[*j];
+            copy(a, a_src);
+            copy(b, b_src);
             s.run_op(&OpCall {
                 op: *op,
                 m: M,
@@ -813,17 +811,7 @@ mod tests {
                 gathered: 0,
             })
             .unwrap_or_else(|e| panic!("rank {me} replay {op} seed {seed}: {e}"));
-            ctx.bind_to_thread().expect("bind");
-            // SAFETY: as above.
-            unsafe {
-                crate::driver::cuda::memcpy_dtod_async(
-                    dst.ptr(),
-                    out.ptr(),
-                    out.bytes(),
-                    std::ptr::null_mut(),
-                )
-                .expect("copy out");
-            }
+            copy(dst, out);
         }
         s.synchronize().expect("every replay finished");
         for (_, op, seed, _, _, dst) in &rounds_data {
