@@ -88,7 +88,7 @@ pub const VARS: &[Var] = &[
         name: ADAPT_HOST,
         takes: "0 or 1",
         default: "1",
-        what: "the Python ops' `auto` samples the first eager calls and runs `seq` for shapes with small gains where the caller's stream was idle at more than half of them on some rank (the host, not the GPU, sets the pace: ficco's call costs more host time than PyTorch's)",
+        what: "the Python ops' `auto` samples the first eager calls of a group that has made a call needing a gradient (training) and runs `seq` for shapes with small gains where the caller's stream was idle at more than a third of them on some rank (the host, not the GPU, sets the pace: ficco's backward calls cost more host time than PyTorch's)",
     },
     Var {
         name: GROUPED,
