@@ -496,15 +496,17 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
                 return out
         stream = _raw_stream(a.device.index)
         target = out
-        if (a.data_ptr() | b.data_ptr() | out.data_ptr()) % 16:
+        pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
+        if (pa | pb | po) % 16:
             # ficco binds operands in place, which must start on 16 bytes (a
             # view with an offset may not): aligned copies, on the stream.
             a, b = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (a, b))
-            if out.data_ptr() % 16:
+            if po % 16:
                 out = torch.empty_like(out)
+            pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
         # Positional: keyword arguments cost the extension call microseconds.
         ran = sess.run_op(
-            op, m, k, n, name, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream,
+            op, m, k, n, name, pa, pb, po, stream,
             b_transposed, 0 if gathered is None else gathered.data_ptr(),
         )
         if out is not target:

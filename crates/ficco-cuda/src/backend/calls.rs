@@ -71,20 +71,22 @@ impl GpuBackend {
         job.op.failure()?;
         let key = exec::op::OpKey::of(plan);
         let (flags, flag_words) = job.flag_view();
-        let cached = job
-            .op
-            .cache
-            .get_mut(&key)
-            .map(|st| (st.flags == flags, st.layout_words()));
+        let cached = job.op.cache.get(&key);
         let facts = exec::op::CallFacts {
             sync: job.op.sync,
-            grows: job.grows(plan, cached.map_or(usize::MAX / 8, |c| c.1)),
-            cached: cached.is_some_and(|c| c.0),
+            // A shape not cached takes the full path, which lays it out.
+            grows: cached.is_none_or(|st| job.grows(plan, &st.bound_in_place, st.layout_words())),
+            cached: cached.is_some_and(|st| st.flags == flags),
             capable: exec::op::fast_capable(plan),
         };
         if let exec::op::Path::Fast { parity } = job.op.epoch.path(facts) {
             clock::lap(Phase::Path);
-            let ptrs = job.arena_ptrs(plan, true)?;
+            let st = job
+                .op
+                .cache
+                .get(&key)
+                .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
+            let ptrs = job.arena_ptrs(plan, &st.bound_in_place)?;
             let bound = job.op.bind(&key, r, ptrs, operands)?;
             clock::lap(Phase::Bind);
             let watchdog_ms = self.run_opts.watchdog_ms;
@@ -124,9 +126,9 @@ impl GpuBackend {
         stream: u64,
         capable: bool,
     ) -> Result<()> {
-        let ptrs = self.bind(plan, true)?;
-        let r = self.ranks[0].rank;
         let uses = ficco_core::plan::validate::buffer_use(plan);
+        let ptrs = self.bind(plan, &exec::op::call_local(plan, &uses))?;
+        let r = self.ranks[0].rank;
         let bound = exec::op::bind_operands(plan, r, &uses, ptrs, operands)?;
         let rank = &self.ranks[0];
         rank.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;

@@ -88,7 +88,7 @@ impl GpuBackend {
             .seed
             .wrapping_mul(747796405)
             .wrapping_add(2891336453);
-        let ptrs = self.bind(seq, false)?;
+        let ptrs = self.bind(seq, &[])?;
         // Inputs: own allocations, filled with ~U(-1, 1).
         let mut inputs = vec![];
         for rank in &self.ranks {
@@ -168,7 +168,7 @@ impl GpuBackend {
         let plan = copy_form.as_ref().unwrap_or(plan);
         let tr = |what: &str| trace(|| format!("measure {}: {what}", plan.name));
         tr("bind");
-        let ptrs = self.bind(plan, false)?;
+        let ptrs = self.bind(plan, &[])?;
         let mut max_rel_err = None;
         let mut correct = true;
         if check {

@@ -379,9 +379,10 @@ impl GpuBackend {
         )
     }
 
-    /// Every rank's buffers of `plan`; `call`: for an operator call, whose
-    /// operands bound in place take no room in a job's shared arena.
-    fn bind(&mut self, plan: &Plan, call: bool) -> Result<Vec<Vec<DevicePtr>>> {
+    /// Every rank's buffers of `plan`; `skip`: for an operator call, the
+    /// operands it binds in place, which take no room in a job's shared
+    /// arena (empty for a run).
+    fn bind(&mut self, plan: &Plan, skip: &[Vec<bool>]) -> Result<Vec<Vec<DevicePtr>>> {
         if plan.ranks.len() != self.world() {
             return Err(CudaError::Plan(format!(
                 "plan has {} ranks but the backend drives {}",
@@ -395,7 +396,7 @@ impl GpuBackend {
             if let Some(rank) = self.ranks.first() {
                 job.quiesce(rank)?;
             }
-            return job.bind(plan, call);
+            return job.bind(plan, skip);
         }
         self.ranks
             .iter_mut()
@@ -424,7 +425,7 @@ impl GpuBackend {
         }
         let copy_form = self.runnable(plan)?;
         let plan = copy_form.as_ref().unwrap_or(plan);
-        let ptrs = self.bind(plan, false)?;
+        let ptrs = self.bind(plan, &[])?;
         for (r, rp) in plan.ranks.iter().enumerate() {
             self.ranks[r].synchronize()?;
             for (b, buf) in rp.buffers.iter().enumerate() {

@@ -60,17 +60,13 @@ fn round_up(bytes: usize, to: usize) -> usize {
 /// Offsets of every buffer of every rank in its rank's arena, and the
 /// largest arena any rank needs.
 ///
-/// `call`: the plan runs as an operator call, whose operands bound in place
-/// whatever they are ([`crate::exec::op::call_local`]: A, B and the output
-/// where no peer touches them) take no room: they are the caller's memory.
-/// (An ag-gemm at 8192 tokens on 2 ranks held 448 MiB of its B and output
-/// here, outside PyTorch's allocator, never used.)
-pub(crate) fn arena_layout(plan: &Plan, call: bool) -> (Vec<Vec<usize>>, usize) {
-    let skip = if call {
-        crate::exec::op::call_local(plan)
-    } else {
-        vec![]
-    };
+/// `skip` (per rank per buffer; empty for a run): for an operator call, the
+/// operands it binds in place whatever they are ([`crate::exec::op::call_local`]:
+/// A, B and the output where no peer touches them), which take no room:
+/// they are the caller's memory. (An ag-gemm at 8192 tokens on 2 ranks
+/// held 448 MiB of its B and output here, outside PyTorch's allocator,
+/// never used.)
+pub(crate) fn arena_layout(plan: &Plan, skip: &[Vec<bool>]) -> (Vec<Vec<usize>>, usize) {
     let mut need = 0;
     let offsets = plan
         .ranks
@@ -196,11 +192,11 @@ impl Job {
         Ok(())
     }
 
-    /// Whether `plan`, run as an operator call, needs a larger shared arena
-    /// or more flag words than the job holds (then its run replaces them,
-    /// collectively).
-    pub(crate) fn grows(&self, plan: &Plan, flag_words: usize) -> bool {
-        let (_, need) = arena_layout(plan, true);
+    /// Whether `plan`, run as an operator call that binds `skip` in place
+    /// ([`arena_layout`]), needs a larger shared arena or more flag words
+    /// than the job holds (then its run replaces them, collectively).
+    pub(crate) fn grows(&self, plan: &Plan, skip: &[Vec<bool>], flag_words: usize) -> bool {
+        let (_, need) = arena_layout(plan, skip);
         self.arena.as_ref().is_none_or(|a| a.bytes() < need)
             || self
                 .flags
@@ -209,10 +205,14 @@ impl Job {
     }
 
     /// Every rank's buffers of `plan` in the current arena, which holds
-    /// them ([`Job::grows`] said no). `call`: laid out for an operator call
+    /// them ([`Job::grows`] said no), laid out without `skip`
     /// ([`arena_layout`]).
-    pub(crate) fn arena_ptrs(&self, plan: &Plan, call: bool) -> Result<Vec<Vec<DevicePtr>>> {
-        let (offsets, need) = arena_layout(plan, call);
+    pub(crate) fn arena_ptrs(
+        &self,
+        plan: &Plan,
+        skip: &[Vec<bool>],
+    ) -> Result<Vec<Vec<DevicePtr>>> {
+        let (offsets, need) = arena_layout(plan, skip);
         let arena = self
             .arena
             .as_ref()
@@ -273,14 +273,14 @@ impl Job {
     /// Every rank's buffers of `plan` as this process sees them (NULL for a
     /// rank of another node). Grows the shared arena when the plan needs
     /// more (collectively; the caller has no work in flight).
-    pub(crate) fn bind(&mut self, plan: &Plan, call: bool) -> Result<Vec<Vec<DevicePtr>>> {
-        let (_, need) = arena_layout(plan, call);
+    pub(crate) fn bind(&mut self, plan: &Plan, skip: &[Vec<bool>]) -> Result<Vec<Vec<DevicePtr>>> {
+        let (_, need) = arena_layout(plan, skip);
         if self.arena.as_ref().is_none_or(|a| a.bytes() < need) {
             self.arena = None;
             let bytes = round_up(need.max(1), ARENA_STEP);
             self.arena = Some(self.exchange("arena", bytes)?);
         }
-        self.arena_ptrs(plan, call)
+        self.arena_ptrs(plan, skip)
     }
 
     /// Every rank's signal flags (at least `words` words each) as mapped
@@ -449,7 +449,7 @@ mod tests {
             (Op::GemmAr, "fine2-nccl-ring"),
         ] {
             let plan = plan(op, s);
-            let (offs, need) = arena_layout(&plan, false);
+            let (offs, need) = arena_layout(&plan, &[]);
             for (rp, o) in plan.ranks.iter().zip(&offs) {
                 let mut end = 0;
                 for (b, &at) in rp.buffers.iter().zip(o) {
@@ -471,9 +471,10 @@ mod tests {
             (Op::GemmAr, "shard-copy-ring"),
         ] {
             let plan = plan(op, s);
-            let local = crate::exec::op::call_local(&plan);
-            let (full, need_full) = arena_layout(&plan, false);
-            let (offs, need) = arena_layout(&plan, true);
+            let uses = ficco_core::plan::validate::buffer_use(&plan);
+            let local = crate::exec::op::call_local(&plan, &uses);
+            let (full, need_full) = arena_layout(&plan, &[]);
+            let (offs, need) = arena_layout(&plan, &local);
             let mut saved = 0;
             for (r, rp) in plan.ranks.iter().enumerate() {
                 let mut end = 0;

@@ -197,6 +197,10 @@ impl<V> OpCache<V> {
         }
     }
 
+    pub fn get(&self, k: &OpKey) -> Option<&V> {
+        self.map.get(k)
+    }
+
     pub fn get_mut(&mut self, k: &OpKey) -> Option<&mut V> {
         self.map.get_mut(k)
     }
@@ -447,12 +451,12 @@ fn in_place(role: BufferRole, u: BufferUse) -> bool {
     CALL_ROLES.contains(&role) && !u.remote && (role == BufferRole::Output || !u.written)
 }
 
-/// Per rank per buffer of `plan`: an operand every call binds in place
-/// ([`bind_operands`]), so the job's shared arena keeps no room for it
-/// (`runtime::job::arena_layout`). Alike on every rank: it depends on the
-/// plan only.
-pub fn call_local(plan: &Plan) -> Vec<Vec<bool>> {
-    let uses = ficco_core::plan::validate::buffer_use(plan);
+/// Per rank per buffer of `plan` (whose buffer uses are `uses`): an
+/// operand every call binds in place ([`bind_operands`]), so the job's
+/// shared arena keeps no room for it (`runtime::job::arena_layout`). Alike
+/// on every rank: it depends on the plan only. A call shape keeps it
+/// ([`OpPlan::bound_in_place`]): deriving it costs microseconds a call.
+pub fn call_local(plan: &Plan, uses: &[Vec<BufferUse>]) -> Vec<Vec<bool>> {
     plan.ranks
         .iter()
         .enumerate()
@@ -550,6 +554,9 @@ pub(super) fn fast_opts() -> RunOpts {
 pub(crate) struct OpPlan {
     pub plan: Plan,
     pub uses: Vec<Vec<BufferUse>>,
+    /// [`call_local`] of the plan: the operands its calls bind in place,
+    /// which take no room in the arena.
+    pub bound_in_place: Vec<Vec<bool>>,
     pub(super) layout: SignalLayout,
     pub(super) handoff: Handoff,
     pub(super) events: Vec<Vec<bool>>,
@@ -642,6 +649,7 @@ impl OpPlan {
         let iss = RankIssue::new(rank, &sh, streams, false)?;
         Ok(OpPlan {
             handoff: Handoff::of(&plan),
+            bound_in_place: call_local(&plan, &uses),
             plan,
             uses,
             layout,

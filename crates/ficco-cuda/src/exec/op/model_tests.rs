@@ -20,7 +20,7 @@
 //! [`crate::signal`] and [`super::op`]), NCCL and tile or grouped GEMMs
 //! (not in the plans it is given).
 
-use super::{bind_operands, fast_steps, Handoff, Operand, Step};
+use super::{bind_operands, call_local, fast_steps, Handoff, Operand, Step};
 use crate::exec::shared::flag_preds;
 use crate::mem::DevicePtr;
 use crate::runtime::job::arena_layout;
@@ -156,7 +156,7 @@ impl Model {
         let plan = call.plan;
         let world = plan.ranks.len();
         let uses = buffer_use(plan);
-        let (offsets, _) = arena_layout(plan, true);
+        let (offsets, _) = arena_layout(plan, &call_local(plan, &uses));
         let arena: Vec<Vec<DevicePtr>> = offsets
             .iter()
             .enumerate()
