@@ -39,6 +39,7 @@ pub struct Var {
 pub const WATCHDOG_MS: &str = "FICCO_WATCHDOG_MS";
 pub const GRAPHS: &str = "FICCO_GRAPHS";
 pub const OP_SYNC: &str = "FICCO_OP_SYNC";
+pub const FLAG_KERNELS: &str = "FICCO_FLAG_KERNELS";
 pub const KEEP_GATHERED: &str = "FICCO_KEEP_GATHERED";
 pub const ADAPT_HOST: &str = "FICCO_ADAPT_HOST";
 pub const GROUPED: &str = "FICCO_GROUPED";
@@ -77,6 +78,12 @@ pub const VARS: &[Var] = &[
         takes: "0 or 1",
         default: "0",
         what: "operator calls always take the full path (reset, store barriers, host synchronize)",
+    },
+    Var {
+        name: FLAG_KERNELS,
+        takes: "auto, 0 or 1",
+        default: "auto",
+        what: "the flags of a call's control steps, and of the one stream that runs its GEMMs, are set and waited on by a one-warp kernel instead of stream memory operations, which cost 1.3-2.5 µs of host time each in a graph launch (auto: one GPU per rank, no tile GEMM, no green context; 1: also with several ranks on one GPU, for tests; 0: never)",
     },
     Var {
         name: KEEP_GATHERED,
@@ -181,6 +188,19 @@ pub enum Grouped {
     Loop,
 }
 
+/// Where flags go by ficco's signal kernel instead of stream memory
+/// operations ([`FLAG_KERNELS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlagKernels {
+    /// Where each rank has its own GPU (not in loopback).
+    #[default]
+    Auto,
+    /// Never.
+    Off,
+    /// Also in loopback (several ranks on one GPU).
+    On,
+}
+
 /// Test-only fault injection ([`TEST_DROP_SIGNAL`], [`TEST_KILL_RANK`]):
 /// off unless a test sets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -197,6 +217,7 @@ pub struct Settings {
     pub watchdog_ms: u64,
     pub graphs: bool,
     pub op_sync: bool,
+    pub flag_kernels: FlagKernels,
     /// `None`: auto (the Python layer keeps).
     pub keep_gathered: Option<bool>,
     pub adapt_host: bool,
@@ -215,6 +236,7 @@ impl Default for Settings {
             watchdog_ms: DEFAULT_WATCHDOG_MS,
             graphs: true,
             op_sync: false,
+            flag_kernels: FlagKernels::Auto,
             keep_gathered: None,
             adapt_host: true,
             grouped: Grouped::Auto,
@@ -270,6 +292,12 @@ impl Settings {
             Some("loop") => Grouped::Loop,
             Some(v) => return Err(bad(GROUPED, v)),
         };
+        let flag_kernels = match value(FLAG_KERNELS).as_deref() {
+            None | Some("auto") => FlagKernels::Auto,
+            Some("0") => FlagKernels::Off,
+            Some("1") => FlagKernels::On,
+            Some(v) => return Err(bad(FLAG_KERNELS, v)),
+        };
         let drop_signal = match value(TEST_DROP_SIGNAL) {
             None => None,
             Some(v) => {
@@ -287,6 +315,7 @@ impl Settings {
             watchdog_ms: positive(WATCHDOG_MS, DEFAULT_WATCHDOG_MS)?,
             graphs: flag(GRAPHS, true)?,
             op_sync: flag(OP_SYNC, false)?,
+            flag_kernels,
             keep_gathered: match value(KEEP_GATHERED).as_deref() {
                 None | Some("auto") => None,
                 Some(_) => Some(flag(KEEP_GATHERED, false)?),
@@ -393,6 +422,7 @@ mod tests {
             (WATCHDOG_MS, "2000"),
             (GRAPHS, "0"),
             (OP_SYNC, "1"),
+            (FLAG_KERNELS, "0"),
             (KEEP_GATHERED, "1"),
             (ADAPT_HOST, "0"),
             (GROUPED, "loop"),
@@ -408,6 +438,11 @@ mod tests {
         assert_eq!(s.watchdog_ms, 2000);
         assert!(!s.graphs && s.op_sync && s.trace && s.task_progress);
         assert_eq!(s.keep_gathered, Some(true));
+        assert_eq!(s.flag_kernels, FlagKernels::Off);
+        assert_eq!(
+            parse(&[(FLAG_KERNELS, "1")]).unwrap().flag_kernels,
+            FlagKernels::On
+        );
         assert_eq!(
             parse(&[(KEEP_GATHERED, "0")]).unwrap().keep_gathered,
             Some(false)
@@ -432,6 +467,7 @@ mod tests {
             (WATCHDOG_MS, "10s"),
             (GRAPHS, "off"),
             (OP_SYNC, "yes"),
+            (FLAG_KERNELS, "on"),
             (KEEP_GATHERED, "no"),
             (GROUPED, "fast"),
             (DIST_TIMEOUT_MS, "-5"),

@@ -8,6 +8,9 @@
 //!   16-byte loads and stores where the views allow it.
 //! - `ficco_check`: sum of squared differences, sum of squared reference and NaN
 //!   count of two bf16 arrays, reduced on the device.
+//! - `ficco_signal`: one warp that does a batch of flag operations in order
+//!   (wait for a word, write a word, clear words), in place of stream memory
+//!   operations where no GEMM runs beside it ([`crate::driver::cuda::MemOpQueue`]).
 //!
 //! bf16 is handled as raw 16-bit words so no CUDA header is needed.
 
@@ -101,6 +104,34 @@ extern "C" __global__ void ficco_check(const bf16* out, const bf16* ref, unsigne
         atomicAdd(nans, nn);
     }
 }
+
+// Flag operations in order, by one thread (the layout of SignalOps in
+// driver/cuda/signals.rs). 0: wait until the word is >= arg (wrap-aware, as
+// CU_STREAM_WAIT_VALUE_GEQ); 1: write arg after a system-scope fence (as a
+// default cuStreamWriteValue32); 2: zero arg words, then fence.
+struct SignalOps { unsigned long long addr[32]; unsigned arg[32]; unsigned kind[32]; unsigned n; };
+
+extern "C" __global__ void __launch_bounds__(32) ficco_signal(SignalOps s) {
+    if (threadIdx.x != 0) return;
+    for (unsigned i = 0; i < s.n && i < 32; i++) {
+        unsigned* p = (unsigned*)s.addr[i];
+        unsigned v = s.arg[i];
+        if (s.kind[i] == 0) {
+            for (;;) {
+                unsigned x;
+                asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(x) : "l"(p) : "memory");
+                if ((int)(x - v) >= 0) break;
+                __nanosleep(64);
+            }
+        } else if (s.kind[i] == 1) {
+            asm volatile("fence.sc.sys;\n\tst.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+        } else {
+            for (unsigned j = 0; j < v; j++)
+                asm volatile("st.relaxed.sys.global.u32 [%0], %1;" :: "l"(p + j), "r"(0u) : "memory");
+            asm volatile("fence.sc.sys;" ::: "memory");
+        }
+    }
+}
 "#;
 
 /// Source pointers and leading dimensions (elements) of a reduce, passed by value.
@@ -120,6 +151,7 @@ pub struct Kernels {
     pub fill: CudaFunction,
     pub reduce: CudaFunction,
     pub check: CudaFunction,
+    pub signal: CudaFunction,
     sms: u32,
 }
 
@@ -153,6 +185,7 @@ impl Kernels {
             fill: f("ficco_fill")?,
             reduce: f("ficco_reduce")?,
             check: f("ficco_check")?,
+            signal: f("ficco_signal")?,
             sms: sms.max(1) as u32,
         };
         k.warm(ctx)?;
@@ -174,6 +207,11 @@ impl Kernels {
             self.fill(&stream, p, 64, 1)?;
             self.reduce(&stream, &srcs, 1, p.offset(64), 8, 1, 8)?;
             self.check(&stream, p, p, 8, p.offset(128), p.offset(144))?;
+            crate::driver::cuda::signal_kernel(
+                self.signal.cu_function(),
+                stream.cu_stream(),
+                &[crate::driver::cuda::MemOp::Write(p.offset(200), 1)],
+            )?;
         }
         stream.synchronize().map_err(drv("cuStreamSynchronize"))
     }

@@ -157,8 +157,15 @@ impl GpuBackend {
             let (flags, _) = job.flag_view();
             let comm = job.plan_comm(plan)?;
             let watchdog_ms = self.run_opts.watchdog_ms;
-            job.op
-                .prepare(&mut self.ranks[0], plan.clone(), flags, comm, watchdog_ms)?;
+            let loopback = self.loopback;
+            job.op.prepare(
+                &mut self.ranks[0],
+                plan.clone(),
+                flags,
+                comm,
+                watchdog_ms,
+                loopback,
+            )?;
         }
         Ok(())
     }

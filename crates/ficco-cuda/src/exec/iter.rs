@@ -13,7 +13,7 @@ use crate::driver::cuda::{self as cu, MemOp, MemOpQueue};
 use crate::error::{drv, CudaError, Result};
 use crate::signal::{word, Point, SET};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use std::sync::Arc;
 
 /// Per rank per task: an event recorded after the task when another rank
@@ -43,6 +43,42 @@ pub(crate) struct RankIssue {
     /// (derived once per run, so issuing does no lookups).
     flag_waits: Vec<Vec<MemOp>>,
     flag_writes: Vec<Vec<MemOp>>,
+    /// `ficco_signal`, where flags may go by kernel ([`Shared::flag_kernels`]).
+    signal: Option<CudaFunction>,
+    /// Per plan stream: its tasks' flags go by the signal kernel (see
+    /// [`kernel_streams`]).
+    kernel_stream: Vec<bool>,
+}
+
+/// Per plan stream of `tasks`: whether its flag operations may go by the
+/// signal kernel ([`cu::signal_kernel`]). A warp resident beside a GEMM
+/// that fills the SMs slows that GEMM, so only the one stream that issues
+/// every SM task of the rank (GEMMs, reduces, NCCL) may: there, stream
+/// order keeps the kernel from ever running beside one. Copy-only streams,
+/// whose flags wait and land while the GEMMs run, keep memory operations,
+/// and so does every stream of a rank whose SM work is on several streams.
+pub(crate) fn kernel_streams(tasks: &[ficco_core::plan::Task], n_streams: usize) -> Vec<bool> {
+    use ficco_core::plan::TaskKind as K;
+    let mut sm = vec![false; n_streams];
+    for t in tasks {
+        let on_sms = matches!(
+            t.kind,
+            K::Gemm { .. }
+                | K::GroupedGemm { .. }
+                | K::Reduce { .. }
+                | K::Nccl { .. }
+                | K::TileGemm(_)
+        );
+        if on_sms {
+            if let Some(s) = sm.get_mut(t.stream) {
+                *s = true;
+            }
+        }
+    }
+    if sm.iter().filter(|&&s| s).count() > 1 {
+        sm.fill(false);
+    }
+    sm
 }
 
 impl RankIssue {
@@ -92,6 +128,8 @@ impl RankIssue {
                     .collect()
             })
             .collect();
+        let signal = sh.flag_kernels().then(|| rank.kernels.signal.clone());
+        let kernel_stream = kernel_streams(&rp.tasks, streams.len());
         let mut task_ev = vec![];
         if timeline {
             for _ in 0..n_tasks {
@@ -109,6 +147,8 @@ impl RankIssue {
             task_ev,
             flag_waits,
             flag_writes,
+            signal,
+            kernel_stream,
             control: rank.control().clone(),
             streams,
         })
@@ -128,7 +168,14 @@ impl RankIssue {
     /// steps below gather theirs into it, so that consecutive steps make
     /// one graph node (see [`cu::stream_memops`]).
     pub fn control_queue(&self) -> MemOpQueue {
-        MemOpQueue::new(self.control.cu_stream())
+        MemOpQueue::new(self.control.cu_stream(), self.kernel_for(None))
+    }
+
+    /// The signal kernel for plan stream `stream` (`None`: the control
+    /// stream, which runs no task), where flags go by kernel there.
+    fn kernel_for(&self, stream: Option<usize>) -> Option<cudarc::driver::sys::CUfunction> {
+        let on = stream.is_none_or(|s| self.kernel_stream.get(s).copied().unwrap_or(false));
+        self.signal.as_ref().filter(|_| on).map(|f| f.cu_function())
     }
 
     /// On the control stream (into `q`): wait for every other rank's end
@@ -190,9 +237,10 @@ impl RankIssue {
                 stream.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
             }
         }
-        // One batch for all of the task's flag waits (one graph node).
+        // One batch (or kernel) for all of the task's flag waits (one graph node).
+        let kernel = self.kernel_for(Some(task.stream));
         // SAFETY: the words are inside rank r's live flag buffer, on the stream's device.
-        unsafe { cu::stream_memops(stream.cu_stream(), &self.flag_waits[i])? };
+        unsafe { cu::stream_flags(stream.cu_stream(), kernel, &self.flag_waits[i])? };
         // A Wait task's Signal (the plan's own flags) as a graph edge too,
         // like the dependencies above (only in a loopback capture).
         for &(q, j) in sh
@@ -235,7 +283,7 @@ impl RankIssue {
         }
         // SAFETY: each word is inside its consumer's live flag buffer; peer
         // access is enabled between the devices (or it is the same device).
-        unsafe { cu::stream_memops(stream.cu_stream(), &self.flag_writes[i]) }
+        unsafe { cu::stream_flags(stream.cu_stream(), kernel, &self.flag_writes[i]) }
     }
 
     /// End of an iteration of `parity`: [`RankIssue::join`], then
@@ -392,4 +440,83 @@ fn capture_mode(
         graph.ok_or_else(|| CudaError::Plan("stream capture produced an empty graph".into()))?;
     graph.upload().map_err(drv("cuGraphUpload"))?;
     Ok(graph)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_streams;
+    use ficco_core::plan::lower::lower;
+    use ficco_core::plan::TaskKind;
+    use ficco_core::problem::workload::{Op, Problem};
+    use ficco_core::space::Schedule;
+
+    /// Per rank of `op` at P = 4 under `schedule`: (the streams whose flags
+    /// go by kernel, the streams that run SM work).
+    fn streams(op: Op, schedule: &str) -> Vec<(Vec<usize>, Vec<usize>)> {
+        let p = Problem::new(op, 4096, 1024, 2048, 4).expect("problem");
+        let plan = lower(&p, &schedule.parse::<Schedule>().expect("schedule")).expect("lower");
+        plan.ranks
+            .iter()
+            .map(|rp| {
+                let n = rp.tasks.iter().map(|t| t.stream + 1).max().unwrap_or(0);
+                let on: Vec<usize> = (0..n)
+                    .filter(|&s| kernel_streams(&rp.tasks, n)[s])
+                    .collect();
+                let mut sm: Vec<usize> = rp
+                    .tasks
+                    .iter()
+                    .filter(|t| {
+                        !matches!(
+                            t.kind,
+                            TaskKind::Copy { .. } | TaskKind::Signal { .. } | TaskKind::Wait { .. }
+                        )
+                    })
+                    .map(|t| t.stream)
+                    .collect();
+                sm.sort();
+                sm.dedup();
+                (on, sm)
+            })
+            .collect()
+    }
+
+    /// ag-gemm's copy schedules run every GEMM on stream 0 and only copies
+    /// elsewhere: stream 0's flags go by kernel, the copy streams' never.
+    #[test]
+    fn the_one_stream_with_every_gemm_signals_by_kernel_and_copy_streams_never_do() {
+        for s in [
+            "shard-copy-ring",
+            "bulk-copy-ring",
+            "fine4-copy-ring",
+            "shard-copy-all",
+        ] {
+            for (r, (on, sm)) in streams(Op::AgGemm, s).into_iter().enumerate() {
+                assert_eq!(sm, [0], "{s} rank {r}: SM work on {sm:?}");
+                assert_eq!(on, sm, "{s} rank {r}");
+            }
+        }
+    }
+
+    /// The reductions run their reduce kernels on a copy stream beside the
+    /// GEMMs, and NCCL schedules their collectives: no stream's task flags
+    /// go by kernel there (the control steps still may).
+    #[test]
+    fn no_stream_signals_by_kernel_where_sm_work_is_on_several_streams() {
+        for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+            for s in [
+                "shard-copy-ring",
+                "shard-copy-all",
+                "shard-nccl-ring",
+                "seq",
+            ] {
+                if op == Op::AgGemm && s.contains("copy") {
+                    continue;
+                }
+                for (r, (on, sm)) in streams(op, s).into_iter().enumerate() {
+                    assert!(sm.len() > 1, "{op:?} {s} rank {r}: SM work on {sm:?} only");
+                    assert!(on.is_empty(), "{op:?} {s} rank {r}: {on:?} by kernel");
+                }
+            }
+        }
+    }
 }

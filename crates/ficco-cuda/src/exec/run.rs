@@ -617,6 +617,7 @@ fn run_bound(
     let abort = AtomicBool::new(false);
     let issuing = Issuing::for_plan(plan)?;
     let sh = Shared {
+        shares_gpu: loopback,
         plan,
         ptrs,
         ctxs: &ctxs,

@@ -146,6 +146,9 @@ pub(crate) struct Shared<'a> {
     /// Per rank per task: for a Wait task, the Signal tasks (rank, index) of
     /// its flag (graph edges of a loopback capture, see [`super::iter::CrossEvents`]).
     pub flag_preds: &'a FlagPreds,
+    /// Several ranks of the job are on one GPU (loopback, in this process
+    /// or in several).
+    pub shares_gpu: bool,
     /// Per rank: the persistent tile GEMMs that share its device (in
     /// loopback every rank's), each held to its share of the SMs.
     pub tile_share: &'a [usize],
@@ -174,6 +177,32 @@ impl Shared<'_> {
         self.spec.warmup + self.spec.timed + usize::from(self.spec.timeline)
     }
 
+    /// Whether flags may go by the signal kernel in this run
+    /// ([`ficco_core::settings::FLAG_KERNELS`]). Never with a tile GEMM (its
+    /// blocks wait inside the kernel for each other's counters: a warp
+    /// holding a slot of an SM could keep one of them from starting) or under
+    /// green contexts (the kernel is loaded in the primary context); with
+    /// `auto`, not where several ranks share a GPU (one rank's waiting warp
+    /// would sit beside another rank's GEMM, and across processes a
+    /// spinning kernel holds the GPU until its time slice ends).
+    pub(crate) fn flag_kernels(&self) -> bool {
+        use ficco_core::settings::{FlagKernels, Settings};
+        let allowed = match Settings::current().flag_kernels {
+            FlagKernels::Off => false,
+            FlagKernels::On => true,
+            FlagKernels::Auto => !self.shares_gpu,
+        };
+        allowed && self.plan.resources.green_sms.is_none() && !self.has_tile_gemm()
+    }
+
+    fn has_tile_gemm(&self) -> bool {
+        self.plan.ranks.iter().any(|rp| {
+            rp.tasks
+                .iter()
+                .any(|t| matches!(t.kind, TaskKind::TileGemm(..)))
+        })
+    }
+
     /// Whether iterations are replayed from graphs for this plan. Not under
     /// green contexts (their streams belong to other contexts), and not for
     /// plans with a tile GEMM: its blocks spin inside the kernel on flags
@@ -184,13 +213,7 @@ impl Shared<'_> {
     /// of 192 runs, fits the SM starvation that [`tile_sm_cap`] now rules
     /// out; see `docs/signals.md`.)
     pub(crate) fn graphs(&self) -> bool {
-        self.opts.graphs
-            && self.plan.resources.green_sms.is_none()
-            && !self.plan.ranks.iter().any(|rp| {
-                rp.tasks
-                    .iter()
-                    .any(|t| matches!(t.kind, TaskKind::TileGemm(..)))
-            })
+        self.opts.graphs && self.plan.resources.green_sms.is_none() && !self.has_tile_gemm()
     }
 }
 

@@ -81,6 +81,9 @@ pub(crate) enum MemOp {
     WaitGeq(DevicePtr, u32),
     /// Write the value after a system-scope release fence (default flags).
     Write(DevicePtr, u32),
+    /// Zero this many words from the address: only by [`signal_kernel`]
+    /// (a queue without the kernel clears by writes or a memset).
+    Clear(DevicePtr, u32),
 }
 
 /// The most operations one `cuStreamBatchMemOp` takes ("less than 256").
@@ -110,6 +113,9 @@ unsafe fn stream_batch(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
         [] => Ok(()),
         [MemOp::WaitGeq(a, v)] => stream_wait_value32_geq(stream, *a, *v),
         [MemOp::Write(a, v)] => stream_write_value32(stream, *a, *v),
+        _ if ops.iter().any(|op| matches!(op, MemOp::Clear(..))) => Err(
+            crate::error::CudaError::Plan("a range clear among stream memory operations".into()),
+        ),
         _ => {
             let mut params: Vec<sys::CUstreamBatchMemOpParams> = ops
                 .iter()
@@ -126,7 +132,7 @@ unsafe fn stream_batch(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
                             p.waitValue.flags =
                                 sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
                         }
-                        MemOp::Write(a, v) => {
+                        MemOp::Write(a, v) | MemOp::Clear(a, v) => {
                             p.writeValue.operation =
                                 sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
                             p.writeValue.address = a.raw();
@@ -152,24 +158,100 @@ unsafe fn stream_batch(stream: sys::CUstream, ops: &[MemOp]) -> Result<()> {
     }
 }
 
+/// Operations one launch of the signal kernel carries (its by-value
+/// argument, `struct SignalOps` in [`crate::kernels`]).
+const SIGNAL_OPS: usize = 32;
+
+/// The signal kernel's argument: the operations as parallel arrays.
+#[repr(C)]
+struct SignalOps {
+    addr: [u64; SIGNAL_OPS],
+    arg: [u32; SIGNAL_OPS],
+    kind: [u32; SIGNAL_OPS],
+    n: u32,
+}
+
+/// Enqueues `ops` in order on `stream` as launches of `ficco_signal` (one
+/// per [`SIGNAL_OPS`]), one warp that spins on a wait and writes with a
+/// system-scope release. A replayed graph pays next to nothing per kernel
+/// node, where each memory-operation batch node costs 1.3-2.5 µs of host
+/// time (`bench/signal_kernel.py`: a call-shaped graph 17.7-29.6 µs with
+/// batches, 1.9-2.7 µs with kernels), and a flag hand-off between streams
+/// takes as long on the device (2.3 µs either way). But a warp resident
+/// beside a GEMM that fills every SM keeps one of its blocks off that SM:
+/// the GEMM ran 7-32% slower with one spinning beside it. So only streams
+/// on which no GEMM of the call can run at the same time use it.
+///
+/// # Safety
+/// `f` is `ficco_signal` of the stream's context; every address is a live,
+/// 4-byte aligned word (for a clear, that many words) the stream's device
+/// can reach; `stream` is live.
+pub(crate) unsafe fn signal_kernel(
+    f: sys::CUfunction,
+    stream: sys::CUstream,
+    ops: &[MemOp],
+) -> Result<()> {
+    for chunk in ops.chunks(SIGNAL_OPS) {
+        let mut args = SignalOps {
+            addr: [0; SIGNAL_OPS],
+            arg: [0; SIGNAL_OPS],
+            kind: [0; SIGNAL_OPS],
+            n: chunk.len() as u32,
+        };
+        for (i, op) in chunk.iter().enumerate() {
+            let (a, v, kind) = match *op {
+                MemOp::WaitGeq(a, v) => (a, v, 0),
+                MemOp::Write(a, v) => (a, v, 1),
+                MemOp::Clear(a, n) => (a, n, 2),
+            };
+            args.addr[i] = a.raw();
+            args.arg[i] = v;
+            args.kind[i] = kind;
+        }
+        let mut params = [(&mut args as *mut SignalOps).cast::<c_void>()];
+        super::launch_kernel(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut params)?;
+    }
+    Ok(())
+}
+
 /// Up to this many words are cleared by writes inside a batch; more by a
 /// memset, which splits the batch but is one node of any size. (A write
 /// without its fence would be cheaper, but the v2 memory operations refuse
 /// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`.)
 const CLEAR_AS_OPS: usize = 16;
 
-/// Memory operations bound for one stream, gathered so that consecutive
-/// ones go out as one batch ([`stream_memops`]). Anything else the caller
-/// issues on the stream must come after [`MemOpQueue::flush`].
+/// Flag operations on `stream`: by the signal kernel `kernel` where one is
+/// given ([`signal_kernel`]), else as stream memory operations
+/// ([`stream_memops`]).
+///
+/// # Safety
+/// As [`signal_kernel`] and [`stream_memops`].
+pub(crate) unsafe fn stream_flags(
+    stream: sys::CUstream,
+    kernel: Option<sys::CUfunction>,
+    ops: &[MemOp],
+) -> Result<()> {
+    match kernel {
+        Some(f) => signal_kernel(f, stream, ops),
+        None => stream_memops(stream, ops),
+    }
+}
+
+/// Flag operations bound for one stream, gathered so that consecutive
+/// ones go out as one batch ([`stream_memops`]) or one signal-kernel launch
+/// ([`signal_kernel`], where the queue has the kernel). Anything else the
+/// caller issues on the stream must come after [`MemOpQueue::flush`].
 pub(crate) struct MemOpQueue {
     stream: sys::CUstream,
+    kernel: Option<sys::CUfunction>,
     ops: Vec<MemOp>,
 }
 
 impl MemOpQueue {
-    pub(crate) fn new(stream: sys::CUstream) -> Self {
+    pub(crate) fn new(stream: sys::CUstream, kernel: Option<sys::CUfunction>) -> Self {
         MemOpQueue {
             stream,
+            kernel,
             ops: Vec::new(),
         }
     }
@@ -184,7 +266,10 @@ impl MemOpQueue {
     /// # Safety
     /// As [`stream_memops`], for every word.
     pub(crate) unsafe fn clear(&mut self, first: DevicePtr, n: usize) -> Result<()> {
-        if n <= CLEAR_AS_OPS {
+        if let (Some(_), Ok(words)) = (self.kernel, u32::try_from(n)) {
+            self.push([MemOp::Clear(first, words)]);
+            Ok(())
+        } else if n <= CLEAR_AS_OPS {
             self.push((0..n).map(|i| MemOp::Write(first.offset(4 * i), 0)));
             Ok(())
         } else {
@@ -199,7 +284,7 @@ impl MemOpQueue {
     /// As [`stream_memops`].
     pub(crate) unsafe fn flush(&mut self) -> Result<()> {
         let ops = std::mem::take(&mut self.ops);
-        stream_memops(self.stream, &ops)
+        stream_flags(self.stream, self.kernel, &ops)
     }
 }
 
@@ -275,19 +360,14 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    #[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
-    fn a_batch_keeps_its_order_and_its_wait_holds_back_what_follows() {
-        let test = "a_batch_keeps_its_order_and_its_wait_holds_back_what_follows";
-        let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
-            Ok(n) => GpuAvailability::Found(n),
-            Err(e) => GpuAvailability::Unusable(e.to_string()),
-        };
-        gate(test, 1, found);
+    /// Queues, behind a wait on word 0: a clear of 4 words (41..=44), 300
+    /// writes of each word's index (45..; more than one batch of 255 and
+    /// more than one kernel launch of 32), a clear of 40 (1..=40: by memset
+    /// on the memory-operation path), and checks that nothing ran before
+    /// the gate opened and everything ran in order after.
+    fn check_queue(kernel: bool) {
         let ctx = CudaContext::new(0).expect("primary context");
-        // Word 0 gates the batch; 1..=40 are cleared by a memset (more than
-        // CLEAR_AS_OPS), 41..=44 by writes in the batch; 45.. are written with
-        // their index: more than one batch of 255.
+        let kernels = crate::kernels::Kernels::load(&ctx).expect("kernels");
         const N: usize = 45 + 300;
         let buf = DeviceBuffer::alloc(&ctx, 4 * N).expect("alloc");
         let init: Vec<u32> = (0..N)
@@ -297,29 +377,61 @@ mod tests {
         buf.upload(&bytes).expect("upload");
         let at = |i: usize| buf.ptr().offset(4 * i);
         let s = stream_create_nonblocking().expect("stream");
-        let mut q = MemOpQueue::new(s);
+        let f = kernel.then(|| kernels.signal.cu_function());
+        let mut q = MemOpQueue::new(s, f);
         q.push([MemOp::WaitGeq(at(0), 1)]);
         // SAFETY: every word is inside the live allocation; the stream is ours.
         unsafe {
-            q.clear(at(41), 4).expect("clear as ops");
+            q.clear(at(41), 4).expect("clear");
             q.push((45..N).map(|i| MemOp::Write(at(i), i as u32)));
-            q.clear(at(1), 40).expect("clear by memset");
+            q.clear(at(1), 40).expect("clear");
             q.flush().expect("flush");
         }
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(words(&buf, N), init, "ran before its wait passed");
-        buf.upload(&1u32.to_le_bytes()).expect("open the gate");
+        // A plain write from another stream opens the gate (the kernel's
+        // wait must see a write it did not order itself).
+        let opener = stream_create_nonblocking().expect("stream");
+        // SAFETY: word 0 is live; the stream is ours.
+        unsafe { stream_write_value32(opener, at(0), 1) }.expect("open the gate");
         let deadline = Instant::now() + Duration::from_secs(10);
         // SAFETY: the stream is live until destroyed below.
         while !unsafe { stream_done(s) }.expect("query") {
-            assert!(Instant::now() < deadline, "the batch never finished");
+            assert!(Instant::now() < deadline, "the queue never finished");
             std::thread::sleep(Duration::from_millis(1));
         }
         // SAFETY: idle, destroyed once.
-        unsafe { crate::driver::cuda::stream_destroy(s) };
+        unsafe {
+            crate::driver::cuda::stream_destroy(s);
+            crate::driver::cuda::stream_destroy(opener);
+        }
         let got = words(&buf, N);
         assert!(got[1..45].iter().all(|&w| w == 0), "{:?}", &got[1..45]);
         let wrong = (45..N).filter(|&i| got[i] != i as u32).count();
         assert_eq!(wrong, 0, "{wrong} written words wrong");
+    }
+
+    fn gpu(test: &str) {
+        let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
+            Ok(n) => GpuAvailability::Found(n),
+            Err(e) => GpuAvailability::Unusable(e.to_string()),
+        };
+        gate(test, 1, found);
+    }
+
+    #[test]
+    #[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
+    fn a_batch_keeps_its_order_and_its_wait_holds_back_what_follows() {
+        gpu("a_batch_keeps_its_order_and_its_wait_holds_back_what_follows");
+        check_queue(false);
+    }
+
+    /// The same through `ficco_signal`: a wait spins until the word is set,
+    /// writes and clears follow it in order, 300 operations take 10 launches.
+    #[test]
+    #[ignore = "needs a GPU (bench/gpu-tests.sh runs it: --include-ignored)"]
+    fn the_signal_kernel_keeps_the_order_and_its_wait_holds_back_what_follows() {
+        gpu("the_signal_kernel_keeps_the_order_and_its_wait_holds_back_what_follows");
+        check_queue(true);
     }
 }

@@ -580,6 +580,8 @@ pub(crate) struct OpPlan {
     pub(super) start: std::sync::Barrier,
     pub(super) abort: AtomicBool,
     pub(super) issuing: Issuing,
+    /// Several ranks of the job share this GPU (loopback).
+    shares_gpu: bool,
 }
 
 impl OpPlan {
@@ -591,6 +593,7 @@ impl OpPlan {
         flags: Vec<DevicePtr>,
         comm: Option<CommHandle>,
         diag: &HostWords,
+        shares_gpu: bool,
     ) -> Result<Self> {
         let world = plan.ranks.len();
         let r = rank.rank;
@@ -620,6 +623,7 @@ impl OpPlan {
             .map(|rp| vec![DevicePtr::NULL; rp.buffers.len()])
             .collect();
         let sh = Shared {
+            shares_gpu,
             plan: &plan,
             ptrs: &empty,
             ctxs: &ctxs,
@@ -667,6 +671,7 @@ impl OpPlan {
             start,
             abort,
             issuing,
+            shares_gpu,
         })
     }
 
@@ -681,6 +686,7 @@ impl OpPlan {
         diag: &'a HostWords,
     ) -> Shared<'a> {
         Shared {
+            shares_gpu: self.shares_gpu,
             plan: &self.plan,
             ptrs,
             ctxs: &self.ctxs,

@@ -385,7 +385,9 @@ impl OpRunner {
     }
 
     /// After a full call of `plan` (its GEMMs prepared, nothing in flight):
-    /// keeps what its fast calls reuse, under its call shape.
+    /// keeps what its fast calls reuse, under its call shape. `shares_gpu`:
+    /// other ranks of the job are on this rank's GPU (loopback).
+    #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         &mut self,
         rank: &mut Rank,
@@ -393,6 +395,7 @@ impl OpRunner {
         flags: Vec<DevicePtr>,
         comm: Option<CommHandle>,
         watchdog_ms: u64,
+        shares_gpu: bool,
     ) -> Result<()> {
         if self.watch.is_none() {
             let bound = watchdog_ms.max(self.peer_wait.as_millis() as u64);
@@ -409,7 +412,7 @@ impl OpRunner {
             return Err(CudaError::Plan("the call watchdog is missing".into()));
         };
         let key = OpKey::of(&plan);
-        let st = OpPlan::new(rank, plan, flags, comm, &watch.state.words)?;
+        let st = OpPlan::new(rank, plan, flags, comm, &watch.state.words, shares_gpu)?;
         self.cache.insert(key, st);
         Ok(())
     }
