@@ -10,6 +10,10 @@ lookup, the per-call checks, the output allocation, the stream, the
 decision) and the native call (``Session.run_op``) alone.
 
     torchrun --nproc-per-node 2 bench/host_breakdown.py [--op ag-gemm] [--schedule shard-copy-ring]
+
+With ``--loopback`` every rank runs on cuda:0 with a gloo group (ficco's
+loopback): the device times mean nothing there (the ranks' processes share
+the GPU by time slices), but the host's are those of the same call graphs.
 """
 
 import argparse
@@ -27,6 +31,8 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sync-every", type=int, default=8,
                    help="drain the device after this many calls (untimed)")
+    p.add_argument("--loopback", action="store_true",
+                   help="every rank on cuda:0, gloo process group (one GPU)")
     args = p.parse_args()
 
     import torch
@@ -34,10 +40,13 @@ def main():
 
     import ficco.torch as ft
 
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = 0 if args.loopback else int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device("cuda", local)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
+    if args.loopback:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=dev)
     rank, size = dist.get_rank(), dist.get_world_size()
     m, k, n = (int(x) for x in args.shape.split(","))
     op = args.op
@@ -81,7 +90,7 @@ def main():
     }
 
     def slowest(v):
-        t = torch.tensor([v], dtype=torch.float64, device=dev)
+        t = torch.tensor([v], dtype=torch.float64, device="cpu" if args.loopback else dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
