@@ -19,6 +19,8 @@ import json
 import statistics
 import time
 
+from cudrv import MEMOP_WAIT as WAIT, MEMOP_WRITE as WRITE, Driver, u32, u64, vp
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -33,52 +35,24 @@ def main():
     words = torch.zeros(4096, dtype=torch.int32, device=dev)
     data = torch.zeros(1 << 20, dtype=torch.bfloat16, device=dev)
     torch.cuda.synchronize()
-    cu = ctypes.CDLL("libcuda.so.1")
-    vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
-
-    def ok(r, what):
-        if r != 0:
-            raise RuntimeError(f"{what} failed: CUresult {r}")
-
-    def stream():
-        s = vp()
-        ok(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
-        return s
-
-    def event():
-        e = vp()
-        ok(cu.cuEventCreate(ctypes.byref(e), 2), "cuEventCreate")  # no timing
-        return e
-
-    main_s = stream()
-    sides = [stream() for _ in range(4)]
-    ext = torch.cuda.ExternalStream(main_s.value, device=dev)
+    d = Driver()
+    cu, ok = d.cu, d.ok
+    main_s = d.stream()
+    sides = [d.stream() for _ in range(4)]
     base = words.data_ptr()
 
     def w(i):
         return u64(base + 4 * i)
 
-    # CUstreamBatchMemOpParams: a 48-byte union; write/wait value 32.
-    class Op(ctypes.Structure):
-        _fields_ = [("operation", u32), ("pad", u32), ("address", u64), ("value", u64),
-                    ("flags", u32), ("pad2", u32), ("alias", u64), ("rest", u64)]
-
-    WAIT, WRITE = 1, 2
-
     def batch(s, ops, at=None):
-        arr = (Op * len(ops))()
-        for j, (kind, i, v) in enumerate(ops):
-            arr[j].operation = kind
-            arr[j].address = (base if at is None else at) + 4 * i
-            arr[j].value = v
-            arr[j].flags = 0  # GEQ for waits, fenced for writes
-        ok(cu.cuStreamBatchMemOp_v2(s, u32(len(ops)), arr, u32(0)), "cuStreamBatchMemOp")
+        # (Every batch here has 2 or more operations: one cuStreamBatchMemOp.)
+        d.memops(s, [(kind, (base if at is None else at) + 4 * i, v) for kind, i, v in ops])
 
     def write1(s, i, v=1):
         ok(cu.cuStreamWriteValue32_v2(s, w(i), u32(v), u32(0)), "cuStreamWriteValue32")
 
     def kernel(s):
-        with torch.cuda.stream(ext if s is main_s else torch.cuda.ExternalStream(s.value, device=dev)):
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.value, device=dev)):
             data[:256].add_(1)
 
     def memset(s, i, n=8):
@@ -107,18 +81,7 @@ def main():
                                    ctypes.c_size_t(nbytes), s), "cuMemcpyDtoDAsync (peer)")
 
     def fork_join(n_side, body):
-        go = event()
-        ok(cu.cuEventRecord(go, main_s), "cuEventRecord")
-        ends = []
-        for s in sides[:n_side]:
-            ok(cu.cuStreamWaitEvent(s, go, u32(0)), "cuStreamWaitEvent")
-            body(s)
-            e = event()
-            ok(cu.cuEventRecord(e, s), "cuEventRecord")
-            ends.append(e)
-        for e in ends:
-            ok(cu.cuStreamWaitEvent(main_s, e, u32(0)), "cuStreamWaitEvent")
-
+        d.fork_join(main_s, sides[:n_side], body)
     # Every write sets word >= 1 once and the waits wait for >= 0 (always
     # true): the graphs replay without any peer.
     def waits_writes(s, n, batched, at=None):
@@ -178,37 +141,10 @@ def main():
         cases["1 kernel + 1 batch of 8 waits, own words"] = lambda s: (
             kernel(s), batch(s, [(WAIT, 1000 + i, 0) for i in range(8)]))
 
-    def capture(body):
-        ok(cu.cuStreamBeginCapture_v2(main_s, u32(2)), "cuStreamBeginCapture")  # relaxed
-        try:
-            body(main_s)
-        finally:
-            g = vp()
-            r = cu.cuStreamEndCapture(main_s, ctypes.byref(g))
-        ok(r, "cuStreamEndCapture")
-        n = ctypes.c_size_t(0)
-        ok(cu.cuGraphGetNodes(g, None, ctypes.byref(n)), "cuGraphGetNodes")
-        ge = vp()
-        ok(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(0)), "cuGraphInstantiate")
-        ok(cu.cuGraphUpload(ge, main_s), "cuGraphUpload")
-        return ge, n.value
-
     rows = []
     for name, body in cases.items():
-        ge, nodes = capture(body)
-        launch = cu.cuGraphLaunch
-        times = []
-        for i in range(args.launches):
-            t0 = time.perf_counter_ns()
-            r = launch(ge, main_s)
-            t1 = time.perf_counter_ns()
-            if r != 0:
-                raise RuntimeError(f"cuGraphLaunch: {r}")
-            times.append((t1 - t0) / 1e3)
-            if i % 32 == 31:
-                ok(cu.cuStreamSynchronize(main_s), "cuStreamSynchronize")
-        ok(cu.cuStreamSynchronize(main_s), "cuStreamSynchronize")
-        med = statistics.median(times[args.launches // 10:])
+        ge, nodes = d.capture(main_s, body)
+        med = d.launch_host_us(ge, main_s, args.launches)
         rows.append({"graph": name, "nodes": nodes, "launch_us": med})
         print(f"{name:36} {nodes:4d} nodes  {med:7.2f} us/launch", flush=True)
     t = [time.perf_counter_ns() for _ in range(1001)]
