@@ -83,7 +83,7 @@ pub const VARS: &[Var] = &[
         name: FLAG_KERNELS,
         takes: "auto, 0 or 1",
         default: "auto",
-        what: "the flags of a call's control steps, and of the one stream that runs its GEMMs, are set and waited on by a one-warp kernel instead of stream memory operations, which cost 1.3-2.5 µs of host time each in a graph launch (auto: one GPU per rank, no tile GEMM, no green context; 1: also with several ranks on one GPU, for tests; 0: never)",
+        what: "flags that no GEMM, reduce or collective of another stream can run beside (a call's control steps; ag-gemm's GEMM stream; a reduction's last reduce and broadcasts) are set and waited on by a one-warp kernel instead of stream memory operations, which cost 1.3-2.5 µs of host time each in a graph launch (auto: one GPU per rank, no tile GEMM, no green context; 1: also with several ranks on one GPU, for tests; 0: never)",
     },
     Var {
         name: KEEP_GATHERED,

@@ -10,7 +10,7 @@
 //!   count of two bf16 arrays, reduced on the device.
 //! - `ficco_signal`: one warp that does a batch of flag operations in order
 //!   (wait for a word, write a word, clear words), in place of stream memory
-//!   operations where no GEMM runs beside it ([`crate::driver::cuda::MemOpQueue`]).
+//!   operations where no GEMM can run beside it ([`crate::driver::cuda::signal_kernel`]).
 //!
 //! bf16 is handled as raw 16-bit words so no CUDA header is needed.
 

@@ -14,6 +14,7 @@ use crate::error::{drv, CudaError, Result};
 use crate::signal::{word, Point, SET};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaFunction, CudaGraph, CudaStream};
+use ficco_core::plan::graph::Graph;
 use std::sync::Arc;
 
 /// Per rank per task: an event recorded after the task when another rank
@@ -45,40 +46,77 @@ pub(crate) struct RankIssue {
     flag_writes: Vec<Vec<MemOp>>,
     /// `ficco_signal`, where flags may go by kernel ([`Shared::flag_kernels`]).
     signal: Option<CudaFunction>,
-    /// Per plan stream: its tasks' flags go by the signal kernel (see
-    /// [`kernel_streams`]).
-    kernel_stream: Vec<bool>,
+    /// Per task: its (waits, writes) go by the signal kernel (see
+    /// [`kernel_flags`]).
+    kernel_task: Vec<(bool, bool)>,
 }
 
-/// Per plan stream of `tasks`: whether its flag operations may go by the
-/// signal kernel ([`cu::signal_kernel`]). A warp resident beside a GEMM
-/// that fills the SMs slows that GEMM, so only the one stream that issues
-/// every SM task of the rank (GEMMs, reduces, NCCL) may: there, stream
-/// order keeps the kernel from ever running beside one. Copy-only streams,
-/// whose flags wait and land while the GEMMs run, keep memory operations,
-/// and so does every stream of a rank whose SM work is on several streams.
-pub(crate) fn kernel_streams(tasks: &[ficco_core::plan::Task], n_streams: usize) -> Vec<bool> {
-    use ficco_core::plan::TaskKind as K;
-    let mut sm = vec![false; n_streams];
-    for t in tasks {
-        let on_sms = matches!(
+/// Per task of rank `r` of `plan`: whether its flag waits (issued on its
+/// stream just before it) and its flag writes (just after it) may go by the
+/// signal kernel ([`cu::signal_kernel`]). A warp resident beside a GEMM that
+/// fills the SMs slows that GEMM, so a group may only where no SM task
+/// (GEMM, reduce, NCCL) of another stream of the rank can be running: every
+/// such task has ended before (it happens before the task) or starts only
+/// after (it waits, through dependencies and stream order, for the task, or
+/// for a writes group, for the next task on the stream). In ag-gemm's copy
+/// schedules that is the GEMM stream's waits for landed chunks; in the
+/// reductions, the waits of a reduce that follows the last GEMM and the
+/// writes after the broadcasts; never the copies' flags while GEMMs run.
+/// Order is read from the plan's graph ([`Graph`]), the rank's own edges
+/// only (edges through other ranks only add order).
+pub(crate) fn kernel_flags(
+    plan: &ficco_core::plan::Plan,
+    graph: &Graph,
+    r: usize,
+) -> Vec<(bool, bool)> {
+    use ficco_core::plan::{Task, TaskId, TaskKind as K};
+    let tasks = &plan.ranks[r].tasks;
+    let n = tasks.len();
+    let first = graph.node(TaskId { rank: r, index: 0 });
+    let on_sms = |t: &Task| {
+        matches!(
             t.kind,
             K::Gemm { .. }
                 | K::GroupedGemm { .. }
                 | K::Reduce { .. }
                 | K::Nccl { .. }
                 | K::TileGemm(_)
-        );
-        if on_sms {
-            if let Some(s) = sm.get_mut(t.stream) {
-                *s = true;
+        )
+    };
+    // before[i][j]: task j has ended before task i starts.
+    let mut before = vec![vec![false; n]; n];
+    let mut next_on = vec![None; n];
+    for i in 0..n {
+        let node = first + i;
+        let own = |p: usize| p.checked_sub(first).filter(|&q| q < i);
+        let stream_pred = graph.stream_pred(node).and_then(own);
+        if let Some(p) = stream_pred {
+            next_on[p] = Some(i);
+        }
+        let preds = graph
+            .deps(node)
+            .iter()
+            .filter_map(|&p| own(p))
+            .chain(stream_pred);
+        for p in preds {
+            let (done, rest) = before.split_at_mut(i);
+            rest[0][p] = true;
+            for (j, &b) in done[p].iter().enumerate() {
+                rest[0][j] |= b;
             }
         }
     }
-    if sm.iter().filter(|&&s| s).count() > 1 {
-        sm.fill(false);
-    }
-    sm
+    let apart = |i: usize, after: Option<usize>| {
+        tasks.iter().enumerate().all(|(j, t)| {
+            t.stream == tasks[i].stream
+                || !on_sms(t)
+                || before[i][j]
+                || after.is_some_and(|a| j > a && before[j][a])
+        })
+    };
+    (0..n)
+        .map(|i| (apart(i, Some(i)), apart(i, next_on[i])))
+        .collect()
 }
 
 impl RankIssue {
@@ -129,7 +167,8 @@ impl RankIssue {
             })
             .collect();
         let signal = sh.flag_kernels().then(|| rank.kernels.signal.clone());
-        let kernel_stream = kernel_streams(&rp.tasks, streams.len());
+        let graph = Graph::new(sh.plan).map_err(|e| CudaError::Plan(e.to_string()))?;
+        let kernel_task = kernel_flags(sh.plan, &graph, r);
         let mut task_ev = vec![];
         if timeline {
             for _ in 0..n_tasks {
@@ -148,7 +187,7 @@ impl RankIssue {
             flag_waits,
             flag_writes,
             signal,
-            kernel_stream,
+            kernel_task,
             control: rank.control().clone(),
             streams,
         })
@@ -168,14 +207,15 @@ impl RankIssue {
     /// steps below gather theirs into it, so that consecutive steps make
     /// one graph node (see [`cu::stream_memops`]).
     pub fn control_queue(&self) -> MemOpQueue {
-        MemOpQueue::new(self.control.cu_stream(), self.kernel_for(None))
+        MemOpQueue::new(self.control.cu_stream(), self.kernel_if(true))
     }
 
-    /// The signal kernel for plan stream `stream` (`None`: the control
-    /// stream, which runs no task), where flags go by kernel there.
-    fn kernel_for(&self, stream: Option<usize>) -> Option<cudarc::driver::sys::CUfunction> {
-        let on = stream.is_none_or(|s| self.kernel_stream.get(s).copied().unwrap_or(false));
-        self.signal.as_ref().filter(|_| on).map(|f| f.cu_function())
+    /// The signal kernel, where flags go by kernel and `here` allows it.
+    fn kernel_if(&self, here: bool) -> Option<cudarc::driver::sys::CUfunction> {
+        self.signal
+            .as_ref()
+            .filter(|_| here)
+            .map(|f| f.cu_function())
     }
 
     /// On the control stream (into `q`): wait for every other rank's end
@@ -238,7 +278,9 @@ impl RankIssue {
             }
         }
         // One batch (or kernel) for all of the task's flag waits (one graph node).
-        let kernel = self.kernel_for(Some(task.stream));
+        let (waits_by_kernel, writes_by_kernel) =
+            self.kernel_task.get(i).copied().unwrap_or_default();
+        let kernel = self.kernel_if(waits_by_kernel);
         // SAFETY: the words are inside rank r's live flag buffer, on the stream's device.
         unsafe { cu::stream_flags(stream.cu_stream(), kernel, &self.flag_waits[i])? };
         // A Wait task's Signal (the plan's own flags) as a graph edge too,
@@ -283,7 +325,13 @@ impl RankIssue {
         }
         // SAFETY: each word is inside its consumer's live flag buffer; peer
         // access is enabled between the devices (or it is the same device).
-        unsafe { cu::stream_flags(stream.cu_stream(), kernel, &self.flag_writes[i]) }
+        unsafe {
+            cu::stream_flags(
+                stream.cu_stream(),
+                self.kernel_if(writes_by_kernel),
+                &self.flag_writes[i],
+            )
+        }
     }
 
     /// End of an iteration of `parity`: [`RankIssue::join`], then
@@ -444,79 +492,81 @@ fn capture_mode(
 
 #[cfg(test)]
 mod tests {
-    use super::kernel_streams;
+    use super::kernel_flags;
     use ficco_core::plan::lower::lower;
-    use ficco_core::plan::TaskKind;
+    use ficco_core::plan::{Plan, TaskKind};
     use ficco_core::problem::workload::{Op, Problem};
     use ficco_core::space::Schedule;
 
-    /// Per rank of `op` at P = 4 under `schedule`: (the streams whose flags
-    /// go by kernel, the streams that run SM work).
-    fn streams(op: Op, schedule: &str) -> Vec<(Vec<usize>, Vec<usize>)> {
-        let p = Problem::new(op, 4096, 1024, 2048, 4).expect("problem");
-        let plan = lower(&p, &schedule.parse::<Schedule>().expect("schedule")).expect("lower");
-        plan.ranks
-            .iter()
-            .map(|rp| {
-                let n = rp.tasks.iter().map(|t| t.stream + 1).max().unwrap_or(0);
-                let on: Vec<usize> = (0..n)
-                    .filter(|&s| kernel_streams(&rp.tasks, n)[s])
-                    .collect();
-                let mut sm: Vec<usize> = rp
-                    .tasks
-                    .iter()
-                    .filter(|t| {
-                        !matches!(
-                            t.kind,
-                            TaskKind::Copy { .. } | TaskKind::Signal { .. } | TaskKind::Wait { .. }
-                        )
-                    })
-                    .map(|t| t.stream)
-                    .collect();
-                sm.sort();
-                sm.dedup();
-                (on, sm)
-            })
-            .collect()
+    fn plan(op: Op, schedule: &str) -> Plan {
+        let p = Problem::new(op, 8192, 2048, 8192, 4).expect("problem");
+        lower(&p, &schedule.parse::<Schedule>().expect("schedule")).expect("lower")
     }
 
-    /// ag-gemm's copy schedules run every GEMM on stream 0 and only copies
-    /// elsewhere: stream 0's flags go by kernel, the copy streams' never.
+    /// Rank 0's tasks of `plan` whose (waits, writes) go by kernel, by label.
+    fn by_kernel(plan: &Plan) -> (Vec<String>, Vec<String>) {
+        let tasks = &plan.ranks[0].tasks;
+        let graph = ficco_core::plan::graph::Graph::new(plan).expect("graph");
+        let flags = kernel_flags(plan, &graph, 0);
+        let pick = |f: fn(&(bool, bool)) -> bool| {
+            tasks
+                .iter()
+                .zip(&flags)
+                .filter(|(_, k)| f(k))
+                .map(|(t, _)| t.label.clone())
+                .collect()
+        };
+        (pick(|k| k.0), pick(|k| k.1))
+    }
+
+    /// ag-gemm's copy schedules run every GEMM on one stream and only
+    /// copies elsewhere: the GEMMs' waits for landed chunks go by kernel,
+    /// and no copy's flags do (the GEMMs run while the copies land).
     #[test]
-    fn the_one_stream_with_every_gemm_signals_by_kernel_and_copy_streams_never_do() {
+    fn the_gemm_streams_waits_go_by_kernel_and_no_copys_flags_do() {
         for s in [
             "shard-copy-ring",
             "bulk-copy-ring",
             "fine4-copy-ring",
             "shard-copy-all",
         ] {
-            for (r, (on, sm)) in streams(Op::AgGemm, s).into_iter().enumerate() {
-                assert_eq!(sm, [0], "{s} rank {r}: SM work on {sm:?}");
-                assert_eq!(on, sm, "{s} rank {r}");
+            let p = plan(Op::AgGemm, s);
+            let (waits, writes) = by_kernel(&p);
+            for t in &p.ranks[0].tasks {
+                let gemm = matches!(t.kind, TaskKind::Gemm { .. });
+                assert_eq!(waits.contains(&t.label), gemm, "{s}: waits of {}", t.label);
+                if !gemm {
+                    assert!(!writes.contains(&t.label), "{s}: writes of {}", t.label);
+                }
             }
         }
     }
 
-    /// The reductions run their reduce kernels on a copy stream beside the
-    /// GEMMs, and NCCL schedules their collectives: no stream's task flags
-    /// go by kernel there (the control steps still may).
+    /// A reduction's reduce that follows the last GEMM waits by kernel, the
+    /// broadcasts after it write by kernel, and the pushes of partials
+    /// (while GEMMs run) never do; with two chunks, the first chunk's
+    /// reduce runs beside the own second GEMM and keeps memory operations.
     #[test]
-    fn no_stream_signals_by_kernel_where_sm_work_is_on_several_streams() {
-        for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
-            for s in [
-                "shard-copy-ring",
-                "shard-copy-all",
-                "shard-nccl-ring",
-                "seq",
-            ] {
-                if op == Op::AgGemm && s.contains("copy") {
-                    continue;
-                }
-                for (r, (on, sm)) in streams(op, s).into_iter().enumerate() {
-                    assert!(sm.len() > 1, "{op:?} {s} rank {r}: SM work on {sm:?} only");
-                    assert!(on.is_empty(), "{op:?} {s} rank {r}: {on:?} by kernel");
-                }
-            }
+    fn a_reduce_after_the_last_gemm_waits_by_kernel_and_pushes_beside_gemms_never_do() {
+        let (waits, writes) = by_kernel(&plan(Op::GemmAr, "shard-copy-ring"));
+        assert!(waits.contains(&"reduce c0".to_string()), "{waits:?}");
+        for b in ["bcast d1.c0", "bcast d2.c0", "bcast d3.c0"] {
+            assert!(writes.contains(&b.to_string()), "{b}: {writes:?}");
         }
+        for push in ["push d1.c0", "push d2.c0", "push d3.c0"] {
+            assert!(!writes.contains(&push.to_string()), "{push}: {writes:?}");
+        }
+        let (waits, _) = by_kernel(&plan(Op::GemmRs, "fine2-copy-ring"));
+        assert!(waits.contains(&"reduce c1".to_string()), "{waits:?}");
+        assert!(!waits.contains(&"reduce c0".to_string()), "{waits:?}");
+    }
+
+    /// NCCL schedules run their collectives beside the GEMMs: only the last
+    /// GEMM, which waits for the last collective, has nothing beside it.
+    #[test]
+    fn beside_an_nccl_collective_nothing_goes_by_kernel() {
+        let (waits, writes) = by_kernel(&plan(Op::AgGemm, "shard-nccl-ring"));
+        assert_eq!(waits, ["gemm q3.c0"]);
+        assert_eq!(writes, ["gemm q3.c0"]);
     }
 }

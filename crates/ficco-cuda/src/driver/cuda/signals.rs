@@ -179,8 +179,8 @@ struct SignalOps {
 /// batches, 1.9-2.7 µs with kernels), and a flag hand-off between streams
 /// takes as long on the device (2.3 µs either way). But a warp resident
 /// beside a GEMM that fills every SM keeps one of its blocks off that SM:
-/// the GEMM ran 7-32% slower with one spinning beside it. So only streams
-/// on which no GEMM of the call can run at the same time use it.
+/// the GEMM ran 7-32% slower with one spinning beside it. So it only takes
+/// flags beside which no GEMM can run (`exec::iter::kernel_flags`).
 ///
 /// # Safety
 /// `f` is `ficco_signal` of the stream's context; every address is a live,
