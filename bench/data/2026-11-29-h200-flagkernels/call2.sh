@@ -1,9 +1,9 @@
-# 4 GPUs: every GPU test with FICCO_FLAG_KERNELS at its default (auto: on, one GPU per rank);
+# 4 GPUs: every GPU test with FICCO_FLAG_KERNELS=auto (on: one GPU per rank; the default is 0);
 # the host cost of a replayed call, flags by memory operations (0) against by kernel (auto),
 # one after the other; the harness's times of the llama3-70b layers at 2048 tokens, both ways.
 source bench/on-device.sh
 cat .bin/COMMIT > $OUT/commit.txt; nvidia-smi -L >> $OUT/commit.txt
-TEST_TIMEOUT=150 bash bench/gpu-tests.sh /tmp/tests > /tmp/tests.txt 2>&1
+FICCO_FLAG_KERNELS=auto TEST_TIMEOUT=150 bash bench/gpu-tests.sh /tmp/tests > /tmp/tests.txt 2>&1
 grep -E 'panicked|FAILED' /tmp/tests.txt > $OUT/tests.txt; tail -14 /tmp/tests.txt >> $OUT/tests.txt
 grep -h -B2 -A25 'panicked' /tmp/tests/*.log | head -150 > $OUT/failures.txt
 for p in 4 2; do for op in ag-gemm gemm-rs; do for fk in 0 auto 0 auto; do

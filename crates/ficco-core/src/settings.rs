@@ -82,8 +82,8 @@ pub const VARS: &[Var] = &[
     Var {
         name: FLAG_KERNELS,
         takes: "auto, 0 or 1",
-        default: "auto",
-        what: "flags that no GEMM, reduce or collective of another stream can run beside (a call's control steps; ag-gemm's GEMM stream; a reduction's last reduce and broadcasts) are set and waited on by a one-warp kernel instead of stream memory operations, which cost 1.3-2.5 µs of host time each in a graph launch (auto: one GPU per rank, no tile GEMM, no green context; 1: also with several ranks on one GPU, for tests; 0: never)",
+        default: "0",
+        what: "flags that no GEMM, reduce or collective of another stream can run beside (a call's control steps; ag-gemm's GEMM stream; a reduction's last reduce and broadcasts) are set and waited on by a one-warp kernel instead of stream memory operations, which cost 1.3-2.5 µs of host time each in a graph launch (auto: where each rank has its own GPU, no tile GEMM, no green context; 1: also with several ranks on one GPU, for tests; 0: never, the default until it has run on several GPUs: measured on one H200 only)",
     },
     Var {
         name: KEEP_GATHERED,
@@ -193,9 +193,10 @@ pub enum Grouped {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FlagKernels {
     /// Where each rank has its own GPU (not in loopback).
-    #[default]
     Auto,
-    /// Never.
+    /// Never: the default until the kernel has run on several GPUs (it was
+    /// measured on one H200 only; `bench/RESULTS.md`, 2026-11-29).
+    #[default]
     Off,
     /// Also in loopback (several ranks on one GPU).
     On,
@@ -236,7 +237,7 @@ impl Default for Settings {
             watchdog_ms: DEFAULT_WATCHDOG_MS,
             graphs: true,
             op_sync: false,
-            flag_kernels: FlagKernels::Auto,
+            flag_kernels: FlagKernels::Off,
             keep_gathered: None,
             adapt_host: true,
             grouped: Grouped::Auto,
@@ -293,8 +294,8 @@ impl Settings {
             Some(v) => return Err(bad(GROUPED, v)),
         };
         let flag_kernels = match value(FLAG_KERNELS).as_deref() {
-            None | Some("auto") => FlagKernels::Auto,
-            Some("0") => FlagKernels::Off,
+            Some("auto") => FlagKernels::Auto,
+            None | Some("0") => FlagKernels::Off,
             Some("1") => FlagKernels::On,
             Some(v) => return Err(bad(FLAG_KERNELS, v)),
         };
@@ -422,7 +423,7 @@ mod tests {
             (WATCHDOG_MS, "2000"),
             (GRAPHS, "0"),
             (OP_SYNC, "1"),
-            (FLAG_KERNELS, "0"),
+            (FLAG_KERNELS, "auto"),
             (KEEP_GATHERED, "1"),
             (ADAPT_HOST, "0"),
             (GROUPED, "loop"),
@@ -438,7 +439,7 @@ mod tests {
         assert_eq!(s.watchdog_ms, 2000);
         assert!(!s.graphs && s.op_sync && s.trace && s.task_progress);
         assert_eq!(s.keep_gathered, Some(true));
-        assert_eq!(s.flag_kernels, FlagKernels::Off);
+        assert_eq!(s.flag_kernels, FlagKernels::Auto);
         assert_eq!(
             parse(&[(FLAG_KERNELS, "1")]).unwrap().flag_kernels,
             FlagKernels::On
