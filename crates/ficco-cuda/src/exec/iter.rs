@@ -167,8 +167,13 @@ impl RankIssue {
             })
             .collect();
         let signal = sh.flag_kernels().then(|| rank.kernels.signal.clone());
-        let graph = Graph::new(sh.plan).map_err(|e| CudaError::Plan(e.to_string()))?;
-        let kernel_task = kernel_flags(sh.plan, &graph, r);
+        let kernel_task = match signal {
+            Some(_) => {
+                let graph = Graph::new(sh.plan).map_err(|e| CudaError::Plan(e.to_string()))?;
+                kernel_flags(sh.plan, &graph, r)
+            }
+            None => vec![],
+        };
         let mut task_ev = vec![];
         if timeline {
             for _ in 0..n_tasks {
