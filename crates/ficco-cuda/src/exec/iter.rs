@@ -574,4 +574,98 @@ mod tests {
         assert_eq!(waits, ["gemm q3.c0"]);
         assert_eq!(writes, ["gemm q3.c0"]);
     }
+
+    /// Over every schedule of the three operators on 2 and 4 GPUs: a flags
+    /// group said to go by kernel has no SM task of another stream of its
+    /// rank unordered with it, by a plain search of the rank's edges
+    /// (dependencies and stream order) rather than the table `kernel_flags`
+    /// builds (resource-control variants included).
+    #[test]
+    fn no_flags_by_kernel_have_sm_work_of_another_stream_unordered_with_them() {
+        use ficco_core::space::{enumerate, SpaceOptions};
+        let space = SpaceOptions {
+            controls: true,
+            sm_count: 132,
+            nccl_sms: 24,
+        };
+        let mut by_kernel = 0;
+        for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+            for gpus in [2, 4] {
+                let p = Problem::new(op, 8192, 2048, 4096, gpus).expect("problem");
+                for s in enumerate(op, space) {
+                    let Ok(plan) = lower(&p, &s) else { continue };
+                    let graph = ficco_core::plan::graph::Graph::new(&plan).expect("graph");
+                    for r in 0..gpus {
+                        let tasks = &plan.ranks[r].tasks;
+                        let first = graph.node(ficco_core::plan::TaskId { rank: r, index: 0 });
+                        // Whether task `a` ends before task `b` starts.
+                        let ends_before = |a: usize, b: usize| {
+                            let mut todo = vec![b];
+                            let mut seen = vec![false; tasks.len()];
+                            while let Some(x) = todo.pop() {
+                                let node = first + x;
+                                let preds = graph
+                                    .deps(node)
+                                    .iter()
+                                    .copied()
+                                    .chain(graph.stream_pred(node));
+                                for q in preds
+                                    .filter_map(|q| q.checked_sub(first))
+                                    .filter(|&q| q < tasks.len())
+                                {
+                                    if q == a {
+                                        return true;
+                                    }
+                                    if !seen[q] {
+                                        seen[q] = true;
+                                        todo.push(q);
+                                    }
+                                }
+                            }
+                            false
+                        };
+                        let next_on = |i: usize| {
+                            (i + 1..tasks.len()).find(|&j| tasks[j].stream == tasks[i].stream)
+                        };
+                        let sm = |t: &ficco_core::plan::Task| {
+                            !matches!(
+                                t.kind,
+                                TaskKind::Copy { .. }
+                                    | TaskKind::Signal { .. }
+                                    | TaskKind::Wait { .. }
+                            )
+                        };
+                        for (i, &(waits, writes)) in
+                            kernel_flags(&plan, &graph, r).iter().enumerate()
+                        {
+                            for (j, t) in tasks.iter().enumerate() {
+                                if t.stream == tasks[i].stream || !sm(t) {
+                                    continue;
+                                }
+                                if waits {
+                                    assert!(
+                                        ends_before(j, i) || ends_before(i, j),
+                                        "{s} P={gpus} rank {r}: waits of {} beside {}",
+                                        tasks[i].label,
+                                        t.label
+                                    );
+                                }
+                                if writes {
+                                    let after = next_on(i).is_some_and(|a| ends_before(a, j));
+                                    assert!(
+                                        ends_before(j, i) || after,
+                                        "{s} P={gpus} rank {r}: writes of {} beside {}",
+                                        tasks[i].label,
+                                        t.label
+                                    );
+                                }
+                            }
+                            by_kernel += usize::from(waits) + usize::from(writes);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(by_kernel > 0);
+    }
 }
