@@ -411,6 +411,24 @@ mod tests {
         assert_eq!(wrong, 0, "{wrong} written words wrong");
     }
 
+    /// A range clear is the kernel's alone: the memory-operation path
+    /// refuses it before any driver call (so this runs without a GPU).
+    #[test]
+    fn memory_operations_refuse_a_range_clear() {
+        let p = DevicePtr(0x1000);
+        for ops in [
+            vec![MemOp::Clear(p, 4)],
+            vec![MemOp::WaitGeq(p, 1), MemOp::Clear(p, 4), MemOp::Write(p, 1)],
+        ] {
+            // SAFETY: refused before the (null) stream or any address is used.
+            let e = unsafe { stream_memops(std::ptr::null_mut(), &ops) };
+            assert!(
+                matches!(&e, Err(crate::error::CudaError::Plan(m)) if m.contains("clear")),
+                "{e:?}"
+            );
+        }
+    }
+
     fn gpu(test: &str) {
         let found = match crate::loader::require().and_then(|_| crate::info::device_count()) {
             Ok(n) => GpuAvailability::Found(n),
