@@ -30,7 +30,8 @@ from cudrv import MEMOP_WAIT, MEMOP_WRITE, Driver, u32, u64, vp
 # One thread runs the operations in order: kind 0 waits until the word is
 # >= value (wrap-aware), kind 1 writes value with a system-scope release,
 # kind 2 stores %globaltimer (64 bits) at the address, kind 3 waits as kind 0
-# with relaxed loads 256 ns apart and one fence after.
+# with relaxed loads 256 ns apart and one fence after, kind 4 writes as kind 1
+# and fences after the store.
 PTX = r"""
 .version 8.0
 .target sm_90
@@ -60,6 +61,8 @@ LOOP:
   @%p2 bra STAMP;
   setp.eq.u32 %p2, %r4, 3;
   @%p2 bra RELAXED;
+  setp.eq.u32 %p2, %r4, 4;
+  @%p2 bra WRITEFENCE;
 SPIN:
   ld.acquire.sys.global.u32 %r5, [%rd4];
   sub.s32 %r6, %r5, %r3;
@@ -81,6 +84,11 @@ RELAXED:
 SEEN:
   fence.acq_rel.sys;
   bra NEXT;
+WRITEFENCE:
+  fence.sc.sys;
+  st.release.sys.global.u32 [%rd4], %r3;
+  fence.sc.sys;
+  bra NEXT;
 STAMP:
   mov.u64 %rd5, %globaltimer;
   st.global.u64 [%rd4], %rd5;
@@ -92,7 +100,7 @@ DONE:
 }
 """
 
-WAIT, WRITE, STAMP, RELAXED = 0, 1, 2, 3
+WAIT, WRITE, STAMP, RELAXED, WRITE_FENCE = 0, 1, 2, 3, 4
 SIDES = 4
 
 
@@ -101,6 +109,8 @@ def main():
     p.add_argument("--launches", type=int, default=2000)
     p.add_argument("--json", default=None)
     p.add_argument("--skip-gemm", action="store_true", help="leave out parts 3 and 4")
+    p.add_argument("--host-visibility", action="store_true",
+                   help="only part 5: does the host see a write the kernel made before it spins")
     args = p.parse_args()
 
     import torch
@@ -174,6 +184,29 @@ def main():
 
     out = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "kernel_registers": nregs.value}
+    if args.host_visibility:
+        # 5. A write to pinned host memory, then a wait on a device word
+        # nobody sets yet: does the host see the write while the kernel
+        # spins? (The watch's start mark is such a write.)
+        seen = {}
+        for name, kind in (("write, then spin", WRITE), ("write + fence, then spin", WRITE_FENCE)):
+            host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+            words.zero_()
+            torch.cuda.synchronize()
+            side = d.stream()
+            sig(side, [(kind, host.data_ptr(), 7), (WAIT, w(7100), 1)])
+            t0 = time.perf_counter()
+            while host[0].item() != 7 and time.perf_counter() - t0 < 2.0:
+                pass
+            seen[name] = (time.perf_counter() - t0) * 1e6 if host[0].item() == 7 else None
+            memops(main_s, [(WRITE, w(7100), 1)])
+            d.sync(side)
+            print(f"5. {name:26}: host saw it after {seen[name]} us (None: not within 2 s)", flush=True)
+        out["host_visibility_us"] = seen
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     print(f"# {out['device']}, torch {out['torch']}; ficco_signal: {nregs.value} registers/thread")
 
     # 1. host cost of a launch

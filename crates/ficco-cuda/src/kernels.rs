@@ -108,15 +108,23 @@ extern "C" __global__ void ficco_check(const bf16* out, const bf16* ref, unsigne
 // Flag operations in order, by one thread (the layout of SignalOps in
 // driver/cuda/signals.rs). 0: wait until the word is >= arg (wrap-aware, as
 // CU_STREAM_WAIT_VALUE_GEQ); 1: write arg after a system-scope fence (as a
-// default cuStreamWriteValue32); 2: zero arg words, then fence.
+// default cuStreamWriteValue32); 2: zero arg words. Before it spins on a
+// wait, a fence pushes the writes out: a store the thread leaves behind
+// while it spins need not reach a peer or the host (the watch's host-mapped
+// words) until the kernel ends, and both may wait for it.
 struct SignalOps { unsigned long long addr[32]; unsigned arg[32]; unsigned kind[32]; unsigned n; };
 
 extern "C" __global__ void __launch_bounds__(32) ficco_signal(SignalOps s) {
     if (threadIdx.x != 0) return;
+    bool wrote = false;
     for (unsigned i = 0; i < s.n && i < 32; i++) {
         unsigned* p = (unsigned*)s.addr[i];
         unsigned v = s.arg[i];
         if (s.kind[i] == 0) {
+            if (wrote) {
+                asm volatile("fence.sc.sys;" ::: "memory");
+                wrote = false;
+            }
             for (;;) {
                 unsigned x;
                 asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(x) : "l"(p) : "memory");
@@ -125,6 +133,7 @@ extern "C" __global__ void __launch_bounds__(32) ficco_signal(SignalOps s) {
             }
         } else if (s.kind[i] == 1) {
             asm volatile("fence.sc.sys;\n\tst.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+            wrote = true;
         } else {
             for (unsigned j = 0; j < v; j++)
                 asm volatile("st.relaxed.sys.global.u32 [%0], %1;" :: "l"(p + j), "r"(0u) : "memory");
