@@ -5,8 +5,8 @@
 # fences its writes before it spins.
 source bench/on-device.sh
 cat .bin/COMMIT > $OUT/commit.txt
-timeout 60 python bench/signal_kernel.py --host-visibility > $OUT/probe.txt 2>&1; echo "probe rc $?" >> $OUT/probe.txt
-FICCO_FLAG_KERNELS=1 timeout 150 python python/tests/test_gpu_loopback.py dead > /tmp/dead.txt 2>&1
+timeout 40 python bench/signal_kernel.py --host-visibility > $OUT/probe.txt 2>&1; echo "probe rc $?" >> $OUT/probe.txt
+FICCO_FLAG_KERNELS=1 timeout 110 python python/tests/test_gpu_loopback.py dead > /tmp/dead.txt 2>&1
 echo "dead rc $?" > $OUT/python.txt
 grep -E '^PASS|^FAIL|passed|failed|Error' /tmp/dead.txt | tail -15 >> $OUT/python.txt
 cat $OUT/probe.txt $OUT/python.txt
