@@ -464,7 +464,14 @@ fn issue_steps(
     let r = rank.rank;
     let l = &st.layout;
     let mut q = st.iss.control_queue();
-    q.push([cu::MemOp::Write(words.device(STARTED), seq)]);
+    // DONE first moves off the call's number: a replayed graph writes its
+    // capture-time number into both words, so a replay that follows a call
+    // of the same graph (the same op called in a loop) would otherwise leave
+    // STARTED == DONE while it hangs, and the watch would never see it.
+    q.push([
+        cu::MemOp::Write(words.device(DONE), !seq),
+        cu::MemOp::Write(words.device(STARTED), seq),
+    ]);
     for step in fast_steps(&st.handoff, r) {
         match step {
             Step::WaitPeers => st.iss.wait_peers(sh, parity, &mut q)?,

@@ -24,7 +24,8 @@ pub(super) struct WatchState {
     /// Word [`DONE`]: the number of the last call this rank's device
     /// finished; word [`STARTED`]: of the last it started (both written by
     /// the control stream; a captured call writes its capture-time number
-    /// at every replay).
+    /// at every replay, and each call first sets DONE to that number's
+    /// complement, so a call in flight never shows STARTED == DONE).
     pub(super) words: HostWords,
     /// Recorded after every call made outside capture, on the stream it ran
     /// on (the control stream, or the caller's for a replay): the
