@@ -109,9 +109,11 @@ extern "C" __global__ void ficco_check(const bf16* out, const bf16* ref, unsigne
 // driver/cuda/signals.rs). 0: wait until the word is >= arg (wrap-aware, as
 // CU_STREAM_WAIT_VALUE_GEQ); 1: write arg after a system-scope fence (as a
 // default cuStreamWriteValue32); 2: zero arg words. Before it spins on a
-// wait, a fence pushes the writes out: a store the thread leaves behind
-// while it spins need not reach a peer or the host (the watch's host-mapped
-// words) until the kernel ends, and both may wait for it.
+// wait, a fence pushes the writes out: nothing bounds when a store the
+// thread leaves behind becomes visible while it spins, and a peer or the
+// host (the watch's host-mapped words) may be waiting for it (one H200: the
+// host saw such a write 158 µs after the launch without the fence, 17 µs
+// with it; bench/signal_kernel.py --host-visibility).
 struct SignalOps { unsigned long long addr[32]; unsigned arg[32]; unsigned kind[32]; unsigned n; };
 
 extern "C" __global__ void __launch_bounds__(32) ficco_signal(SignalOps s) {
