@@ -112,7 +112,7 @@ extern "C" __global__ void ficco_check(const bf16* out, const bf16* ref, unsigne
 // wait, a fence pushes the writes out: nothing bounds when a store the
 // thread leaves behind becomes visible while it spins, and a peer or the
 // host (the watch's host-mapped words) may be waiting for it (one H200: the
-// host saw such a write 158 µs after the launch without the fence, 17 µs
+// host saw such a write 158 us after the launch without the fence, 17 us
 // with it; bench/signal_kernel.py --host-visibility).
 struct SignalOps { unsigned long long addr[32]; unsigned arg[32]; unsigned kind[32]; unsigned n; };
 
