@@ -16,6 +16,8 @@ MASTER_PORT) comes from the test.
     python loopback_worker.py graphdead:V OUT.json  rank V dies while the others replay
     python loopback_worker.py grad OUT.json     each op's gradients (autograd) against fp32
                                                 autograd of the whole job
+    python loopback_worker.py tile OUT.json     `tile` schedules (FICCO_TEST_LOOPBACK_TILE=1),
+                                                ops alternating, fresh data: on the fast path
 
 Each rank writes its results to OUT.json as soon as it has them, so the test
 can tell what happened even if the process does not end afterwards.
@@ -573,13 +575,60 @@ def run_grad(rank, world, out_path):
     ft.close()
 
 
+# tile schedules need shards of whole 128-row blocks on 4 ranks.
+TILE_SHAPE = (512, 1024, 512)
+TILE_SCHEDULES = ["tile-copy-ring", "tile-copy-all"]
+TILE_ROUNDS = 4
+
+
+def run_tile(rank, world, out_path):
+    """`tile` schedules of every op, the six (op, schedule) pairs called in
+    turn for several rounds, fresh data each call; each pair writes into one
+    of two outputs kept from round to round (so later calls find their
+    addresses again and replay graphs) and the caller overwrites its inputs
+    right after the call. Then the native host phases: how many calls took
+    the full path (each call shape's first only, if tile plans run fast)."""
+    results = []
+    pairs = [(op, s) for op in OPS for s in TILE_SCHEDULES]
+    outs = {
+        (op, s): [torch.empty(out_shape(op, world, TILE_SHAPE), dtype=torch.bfloat16, device="cuda:0")
+                  for _ in range(2)]
+        for op, s in pairs
+    }
+    type(ft.session()).host_times()
+    for i in range(TILE_ROUNDS * len(pairs)):
+        op, schedule = pairs[i % len(pairs)]
+        out = outs[(op, schedule)][(i // len(pairs)) % 2]
+        case = 11000 + i
+        row = {"op": op, "schedule": schedule, "shape": list(TILE_SHAPE), "call": i}
+        try:
+            a, b = operands(op, case, rank, world, TILE_SHAPE)
+            out.fill_(float("nan"))
+            with torch.no_grad():
+                OPS[op](a, b, schedule=schedule, out=out)
+            row["ran"] = ft.last_schedule()
+            a.fill_(float("nan"))
+            b.fill_(float("nan"))
+            got = out.clone()
+            check(got, op, case, rank, world, TILE_SHAPE, row)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"
+        results.append(row)
+    ft.synchronize()
+    phases = {phase: count for phase, _, count in type(ft.session()).host_times()}
+    results.append({"phases": phases, "calls": TILE_ROUNDS * len(pairs), "shapes": len(pairs)})
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+    ft.close()
+
+
 def main():
     mode, out_path = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method="env://")
     plain = {"ops": run_ops, "repeat": run_repeat, "time": run_time, "graphs": run_graphs,
-             "compile": run_compile, "grad": run_grad}
+             "compile": run_compile, "grad": run_grad, "tile": run_tile}
     if mode in plain:
         plain[mode](rank, world, out_path)
         dist.destroy_process_group()

@@ -6,7 +6,7 @@ Skipped without CUDA, unless FICCO_REQUIRE_GPU=1, where that fails. Run on
 a GPU machine with:
 
     pytest -q python/tests/test_gpu_loopback.py
-    python python/tests/test_gpu_loopback.py [ops|repeat|time|dead|graphs|grad]   # without pytest
+    python python/tests/test_gpu_loopback.py [ops|repeat|time|dead|graphs|grad|tile]   # without pytest
 
 `time` prints the per-call wall time of a small ag-gemm on 2 ranks, with
 the fast path and with FICCO_OP_SYNC=1 (the full path on every call).
@@ -130,6 +130,42 @@ def check_repeat(world, tmp_path):
                 failures.append(f"{what}: relative error {row['err']:.3g}")
             if row["ran"] != row["schedule"]:
                 failures.append(f"{what}: ran {row['ran']}")
+    assert not failures, "\n".join(failures)
+
+
+def check_tile(world, tmp_path):
+    """`tile` schedules on the op path (the test setting lets them run in
+    loopback, time-sliced): exact, and every call after its shape's first on
+    the stream-ordered path."""
+    codes, _, results = launch(
+        world, "tile", tmp_path, limit_s=500,
+        extra_env={"FICCO_DIST_TIMEOUT_MS": "60000", "FICCO_TEST_LOOPBACK_TILE": "1"},
+    )
+    assert codes == [0] * world, f"exit codes {codes}; results {results}"
+    failures = []
+    for rank, rows in enumerate(results):
+        assert rows is not None and "phases" in rows[-1], f"rank {rank}: {rows}"
+        summary, rows = rows[-1], rows[:-1]
+        for row in rows:
+            what = f"rank {rank} call {row['call']} {row['op']} {row['schedule']}"
+            if "error" in row:
+                failures.append(f"{what}: {row['error']}")
+                continue
+            if row["nan"]:
+                failures.append(f"{what}: NaN left in the output")
+            if not row["err"] < TOLERANCE:
+                failures.append(f"{what}: relative error {row['err']:.3g}")
+            if row["ran"] != row["schedule"]:
+                failures.append(f"{what}: ran {row['ran']}")
+        phases = summary["phases"]
+        full = phases.get("full", 0)
+        fast = sum(phases.get(p, 0) for p in ("issue", "capture", "launch"))
+        if full != summary["shapes"] or fast != summary["calls"] - summary["shapes"]:
+            failures.append(
+                f"rank {rank}: {full} full and {fast} fast calls of {summary['calls']} "
+                f"({summary['shapes']} shapes): {phases}"
+            )
+        print(f"tile world={world} rank {rank}: phases {phases}", flush=True)
     assert not failures, "\n".join(failures)
 
 
@@ -262,6 +298,10 @@ if pytest is not None:
     def test_gradients_equal_fp32_autograd(world, tmp_path):
         check_grad(world, tmp_path)
 
+    @pytest.mark.parametrize("world", OPS_CASES)
+    def test_tile_schedules_take_the_fast_path(world, tmp_path):
+        check_tile(world, tmp_path)
+
     def test_a_dead_rank_ends_graph_replays_with_an_error(tmp_path):
         check_graph_dead(4, 1, tmp_path)
 
@@ -277,7 +317,7 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
         sys.exit(0)
-    # `python test_gpu_loopback.py [ops|repeat|time|dead|graphs|grad]`: one half (each well within a 10-minute call).
+    # `python test_gpu_loopback.py [ops|repeat|time|dead|graphs|grad|tile]`: one half (each well within a 10-minute call).
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     cases = [(f"ops world={w}", check_ops, (w,)) for w in OPS_CASES if only in ("", "ops")]
     cases += [(f"repeat world={w}", check_repeat, (w,)) for w in OPS_CASES if only in ("", "repeat")]
@@ -287,6 +327,7 @@ if __name__ == "__main__":
     cases += [(f"graphs world={w}", check_graphs, (w,)) for w in OPS_CASES if only in ("", "graphs")]
     cases += [("compile world=2", check_compile, (2,))] if only in ("", "graphs") else []
     cases += [(f"grad world={w}", check_grad, (w,)) for w in OPS_CASES if only in ("", "grad")]
+    cases += [(f"tile world={w}", check_tile, (w,)) for w in OPS_CASES if only in ("", "tile")]
     cases += [("graph replay, dead rank world=4 victim=1", check_graph_dead, (4, 1))] if only in ("", "graphs") else []
     failed = 0
     for name, fn, args in cases:

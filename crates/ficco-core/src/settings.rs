@@ -53,6 +53,7 @@ pub const TUNE_CACHE: &str = "FICCO_TUNE_CACHE";
 pub const CUBIN_CACHE: &str = "FICCO_CUBIN_CACHE";
 pub const TEST_DROP_SIGNAL: &str = "FICCO_TEST_DROP_SIGNAL";
 pub const TEST_KILL_RANK: &str = "FICCO_TEST_KILL_RANK";
+pub const TEST_LOOPBACK_TILE: &str = "FICCO_TEST_LOOPBACK_TILE";
 
 /// Default watchdog bound in ms ([`WATCHDOG_MS`]).
 pub const DEFAULT_WATCHDOG_MS: u64 = 10_000;
@@ -163,6 +164,12 @@ pub const VARS: &[Var] = &[
         default: "unset",
         what: "fault injection for tests: that rank's process exits once its first run starts (rank-failure tests)",
     },
+    Var {
+        name: TEST_LOOPBACK_TILE,
+        takes: "0 or 1",
+        default: "0",
+        what: "for tests of the op path on one GPU: the Python ops and `Session::run_op` run `tile` schedules with every rank on one GPU, where processes time-slice it (a tile GEMM spinning on a peer's flag holds the GPU until its slice ends: slow, never for use)",
+    },
 ];
 
 /// A variable set to a value it does not take.
@@ -202,14 +209,16 @@ pub enum FlagKernels {
     On,
 }
 
-/// Test-only fault injection ([`TEST_DROP_SIGNAL`], [`TEST_KILL_RANK`]):
-/// off unless a test sets them.
+/// Test-only hooks ([`TEST_DROP_SIGNAL`], [`TEST_KILL_RANK`],
+/// [`TEST_LOOPBACK_TILE`]): off unless a test sets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Faults {
     /// (rank, task) whose signals are never written.
     pub drop_signal: Option<(usize, usize)>,
     /// The rank whose process exits once its first run starts.
     pub kill_rank: Option<usize>,
+    /// Operator calls may run `tile` schedules in loopback.
+    pub loopback_tile: bool,
 }
 
 /// The parsed values of [`VARS`].
@@ -331,6 +340,7 @@ impl Settings {
             faults: Faults {
                 drop_signal,
                 kill_rank,
+                loopback_tile: flag(TEST_LOOPBACK_TILE, false)?,
             },
         })
     }
@@ -434,6 +444,7 @@ mod tests {
             (CUBIN_CACHE, "/tmp/cubin"),
             (TEST_DROP_SIGNAL, "1, 3"),
             (TEST_KILL_RANK, "2"),
+            (TEST_LOOPBACK_TILE, "1"),
         ])
         .unwrap();
         assert_eq!(s.watchdog_ms, 2000);
@@ -459,6 +470,7 @@ mod tests {
         assert_eq!(s.cubin_cache, Some(PathBuf::from("/tmp/cubin")));
         assert_eq!(s.faults.drop_signal, Some((1, 3)));
         assert_eq!(s.faults.kill_rank, Some(2));
+        assert!(s.faults.loopback_tile);
     }
 
     #[test]
@@ -474,6 +486,7 @@ mod tests {
             (DIST_TIMEOUT_MS, "-5"),
             (TEST_DROP_SIGNAL, "3"),
             (TEST_KILL_RANK, "x"),
+            (TEST_LOOPBACK_TILE, "yes"),
         ] {
             let e = parse(&[(name, value)]).unwrap_err();
             assert_eq!(e.var, name);

@@ -6,9 +6,9 @@
 //! A call costs more than the plan's time in the harness: it copies the
 //! operands that a peer reads (or writes) into ficco's shared buffers and
 //! the output out, waits at a barrier at its start and end, and, for plans
-//! that only run on the synchronizing path (tile and grouped GEMMs, whose
-//! tables live in per-rank slots), synchronizes the host and passes store
-//! barriers. The gain is the tuning cache's measured `seq - schedule` where
+//! that only run on the synchronizing path (tile GEMMs with destination
+//! tables, `-acc`, and grouped GEMMs, whose tables live in per-rank slots),
+//! synchronizes the host and passes store barriers. The gain is the tuning cache's measured `seq - schedule` where
 //! tuning measured both, else the simulator's, discounted by
 //! [`PREDICTED_TRUST`] (the simulator is up to 40% optimistic at P=4,
 //! issue 30).
@@ -33,14 +33,20 @@ pub const FULL_CALL_MS: f64 = 1.0;
 /// not measurements.
 pub const PREDICTED_TRUST: f64 = 0.6;
 
-/// Whether `plan` runs on the stream-ordered (fast) call path: no tile GEMM
-/// (its destination tables) and no grouped GEMM (its tensor-map tables)
-/// live in per-rank slots that another plan's set-up overwrites.
+/// Whether `plan` runs on the stream-ordered (fast) call path: every plan
+/// but those with a device table built from the operands' addresses, which
+/// lives in a per-rank slot that another plan's set-up overwrites: a tile
+/// GEMM's destination table (`-acc`, blocks stored straight into the
+/// output) and a grouped GEMM's tensor maps (MoE, not an operator call).
+/// A tile GEMM without one takes its flags, counters and operands as launch
+/// arguments, like any kernel of a fast call.
 pub fn fast_path(plan: &Plan) -> bool {
     !plan.ranks.iter().any(|rp| {
-        rp.tasks
-            .iter()
-            .any(|t| matches!(t.kind, TaskKind::TileGemm(_) | TaskKind::GroupedGemm { .. }))
+        rp.tasks.iter().any(|t| match &t.kind {
+            TaskKind::TileGemm(g) => g.dest.iter().any(Option::is_some),
+            TaskKind::GroupedGemm { .. } => true,
+            _ => false,
+        })
     })
 }
 
@@ -199,12 +205,24 @@ mod tests {
 
     #[test]
     fn plans_on_the_synchronizing_path_cost_a_millisecond() {
-        let tile = plan(Op::GemmRs, 2048, 2048, 8192, "tile-copy-ring");
-        assert!(!fast_path(&tile));
-        assert!(call_cost_ms(&tile, &hw()) >= FULL_CALL_MS);
-        let shard = plan(Op::GemmRs, 2048, 2048, 8192, "shard-nccl-ring");
-        assert!(fast_path(&shard));
-        assert!(call_cost_ms(&shard, &hw()) < FULL_CALL_MS);
+        // `-acc` stores the own block straight into the output through a
+        // destination table: synchronizing path.
+        let p2 = Problem::new(Op::GemmRs, 2048, 2048, 8192, 2).expect("problem");
+        let acc = lower(
+            &p2,
+            &"tile-copy-ring-acc".parse::<Schedule>().expect("schedule"),
+        )
+        .expect("lowers");
+        assert!(!fast_path(&acc));
+        assert!(call_cost_ms(&acc, &hw()) >= FULL_CALL_MS);
+        // A tile GEMM without one, and a shard schedule: fast.
+        for s in ["tile-copy-ring", "tile-copy-all", "shard-nccl-ring"] {
+            let pl = plan(Op::GemmRs, 2048, 2048, 8192, s);
+            assert!(fast_path(&pl), "{s}");
+            assert!(call_cost_ms(&pl, &hw()) < FULL_CALL_MS, "{s}");
+        }
+        let ar = plan(Op::GemmAr, 2048, 2048, 8192, "tile-copy-ring");
+        assert!(fast_path(&ar));
     }
 
     #[test]

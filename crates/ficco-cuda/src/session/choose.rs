@@ -30,6 +30,20 @@ pub(super) fn runs_in_loopback(plan: &Plan) -> bool {
     })
 }
 
+/// Whether a test lets `plan` run in loopback although it has tile GEMMs
+/// (`FICCO_TEST_LOOPBACK_TILE=1`: the op path's tests on one GPU; NCCL is
+/// still refused).
+pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
+    ficco_core::settings::Settings::current()
+        .faults
+        .loopback_tile
+        && !plan.ranks.iter().any(|rp| {
+            rp.tasks
+                .iter()
+                .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
+        })
+}
+
 /// Where a job's ranks are, as far as schedules care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Placement {

@@ -13,7 +13,7 @@ mod choose;
 pub use crate::exec::op::clock::take as host_times;
 /// The native clock's marks for a binding's entry and return.
 pub use crate::exec::op::clock::{enter as clock_enter, leave as clock_leave};
-use choose::runs_in_loopback;
+use choose::{runs_in_loopback, test_tile_in_loopback};
 
 use crate::backend::{GpuBackend, Operand};
 use crate::error::{CudaError, Result};
@@ -344,7 +344,11 @@ impl Session {
             None => self.pick(p)?,
         };
         let plan = lower(p, &schedule).map_err(bad)?;
-        if self.loopback() && !schedule.is_seq() && !runs_in_loopback(&plan) {
+        if self.loopback()
+            && !schedule.is_seq()
+            && !runs_in_loopback(&plan)
+            && !test_tile_in_loopback(&plan)
+        {
             return Err(CudaError::Skipped(format!(
                 "schedule {} needs NCCL or tile GEMMs, which cannot run with every rank on one GPU (loopback); use a copy schedule",
                 schedule.name()

@@ -602,7 +602,9 @@ impl OpPlan {
         let layout = SignalLayout::new(&plan);
         let events = same_rank_events(&plan);
         let flag_preds = flag_preds(&plan)?;
-        let tile_share = tile_share(&plan, false);
+        // As the full call that prepared it: in loopback every rank's
+        // persistent tile GEMM shares this GPU's SMs.
+        let tile_share = tile_share(&plan, shares_gpu);
         let uses = ficco_core::plan::validate::buffer_use(&plan);
         let tables: Vec<Vec<Option<DevicePtr>>> = plan
             .ranks

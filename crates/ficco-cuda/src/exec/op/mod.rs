@@ -15,8 +15,10 @@
 //!   call shape (its streams, events and GEMMs are set up then, while
 //!   nothing runs), a call whose plan makes the shared arena or the flag
 //!   memory grow, any call after a failure, plans whose per-plan state lives
-//!   in [`super::Rank`] slots shared by every plan (tile and grouped GEMMs),
-//!   and every call under `FICCO_OP_SYNC=1`. When fast calls preceded it, it
+//!   in [`super::Rank`] slots shared by every plan (a tile GEMM's table of
+//!   destination addresses, `-acc`; grouped GEMMs' tensor maps), and every
+//!   call under `FICCO_OP_SYNC=1` ([`fast_capable`]). Other tile GEMMs run
+//!   fast: their flags, counters and operands are launch arguments. When fast calls preceded it, it
 //!   first waits for this rank's device and passes one more barrier
 //!   (*quiet*): then no write of an earlier call is in flight on any rank
 //!   when the flags are reset.

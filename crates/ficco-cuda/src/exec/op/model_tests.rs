@@ -17,15 +17,16 @@
 //!
 //! What it does not model: a flag word's value (it assumes each wait is
 //! released by its own call's write; the words' clearing is argued in
-//! [`crate::signal`] and [`super::op`]), NCCL and tile or grouped GEMMs
-//! (not in the plans it is given).
+//! [`crate::signal`] and [`super::op`]), NCCL and grouped GEMMs (not in
+//! the plans it is given). A tile GEMM is one node per block, each after
+//! its wait flag, and a last node after them all.
 
 use super::{bind_operands, call_local, fast_steps, Handoff, Operand, Step};
 use crate::exec::shared::flag_preds;
 use crate::mem::DevicePtr;
 use crate::runtime::job::arena_layout;
 use ficco_core::plan::validate::{accesses, buffer_use};
-use ficco_core::plan::{BufferRole, Plan, View};
+use ficco_core::plan::{BufferRole, Plan, TaskKind, View};
 use ficco_core::problem::workload::ELEM_BYTES;
 use std::collections::{BTreeMap, HashMap};
 
@@ -85,6 +86,9 @@ pub(super) struct Model {
     /// The hand-offs a plan's fast calls use (the executor's, or a broken
     /// one to show that the checks fail without them).
     handoff: fn(&Plan) -> Handoff,
+    /// Whether a tile GEMM's blocks follow their flags (off only to show
+    /// that the checks fail without them).
+    block_flags: bool,
 }
 
 impl Model {
@@ -95,6 +99,7 @@ impl Model {
             control: vec![],
             ended: vec![],
             handoff,
+            block_flags: true,
         };
         // The session's start: every rank idle, every flag cleared.
         let start = m.node(vec![], vec![], 0, "start".into(), false);
@@ -258,8 +263,11 @@ impl Model {
         let world = plan.ranks.len();
         let h = (self.handoff)(plan);
         let preds_of_flags = flag_preds(plan).expect("flag links");
+        let links = ficco_core::plan::signal::flag_links(plan).expect("flag links");
         let mut steps: Vec<HashMap<Step, usize>> = vec![HashMap::new(); world];
         let mut tasks: Vec<Vec<usize>> = vec![vec![]; world];
+        // Per rank per task: a tile GEMM's block nodes (empty for others).
+        let mut blocks: Vec<Vec<Vec<usize>>> = vec![vec![]; world];
         // Pass 1: every node, with the edges within its rank.
         for (r, b) in bound.iter().enumerate() {
             // The control stream waits for the caller's stream first.
@@ -298,17 +306,42 @@ impl Model {
                                     .filter(|d| d.rank == r)
                                     .map(|d| tasks[r][d.index]),
                             );
-                            let mut acc = vec![];
-                            for (owner, v, write) in accesses(r, &t.kind) {
-                                acc.extend(Self::view(plan, &b.ptrs, owner, &v, write));
-                            }
-                            let n = self.node(
-                                preds,
-                                acc,
-                                c,
-                                format!("rank {r} call {c} task {i} {}", t.label),
-                                true,
-                            );
+                            let what = format!("rank {r} call {c} task {i} {}", t.label);
+                            let n = if let TaskKind::TileGemm(g) = &t.kind {
+                                // Its blocks run side by side, each after
+                                // its own wait flag (pass 2), reading its
+                                // rows of A and storing its rows; the task
+                                // ends when every block has.
+                                let mut ends = vec![];
+                                for blk in 0..g.blocks() {
+                                    let (row, rows) = g.block_span(blk);
+                                    let (out, add) = g.block_out(blk);
+                                    let mut acc =
+                                        Self::view(plan, &b.ptrs, r, &g.a.rows(row, rows), false);
+                                    acc.extend(Self::view(plan, &b.ptrs, r, &g.b, false));
+                                    acc.extend(Self::view(plan, &b.ptrs, r, &out, true));
+                                    if add {
+                                        acc.extend(Self::view(plan, &b.ptrs, r, &out, false));
+                                    }
+                                    ends.push(self.node(
+                                        preds.clone(),
+                                        acc,
+                                        c,
+                                        format!("{what} block {blk}"),
+                                        true,
+                                    ));
+                                }
+                                let n = self.node(ends.clone(), vec![], c, what, true);
+                                blocks[r].push(ends);
+                                n
+                            } else {
+                                let mut acc = vec![];
+                                for (owner, v, write) in accesses(r, &t.kind) {
+                                    acc.extend(Self::view(plan, &b.ptrs, owner, &v, write));
+                                }
+                                blocks[r].push(vec![]);
+                                self.node(preds, acc, c, what, true)
+                            };
                             tasks[r].push(n);
                             on_stream[t.stream] = Some(n);
                         }
@@ -358,6 +391,19 @@ impl Model {
                 for &(q, j) in &preds_of_flags[r][i] {
                     cross.push((tasks[r][i], tasks[q][j]));
                 }
+            }
+            // A tile GEMM's flags: a block waits for its flag, or signals
+            // its counter once stored ([`flag_preds`] leaves them out).
+            for l in links.iter().filter(|l| {
+                self.block_flags
+                    && l.wait.rank == r
+                    && (l.signal_block.is_some() || l.wait_block.is_some())
+            }) {
+                let at = |id: ficco_core::plan::TaskId, blk: Option<usize>| match blk {
+                    Some(k) => blocks[id.rank][id.index][k],
+                    None => tasks[id.rank][id.index],
+                };
+                cross.push((at(l.wait, l.wait_block), at(l.signal, l.signal_block)));
             }
             for (n, p) in cross {
                 self.nodes[n].preds.push(p);
@@ -545,8 +591,18 @@ mod tests {
     }
 
     fn run(plans: &[&Plan], shared: bool, handoff: fn(&Plan) -> Handoff) -> Result<(), String> {
+        run_model(plans, shared, handoff, true)
+    }
+
+    fn run_model(
+        plans: &[&Plan],
+        shared: bool,
+        handoff: fn(&Plan) -> Handoff,
+        block_flags: bool,
+    ) -> Result<(), String> {
         let world = plans[0].ranks.len();
         let mut m = Model::new(world, handoff);
+        m.block_flags = block_flags;
         for (c, (full, i, tensors)) in sequence(plans.len()).into_iter().enumerate() {
             m.call(
                 c + 1,
@@ -615,6 +671,29 @@ mod tests {
         run(&[&rs], false, none).expect("gemm-rs needs no hand-off");
         // Nor in shared memory (the end of every peer is waited for).
         run(&[&ag], true, none).expect("ag-gemm in place needs no hand-off");
+    }
+
+    /// Tile GEMMs on the fast path: each block is ordered by its own flag.
+    /// Without the blocks' flag edges the model finds races (ag-gemm's
+    /// blocks read pushed rows, gemm-rs's pushes read stored blocks): it
+    /// sees the blocks, not only the task.
+    #[test]
+    fn tile_blocks_are_ordered_by_their_flags_across_calls() {
+        // Shards of whole 128-row blocks on 4 ranks.
+        let tile = (1024, 256, 384);
+        for gpus in [2, 4] {
+            let ag = plan(Op::AgGemm, tile, gpus, "tile-copy-ring");
+            let rs = plan(Op::GemmRs, tile, gpus, "tile-copy-all");
+            let ar = plan(Op::GemmAr, tile, gpus, "tile-copy-ring");
+            for shared in [false, true] {
+                run(&[&ag, &rs, &ar], shared, Handoff::of).unwrap_or_else(|e| panic!("{e}"));
+            }
+            for p in [&ag, &rs] {
+                let e = run_model(&[p], false, Handoff::of, false)
+                    .expect_err("blocks that ignore their flags race");
+                assert!(e.contains("race") && e.contains("tile-gemm"), "{e}");
+            }
+        }
     }
 
     /// Every fast-capable copy schedule of the three operators, on 2 and 4

@@ -111,11 +111,18 @@ fn the_cache_keys_on_the_call_shape_and_forgets_everything_when_full() {
 }
 
 #[test]
-fn tile_and_grouped_plans_are_not_fast_capable() {
+fn only_plans_with_address_tables_are_not_fast_capable() {
     assert!(fast_capable(&plan(Op::AgGemm, 1024, "shard-copy-ring")));
     assert!(fast_capable(&plan(Op::GemmRs, 1024, "fine2-copy-all")));
     assert!(fast_capable(&plan(Op::GemmAr, 1024, "fine2-nccl-ring")));
-    assert!(!fast_capable(&plan(Op::AgGemm, 1024, "tile-copy-ring")));
+    // Tile GEMMs take their flags and operands as launch arguments...
+    for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+        for s in ["tile-copy-ring", "tile-copy-all"] {
+            assert!(fast_capable(&plan(op, 1024, s)), "{op:?} {s}");
+        }
+    }
+    // ...but `-acc` stores the own block through a table of addresses.
+    assert!(!fast_capable(&plan(Op::GemmRs, 1024, "tile-copy-ring-acc")));
 }
 
 /// Distinct fake device addresses for every rank's plan buffers.
