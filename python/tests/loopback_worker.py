@@ -616,7 +616,19 @@ def run_tile(rank, world, out_path):
         results.append(row)
     ft.synchronize()
     phases = {phase: count for phase, _, count in type(ft.session()).host_times()}
-    results.append({"phases": phases, "calls": TILE_ROUNDS * len(pairs), "shapes": len(pairs)})
+    # A captured call of a warmed-up tile shape is refused before anything runs.
+    op, schedule = pairs[0]
+    a, b = operands(op, 12000, rank, world, TILE_SHAPE)
+    out = outs[(op, schedule)][0]
+    refusal = None
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g), torch.no_grad():
+            OPS[op](a, b, schedule=schedule, out=out)
+    except Exception as e:
+        refusal = f"{type(e).__name__}: {e}"
+    results.append({"phases": phases, "calls": TILE_ROUNDS * len(pairs), "shapes": len(pairs),
+                    "capture": refusal})
     with open(out_path, "w") as fh:
         json.dump(results, fh)
     ft.close()

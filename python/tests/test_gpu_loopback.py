@@ -135,8 +135,9 @@ def check_repeat(world, tmp_path):
 
 def check_tile(world, tmp_path):
     """`tile` schedules on the op path (the test setting lets them run in
-    loopback, time-sliced): exact, and every call after its shape's first on
-    the stream-ordered path."""
+    loopback, time-sliced): exact, every call after its shape's first on
+    the stream-ordered path, and a captured call refused with a clear
+    error."""
     codes, _, results = launch(
         world, "tile", tmp_path, limit_s=500,
         extra_env={"FICCO_DIST_TIMEOUT_MS": "60000", "FICCO_TEST_LOOPBACK_TILE": "1"},
@@ -165,6 +166,9 @@ def check_tile(world, tmp_path):
                 f"rank {rank}: {full} full and {fast} fast calls of {summary['calls']} "
                 f"({summary['shapes']} shapes): {phases}"
             )
+        refusal = summary["capture"] or ""
+        if not (refusal.startswith("ValueError") and "tile GEMM" in refusal):
+            failures.append(f"rank {rank}: a captured tile call was not refused as expected: {refusal!r}")
         print(f"tile world={world} rank {rank}: phases {phases}", flush=True)
     assert not failures, "\n".join(failures)
 

@@ -44,6 +44,53 @@ pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
         })
 }
 
+/// Whether a call of `s` on `p` can be captured in a CUDA graph: no tile
+/// GEMM (see `exec::op::OpPlan::capturable`). A model's calls may be
+/// captured (`torch.cuda.graph`, `torch.compile`'s CUDA graphs), so `auto`
+/// in a model picks only these.
+fn capturable(p: &Problem, s: &Schedule) -> bool {
+    lower(p, s).is_ok_and(|plan| {
+        !plan.ranks.iter().any(|rp| {
+            rp.tasks
+                .iter()
+                .any(|t| matches!(t.kind, TaskKind::TileGemm(_)))
+        })
+    })
+}
+
+/// `first` where a call of it can be captured; else the fastest capturable
+/// schedule `entry` measured that runs at `at`; else the rule selector's
+/// pick among the capturable schedules that run there (`seq` is one).
+pub(crate) fn capturable_pick(
+    p: &Problem,
+    first: Schedule,
+    entry: Option<&TuneEntry>,
+    hw: &HwProfile,
+    at: Placement,
+) -> Result<Schedule> {
+    if capturable(p, &first) {
+        return Ok(first);
+    }
+    let mut measured: Vec<(Schedule, f64)> = entry
+        .map(|e| {
+            e.measured
+                .iter()
+                .filter_map(|(n, t)| Some((n.parse::<Schedule>().ok()?, *t)))
+                .filter(|(s, _)| capturable(p, s) && at.runs(p, s))
+                .collect()
+        })
+        .unwrap_or_default();
+    measured.sort_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((s, _)) = measured.first() {
+        return Ok(*s);
+    }
+    let among: Vec<Schedule> = select::candidates(p)
+        .into_iter()
+        .filter(|s| capturable(p, s) && at.runs(p, s))
+        .collect();
+    Ok(select_rules_among(p, hw, &among).map_err(bad)?.schedule)
+}
+
 /// Where a job's ranks are, as far as schedules care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Placement {
@@ -125,8 +172,17 @@ impl Session {
         if let Some(d) = self.decisions.get(p) {
             return Ok(d.clone());
         }
-        let (candidate, entry) = self.local_pick(p)?;
+        let (first, entry) = self.local_pick(p)?;
         let hw = HwProfile::builtin(SELECT_HW).map_err(bad)?;
+        let (candidate, entry) = if capturable(p, &first) {
+            (first, entry)
+        } else {
+            // The tuned winner has a tile GEMM: the fastest capturable one
+            // it measured (times are looked up by name), else the rules'.
+            let raw = self.tuned_entry(p);
+            let s = capturable_pick(p, first, raw.as_ref(), &hw, self.placement())?;
+            (s, raw)
+        };
         let plan = lower(p, &candidate).map_err(bad)?;
         let time_of = |name: &str| {
             entry
@@ -162,19 +218,7 @@ impl Session {
     /// This rank's own `auto` candidate for `p` and the tuning entry it came
     /// from, if any (see [`Session::pick`]).
     fn local_pick(&mut self, p: &Problem) -> Result<(Schedule, Option<TuneEntry>)> {
-        let cache = self.cache.get_or_insert_with(|| {
-            let path = tune::default_path();
-            TuneCache::load(&path).0
-        });
-        let here = crate::info::device_and_software(p.gpus);
-        let entry = match autotune::consult(
-            cache,
-            p,
-            here.as_ref().map(|(d, s)| (d.as_str(), s.as_str())),
-        ) {
-            Advice::Hit(e) => Some(e),
-            Advice::Miss(_) => None,
-        };
+        let entry = self.tuned_entry(p);
         let hw = HwProfile::builtin(SELECT_HW).map_err(bad)?;
         let first = match entry
             .as_ref()
@@ -187,14 +231,34 @@ impl Session {
                     .schedule
             }
         };
-        let at = Placement {
-            loopback: self.loopback(),
-            multi_node: !self.single_node(),
-        };
-        let s = runnable_pick(p, first, &hw, at)?;
+        let s = runnable_pick(p, first, &hw, self.placement())?;
         // The entry's times describe its own winner's field, not a
         // replacement's.
         Ok((s, entry.filter(|_| s == first)))
+    }
+
+    /// The tuning cache's entry for `p` on this device and software, if any.
+    fn tuned_entry(&mut self, p: &Problem) -> Option<TuneEntry> {
+        let cache = self.cache.get_or_insert_with(|| {
+            let path = tune::default_path();
+            TuneCache::load(&path).0
+        });
+        let here = crate::info::device_and_software(p.gpus);
+        match autotune::consult(
+            cache,
+            p,
+            here.as_ref().map(|(d, s)| (d.as_str(), s.as_str())),
+        ) {
+            Advice::Hit(e) => Some(e),
+            Advice::Miss(_) => None,
+        }
+    }
+
+    fn placement(&self) -> Placement {
+        Placement {
+            loopback: self.loopback(),
+            multi_node: !self.single_node(),
+        }
     }
 
     /// Rank 0's `mine` on every rank (one store exchange, named by `what`
@@ -250,6 +314,43 @@ mod pick_tests {
                     p.label(),
                     s.name()
                 );
+            }
+        }
+    }
+
+    /// `auto` in a model never runs a tile GEMM (a call of it cannot be
+    /// captured): a tuned tile winner gives way to the fastest capturable
+    /// schedule tuning measured, else to the rules' pick among them.
+    #[test]
+    fn model_picks_are_capturable() {
+        let at = Placement {
+            loopback: false,
+            multi_node: false,
+        };
+        let p = Problem::new(Op::GemmRs, 8192, 8192, 3584, 4).expect("problem");
+        let tile: Schedule = "tile-copy-ring".parse().expect("schedule");
+        let entry = TuneEntry {
+            key: tune::TuneKey::new(&p, "4x GPU", "sw"),
+            schedule: tile.name(),
+            time_ms: 1.0,
+            measured: vec![
+                (tile.name(), 1.0),
+                ("fine2-copy-all".into(), 1.3),
+                ("shard-copy-ring".into(), 1.2),
+                ("seq".into(), 2.0),
+            ],
+        };
+        let s = capturable_pick(&p, tile, Some(&entry), &hw(), at).expect("a pick");
+        assert_eq!(s.name(), "shard-copy-ring");
+        let shard: Schedule = "shard-copy-ring".parse().expect("schedule");
+        assert_eq!(
+            capturable_pick(&p, shard, None, &hw(), at).expect("a pick"),
+            shard
+        );
+        for p in problems() {
+            for first in select::candidates(&p) {
+                let s = capturable_pick(&p, first, None, &hw(), at).expect("a pick");
+                assert!(capturable(&p, &s), "{} {}", p.label(), s.name());
             }
         }
     }

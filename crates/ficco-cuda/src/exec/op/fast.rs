@@ -574,9 +574,15 @@ pub(crate) struct OpPlan {
     pub(super) graphs: CallGraphs<CallGraph>,
     /// Whether its calls may replay graphs: not with NCCL tasks, whose
     /// graph launches wait on the host for the previous one (measured: a
-    /// 1.5 ms host stall per call at 16384 x 8192 x 8192), nor after a
-    /// capture of one failed.
+    /// 1.5 ms host stall per call at 16384 x 8192 x 8192), not when it
+    /// cannot be captured at all, nor after a capture of one failed.
     pub(super) graphable: std::cell::Cell<bool>,
+    /// Whether a call may be captured in a graph (the caller's or ours):
+    /// not with a tile GEMM, whose blocks wait on flags that copies on
+    /// other streams set, an order no graph edge can keep (in a replay the
+    /// driver may queue a copy's wait on one of the GEMM's counters ahead
+    /// of the GEMM's launch; [`crate::exec::shared::Shared::graphs`]).
+    pub(super) capturable: bool,
     pub(super) start: std::sync::Barrier,
     pub(super) abort: AtomicBool,
     pub(super) issuing: Issuing,
@@ -645,11 +651,13 @@ impl OpPlan {
             abort: &abort,
             issuing: &issuing,
         };
-        let graphable = !plan.ranks.iter().any(|rp| {
-            rp.tasks
+        let has = |f: fn(&TaskKind) -> bool| {
+            plan.ranks
                 .iter()
-                .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
-        });
+                .any(|rp| rp.tasks.iter().any(|t| f(&t.kind)))
+        };
+        let capturable = !has(|k| matches!(k, TaskKind::TileGemm(_)));
+        let graphable = capturable && !has(|k| matches!(k, TaskKind::Nccl { .. }));
         // Events and flag operations, made once (they do not depend on
         // where the operands are).
         let iss = RankIssue::new(rank, &sh, streams, false)?;
@@ -670,6 +678,7 @@ impl OpPlan {
             iss,
             graphs: CallGraphs::new(GRAPHS_PER_SHAPE),
             graphable: std::cell::Cell::new(graphable),
+            capturable,
             start,
             abort,
             issuing,

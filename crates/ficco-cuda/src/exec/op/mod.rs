@@ -274,6 +274,12 @@ impl OpRunner {
         let done = &watch.state.done_event;
         // SAFETY: the caller's stream is live on this context.
         let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
+        if capturing && !st.capturable {
+            return Err(CudaError::Capture(format!(
+                "ficco: an operator call cannot be captured in a CUDA graph: schedule {} has a tile GEMM, whose blocks wait on flags that copies on other streams set, an order a graph cannot keep; pick another schedule (or \"auto\", which never runs tile in a model) for captured code",
+                st.plan.name
+            )));
+        }
         let action = if capturing || !self.graphs || !st.graphable.get() {
             GraphAction::Issue
         } else {
