@@ -582,12 +582,13 @@ TILE_ROUNDS = 4
 
 
 def run_tile(rank, world, out_path):
-    """`tile` schedules of every op, the six (op, schedule) pairs called in
-    turn for several rounds, fresh data each call; each pair writes into one
-    of two outputs kept from round to round (so later calls find their
-    addresses again and replay graphs) and the caller overwrites its inputs
-    right after the call. Then the native host phases: how many calls took
-    the full path (each call shape's first only, if tile plans run fast)."""
+    """`tile` schedules of every op (and `-acc` on 2 ranks), the (op,
+    schedule) pairs called in turn for several rounds, fresh data each
+    call; each pair writes into one of two outputs kept from round to round
+    (so later calls find their addresses, and `-acc` its tables, again) and
+    the caller overwrites its inputs right after the call. Then the native
+    host phases: how many calls took the full path (each call shape's first
+    only, if tile plans run fast); and a captured call, which is refused."""
     results = []
     pairs = [(op, s) for op in OPS for s in TILE_SCHEDULES]
     outs = {
@@ -595,6 +596,13 @@ def run_tile(rank, world, out_path):
                   for _ in range(2)]
         for op, s in pairs
     }
+    if world == 2:
+        # `-acc` (2 GPUs only): the own block goes straight into the output
+        # through a table of its addresses; outputs in shared memory, at two
+        # addresses, so the call shape keeps two tables.
+        for op, s in [("gemm-rs", "tile-copy-ring-acc"), ("gemm-ar", "tile-copy-all-acc")]:
+            pairs.append((op, s))
+            outs[(op, s)] = [ft.empty(*out_shape(op, world, TILE_SHAPE)) for _ in range(2)]
     type(ft.session()).host_times()
     for i in range(TILE_ROUNDS * len(pairs)):
         op, schedule = pairs[i % len(pairs)]

@@ -6,9 +6,9 @@
 //! A call costs more than the plan's time in the harness: it copies the
 //! operands that a peer reads (or writes) into ficco's shared buffers and
 //! the output out, waits at a barrier at its start and end, and, for plans
-//! that only run on the synchronizing path (tile GEMMs with destination
-//! tables, `-acc`, and grouped GEMMs, whose tables live in per-rank slots),
-//! synchronizes the host and passes store barriers. The gain is the tuning cache's measured `seq - schedule` where
+//! that only run on the synchronizing path (grouped GEMMs, whose tables
+//! live in per-rank slots), synchronizes the host and passes store
+//! barriers. The gain is the tuning cache's measured `seq - schedule` where
 //! tuning measured both, else the simulator's, discounted by
 //! [`PREDICTED_TRUST`] (the simulator is up to 40% optimistic at P=4,
 //! issue 30).
@@ -34,19 +34,15 @@ pub const FULL_CALL_MS: f64 = 1.0;
 pub const PREDICTED_TRUST: f64 = 0.6;
 
 /// Whether `plan` runs on the stream-ordered (fast) call path: every plan
-/// but those with a device table built from the operands' addresses, which
-/// lives in a per-rank slot that another plan's set-up overwrites: a tile
-/// GEMM's destination table (`-acc`, blocks stored straight into the
-/// output) and a grouped GEMM's tensor maps (MoE, not an operator call).
-/// A tile GEMM without one takes its flags, counters and operands as launch
-/// arguments, like any kernel of a fast call.
+/// but those with grouped GEMMs (MoE, not an operator call), whose tensor
+/// maps live in a per-rank slot that another plan's set-up overwrites. A
+/// tile GEMM takes its flags, counters and operands as launch arguments;
+/// its destination table (`-acc`) is kept per call shape and address set.
 pub fn fast_path(plan: &Plan) -> bool {
     !plan.ranks.iter().any(|rp| {
-        rp.tasks.iter().any(|t| match &t.kind {
-            TaskKind::TileGemm(g) => g.dest.iter().any(Option::is_some),
-            TaskKind::GroupedGemm { .. } => true,
-            _ => false,
-        })
+        rp.tasks
+            .iter()
+            .any(|t| matches!(t.kind, TaskKind::GroupedGemm { .. }))
     })
 }
 
@@ -205,24 +201,30 @@ mod tests {
 
     #[test]
     fn plans_on_the_synchronizing_path_cost_a_millisecond() {
-        // `-acc` stores the own block straight into the output through a
-        // destination table: synchronizing path.
+        // Every operator schedule is fast, `tile` (and `-acc`) included.
         let p2 = Problem::new(Op::GemmRs, 2048, 2048, 8192, 2).expect("problem");
         let acc = lower(
             &p2,
             &"tile-copy-ring-acc".parse::<Schedule>().expect("schedule"),
         )
         .expect("lowers");
-        assert!(!fast_path(&acc));
-        assert!(call_cost_ms(&acc, &hw()) >= FULL_CALL_MS);
-        // A tile GEMM without one, and a shard schedule: fast.
+        assert!(fast_path(&acc));
         for s in ["tile-copy-ring", "tile-copy-all", "shard-nccl-ring"] {
             let pl = plan(Op::GemmRs, 2048, 2048, 8192, s);
             assert!(fast_path(&pl), "{s}");
             assert!(call_cost_ms(&pl, &hw()) < FULL_CALL_MS, "{s}");
         }
-        let ar = plan(Op::GemmAr, 2048, 2048, 8192, "tile-copy-ring");
-        assert!(fast_path(&ar));
+        // Grouped GEMMs (MoE) are not.
+        let spec =
+            crate::problem::routing::MoeSpec::new(8, 2, crate::problem::routing::Skew::NONE, 1);
+        let moe = Problem::moe(Op::A2aGemm, 256, 64, 32, 4, spec).expect("problem");
+        let grouped = lower(
+            &moe,
+            &"shard-nccl-all".parse::<Schedule>().expect("schedule"),
+        )
+        .expect("lowers");
+        assert!(!fast_path(&grouped));
+        assert!(call_cost_ms(&grouped, &hw()) >= FULL_CALL_MS);
     }
 
     #[test]

@@ -177,7 +177,7 @@ fn capture_refusal(plan: &Plan, facts: exec::op::CallFacts, known: bool) -> Stri
         "FICCO_OP_SYNC=1 puts every call on the synchronizing path".to_string()
     } else if !facts.capable {
         format!(
-            "schedule {} runs only on the synchronizing path (a tile GEMM's table of destinations, -acc, or grouped GEMMs); pick another schedule for captured code",
+            "schedule {} runs only on the synchronizing path (grouped GEMMs); pick another schedule for captured code",
             plan.name
         )
     } else if !known {

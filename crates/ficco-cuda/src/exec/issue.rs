@@ -270,12 +270,9 @@ fn tile_gemm(
             "{share} persistent tile GEMMs share {sms} SMs: not every one can be resident"
         )));
     }
-    let table = sh
-        .tables
-        .get(r)
-        .and_then(|t| t.get(index))
-        .copied()
-        .flatten();
+    let tables = sh.tables.get(r);
+    let table = tables.and_then(|t| t.dest.get(index)).copied().flatten();
+    let maps = tables.and_then(|t| t.maps.get(index)).copied().flatten();
     let dest_ld = match table {
         Some(_) => Some(dest_pitch(rank, sh, g)?),
         None => None,
@@ -287,12 +284,7 @@ fn tile_gemm(
             wait: g.wait.map(|f| plan_flag(sh, r, f)).transpose()?,
             signal: g.signal.map(|f| plan_flag(sh, r, f)).transpose()?,
             dest: table.zip(dest_ld),
-            dest_maps: table.and(
-                rank.tile_maps
-                    .get(index)
-                    .and_then(|m| m.as_ref())
-                    .map(|m| DevicePtr(m.ptr().addr())),
-            ),
+            dest_maps: table.and(maps),
         },
         cap,
     )?;

@@ -17,6 +17,7 @@
 //! | [`shared`] | how to run ([`RunSpec`], [`RunOpts`]), what the issuing threads and the watchdog share ([`shared::Shared`]), facts derived from a plan once per run |
 //! | [`addr`] | view addresses on bound memory, bounds-checked |
 //! | [`gemm_args`] | plan GEMM tasks to launch arguments of ficco's own kernels (plain, grouped, tile with hooks) |
+//! | [`tables`] | a tile GEMM's destination table (`-acc`) as bytes, built for one binding of the plan's buffers |
 //! | [`rank`] | [`Rank`]: one GPU's resources kept between plans (streams, buffer pool, GEMM handles, green splits) |
 //! | [`check`] | host-side checks before anything is issued, output poisoning and comparison |
 //! | [`issue`] | enqueues one task, one function per task kind |
@@ -41,6 +42,7 @@ pub(crate) mod rank;
 pub(crate) mod reference;
 pub(crate) mod run;
 pub(crate) mod shared;
+pub(crate) mod tables;
 pub(crate) mod watchdog;
 
 #[cfg_attr(not(test), allow(unused_imports))]

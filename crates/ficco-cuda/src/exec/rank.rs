@@ -8,17 +8,19 @@ use super::addr::{b_view_addr, view_addr};
 use super::gemm_args::{
     own_gemm_args, own_grouped_args, takes_kernel, tile_gemm_args, GroupedRoute, TileFlags,
 };
+use super::shared::TileTables;
+use super::tables::{dest_maps_fit, tile_table_bytes};
 use crate::controls::RawStream;
 use crate::driver::cuda as cu;
 use crate::error::{drv, Result};
 use crate::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use crate::green::{GreenPartition, PartitionRequest};
 use crate::hgemm::grouped::{GroupedArgs, GroupedLaunch};
-use crate::hgemm::{Bf16, DestMaps, HopperGemm, TypedPtr};
+use crate::hgemm::HopperGemm;
 use crate::kernels::Kernels;
 use crate::mem::{DeviceBuffer, DevicePtr};
 use cudarc::driver::{CudaContext, CudaStream};
-use ficco_core::plan::{GemmGroup, RankPlan, Resources, StreamRole, TaskKind, TileGemm};
+use ficco_core::plan::{GemmGroup, RankPlan, Resources, StreamRole, TaskKind};
 use ficco_core::problem::workload::ELEM_BYTES;
 use ficco_core::space::GemmEngine;
 use ficco_core::space::Priority;
@@ -67,11 +69,9 @@ pub struct Rank {
     green: HashMap<usize, GreenSet>,
     /// This rank's signal flags (u32 words peers write, see [`crate::signal`]).
     flags: Option<DeviceBuffer>,
-    /// Destination tables of the current plan's tile GEMMs (u64 addresses).
+    /// Destination tables of the current plan's tile GEMMs
+    /// ([`super::tables`]).
     tables: Option<DeviceBuffer>,
-    /// The same tables as tensor maps, by task index, where
-    /// [`dest_maps_fit`] (the kernel then stores those blocks with TMA).
-    pub(super) tile_maps: Vec<Option<DestMaps>>,
 }
 
 impl Rank {
@@ -103,7 +103,6 @@ impl Rank {
             green: HashMap::new(),
             flags: None,
             tables: None,
-            tile_maps: vec![],
             ctx,
         })
     }
@@ -382,70 +381,29 @@ impl Rank {
         Some(self.green.get(&green_sms?)?.partition.compute_sms)
     }
 
-    /// Writes the destination table of every tile GEMM of `rp` with a
-    /// destination hook (one device address per block, 0 where the block
-    /// stores to C) into this rank's table buffer, synchronously: call only
-    /// while nothing runs on the rank. Returns per task where its table is.
-    pub(super) fn tile_tables(
-        &mut self,
-        rp: &RankPlan,
-        ptrs: &[DevicePtr],
-    ) -> Result<Vec<Option<DevicePtr>>> {
-        let mut words: Vec<u64> = vec![];
-        let mut at = vec![None; rp.tasks.len()];
-        self.tile_maps = (0..rp.tasks.len()).map(|_| None).collect();
-        for (i, t) in rp.tasks.iter().enumerate() {
-            let TaskKind::TileGemm(g) = &t.kind else {
-                continue;
-            };
-            if g.dest.iter().all(Option::is_none) {
-                continue;
-            }
-            let first = words.len();
-            at[i] = Some(first);
-            let mut ld = 0;
-            for b in 0..g.blocks() {
-                words.push(match g.dest.get(b).copied().flatten() {
-                    Some(v) => {
-                        let (p, pitch) = view_addr(&rp.buffers, ptrs, &v, "tile gemm destination")?;
-                        ld = pitch / ELEM_BYTES;
-                        p.raw()
-                    }
-                    None => 0,
-                });
-            }
-            if let (true, Some(kernel)) =
-                (dest_maps_fit(rp, ptrs, g)?, self.own_gemms.get(t.stream))
-            {
-                let (c, ldc) = view_addr(&rp.buffers, ptrs, &g.c, "tile gemm c")?;
-                self.tile_maps[i] = Some(kernel.dest_maps(
-                    &words[first..],
-                    ld,
-                    g.block_rows as u32,
-                    g.a.rows,
-                    g.b.cols,
-                    TypedPtr::<Bf16>::new(c.raw()),
-                    ldc / ELEM_BYTES,
-                )?);
-            }
+    /// Writes the destination tables of `rp`'s tile GEMMs
+    /// ([`super::tables`]) for its buffers at `ptrs` into this rank's table
+    /// buffer, synchronously: call only while nothing runs on the rank.
+    pub(super) fn tile_tables(&mut self, rp: &RankPlan, ptrs: &[DevicePtr]) -> Result<TileTables> {
+        let tb = tile_table_bytes(&self.own_gemms, rp, ptrs)?;
+        if tb.is_empty() {
+            return Ok(TileTables::default());
         }
-        if words.is_empty() {
-            return Ok(at.into_iter().map(|_| None).collect());
-        }
-        let bytes = words.len() * 8;
-        if self.tables.as_ref().is_none_or(|t| t.bytes() < bytes) {
-            self.tables = Some(DeviceBuffer::alloc(&self.ctx, bytes.next_power_of_two())?);
+        if self
+            .tables
+            .as_ref()
+            .is_none_or(|t| t.bytes() < tb.bytes.len())
+        {
+            self.tables = Some(DeviceBuffer::alloc(
+                &self.ctx,
+                tb.bytes.len().next_power_of_two(),
+            )?);
         }
         let Some(buf) = self.tables.as_ref() else {
-            return Ok(vec![None; rp.tasks.len()]);
+            return Ok(TileTables::default());
         };
-        let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        buf.upload(&raw)?;
-        let base = buf.ptr();
-        Ok(at
-            .into_iter()
-            .map(|o| o.map(|w| base.offset(w * 8)))
-            .collect())
+        buf.upload(&tb.bytes)?;
+        Ok(tb.at(buf.ptr()))
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -601,31 +559,4 @@ fn grouped_tasks(
         }
     }
     Ok(out)
-}
-
-/// Whether tile GEMM `g`'s destination blocks go out through tensor maps
-/// ([`HopperGemm::dest_maps`], the kernel's TMA-store epilogue) rather than
-/// 16-byte thread stores: a destination table without add, blocks of whole
-/// 64-row halves, and C and every destination 16-byte aligned with rows a
-/// multiple of 16 bytes apart. Tuning and running both ask, so the tuned
-/// schedule is the one for the launch that runs.
-pub(super) fn dest_maps_fit(rp: &RankPlan, ptrs: &[DevicePtr], g: &TileGemm) -> Result<bool> {
-    if g.dest_add
-        || g.block_rows == 0
-        || g.block_rows % 64 != 0
-        || u32::try_from(g.block_rows).is_err()
-        || g.dest.iter().all(Option::is_none)
-    {
-        return Ok(false);
-    }
-    let fits = |(p, pitch): (DevicePtr, usize)| p.is_aligned(16) && pitch % 16 == 0;
-    if !fits(view_addr(&rp.buffers, ptrs, &g.c, "tile gemm c")?) {
-        return Ok(false);
-    }
-    for v in g.dest.iter().flatten() {
-        if !fits(view_addr(&rp.buffers, ptrs, v, "tile gemm destination")?) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }

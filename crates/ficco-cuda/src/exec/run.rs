@@ -13,6 +13,7 @@ use super::progress::Issuing;
 use super::rank::Rank;
 use super::shared::{
     flag_preds, same_rank_events, tile_share, CommHandle, JobLink, RunOpts, RunSpec, Shared,
+    TileTables,
 };
 use super::watchdog::watchdog;
 use crate::comm::{CommCache, CommSet, NcclLimits};
@@ -542,7 +543,7 @@ fn run_bound(
     // work (either can wait for a device to go idle).
     let mut all_streams = vec![];
     let mut flags = job.map_or_else(|| vec![DevicePtr::NULL; world], |j| j.flags.clone());
-    let mut tables = vec![vec![]; world];
+    let mut tables = vec![TileTables::default(); world];
     let tile_share = tile_share(plan, loopback);
     let local: Vec<usize> = ranks.iter().map(|r| r.rank).collect();
     for rank in ranks.iter_mut() {

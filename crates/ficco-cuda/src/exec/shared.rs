@@ -152,9 +152,9 @@ pub(crate) struct Shared<'a> {
     /// Per rank: the persistent tile GEMMs that share its device (in
     /// loopback every rank's), each held to its share of the SMs.
     pub tile_share: &'a [usize],
-    /// Per rank per task: a tile GEMM's destination table (one device
-    /// address per block), written before the run.
-    pub tables: &'a [Vec<Option<DevicePtr>>],
+    /// Per rank: its tile GEMMs' destination tables, written before the
+    /// run (the full path) or the call (`super::op`).
+    pub tables: &'a [TileTables],
     pub spec: RunSpec,
     pub opts: RunOpts,
     /// Every issuing thread passes it once its events and graphs exist.
@@ -215,6 +215,15 @@ impl Shared<'_> {
     pub(crate) fn graphs(&self) -> bool {
         self.opts.graphs && self.plan.resources.green_sms.is_none() && !self.has_tile_gemm()
     }
+}
+
+/// Where a rank's tile GEMMs find their destination hooks in device memory
+/// ([`super::tables`]): per task, its table of block addresses and, where
+/// they fit, the same blocks as tensor maps (`None`, or no entry: none).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TileTables {
+    pub dest: Vec<Option<DevicePtr>>,
+    pub maps: Vec<Option<DevicePtr>>,
 }
 
 /// Per rank per task: for a Wait task, the Signal tasks (rank, index) of its

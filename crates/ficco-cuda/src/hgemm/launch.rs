@@ -82,6 +82,25 @@ impl HopperGemm {
         c: TypedPtr<Bf16>,
         ldc: usize,
     ) -> Result<DestMaps> {
+        let bytes = self.dest_map_bytes(table, ld, rows_per_block, m, n, c, ldc)?;
+        let buf = crate::mem::DeviceBuffer::alloc(&self.ctx, bytes.len().max(128))?;
+        buf.upload(&bytes)?;
+        Ok(DestMaps { buf })
+    }
+
+    /// The bytes of [`HopperGemm::dest_maps`] (128 per block), for the
+    /// caller to place in device memory of its own (128-byte aligned).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dest_map_bytes(
+        &self,
+        table: &[u64],
+        ld: usize,
+        rows_per_block: u32,
+        m: usize,
+        n: usize,
+        c: TypedPtr<Bf16>,
+        ldc: usize,
+    ) -> Result<Vec<u8>> {
         let rows = rows_per_block as usize;
         if rows == 0 || rows % 64 != 0 || table.len() < m.div_ceil(rows) {
             return Err(bad(format!(
@@ -106,9 +125,7 @@ impl HopperGemm {
                 unsafe { std::slice::from_raw_parts(&map as *const TensorMap as *const u8, 128) };
             bytes.extend_from_slice(raw);
         }
-        let buf = crate::mem::DeviceBuffer::alloc(&self.ctx, bytes.len().max(128))?;
-        buf.upload(&bytes)?;
-        Ok(DestMaps { buf })
+        Ok(bytes)
     }
 
     /// Enqueues the GEMM on `stream` (which may belong to any context of the

@@ -175,6 +175,24 @@ pub(crate) unsafe fn mem_free(ptr: DevicePtr) {
     let _ = sys::cuMemFree_v2(ptr.raw());
 }
 
+/// Stream-ordered host-to-device copy of `src.len()` bytes from pageable
+/// memory: the driver stages `src` before it returns (so the caller may
+/// drop it), and the copy runs in `stream`'s order. Not under capture (a
+/// captured node would read `src` at every replay).
+///
+/// # Safety
+/// `dst` must hold `src.len()` bytes; `stream` is live on its context.
+pub(crate) unsafe fn memcpy_htod_async(
+    dst: DevicePtr,
+    src: &[u8],
+    stream: sys::CUstream,
+) -> Result<()> {
+    check(
+        "cuMemcpyHtoDAsync",
+        sys::cuMemcpyHtoDAsync_v2(dst.raw(), src.as_ptr() as *const c_void, src.len(), stream),
+    )
+}
+
 /// Synchronous host-to-device copy of `src.len()` bytes.
 ///
 /// # Safety

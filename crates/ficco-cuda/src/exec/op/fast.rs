@@ -2,15 +2,19 @@
 //! hands its operands and flags over ([`Handoff`], [`fast_steps`]), the
 //! per-shape plan cache and the operand binding.
 
+use crate::driver::cuda as cu;
 use crate::error::{drv, CudaError, Result};
 use crate::exec::iter::RankIssue;
 use crate::exec::progress::Issuing;
 use crate::exec::rank::Rank;
 use crate::exec::shared::{
     flag_preds, same_rank_events, tile_share, CommHandle, FlagPreds, RunOpts, RunSpec, Shared,
+    TileTables,
 };
-use crate::mem::DevicePtr;
+use crate::exec::tables::{table_buffers, tile_table_bytes};
+use crate::mem::{DeviceBuffer, DevicePtr};
 use crate::signal::{HostWords, SignalLayout};
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaContext;
 use ficco_core::plan::lower::GATHERED_A;
 use ficco_core::plan::validate::BufferUse;
@@ -226,6 +230,11 @@ impl<V> OpCache<V> {
         self.map.len()
     }
 }
+
+/// Address sets of destination tables kept per call shape (`-acc` only;
+/// the tables name the output, which is in the job's arena unless the
+/// caller allocated it with `ficco.torch.empty`).
+pub const TABLE_SETS: usize = 64;
 
 /// Call shapes kept at once (a model has a handful per layer type).
 pub const CACHE_SHAPES: usize = 64;
@@ -562,7 +571,15 @@ pub(crate) struct OpPlan {
     pub(super) events: Vec<Vec<bool>>,
     pub(super) flag_preds: FlagPreds,
     pub(super) tile_share: Vec<usize>,
-    pub(super) tables: Vec<Vec<Option<DevicePtr>>>,
+    /// This rank's buffers that its tile GEMMs' destination tables name
+    /// (`-acc`; [`table_buffers`]): empty when it has none.
+    table_bufs: Vec<usize>,
+    /// The tables by the addresses of `table_bufs`, each set in a buffer of
+    /// its own, made by the first call that binds those addresses
+    /// ([`OpPlan::ensure_tables`]); per plan rank, this rank's filled.
+    tables_at: HashMap<Vec<u64>, (DeviceBuffer, Vec<TileTables>)>,
+    /// Per plan rank, no tables (plans without destination tables).
+    no_tables: Vec<TileTables>,
     pub(super) ctxs: Vec<Arc<CudaContext>>,
     pub(super) comms: Vec<Option<CommHandle>>,
     pub(super) local: Vec<usize>,
@@ -612,11 +629,8 @@ impl OpPlan {
         // persistent tile GEMM shares this GPU's SMs.
         let tile_share = tile_share(&plan, shares_gpu);
         let uses = ficco_core::plan::validate::buffer_use(&plan);
-        let tables: Vec<Vec<Option<DevicePtr>>> = plan
-            .ranks
-            .iter()
-            .map(|rp| vec![None; rp.tasks.len()])
-            .collect();
+        let no_tables = vec![TileTables::default(); world];
+        let table_bufs = table_buffers(&plan.ranks[r]);
         let ctxs = vec![rank.ctx.clone(); world];
         let comms: Vec<Option<CommHandle>> = (0..world)
             .map(|q| if q == r { comm } else { None })
@@ -644,7 +658,7 @@ impl OpPlan {
             events: &events,
             flag_preds: &flag_preds,
             tile_share: &tile_share,
-            tables: &tables,
+            tables: &no_tables,
             spec: RunSpec::ONCE,
             opts: fast_opts(),
             start: &start,
@@ -670,7 +684,9 @@ impl OpPlan {
             events,
             flag_preds,
             tile_share,
-            tables,
+            table_bufs,
+            tables_at: HashMap::new(),
+            no_tables,
             ctxs,
             comms,
             local,
@@ -691,12 +707,79 @@ impl OpPlan {
         self.layout.words.iter().copied().max().unwrap_or(1)
     }
 
+    /// The key of the destination tables a call bound at `ptrs` uses
+    /// (`None`: the plan has none).
+    fn table_key(&self, ptrs: &[Vec<DevicePtr>]) -> Option<Vec<u64>> {
+        if self.table_bufs.is_empty() {
+            return None;
+        }
+        let mine = ptrs.get(self.local[0])?;
+        Some(
+            self.table_bufs
+                .iter()
+                .map(|&b| mine.get(b).map_or(0, |p| p.raw()))
+                .collect(),
+        )
+    }
+
+    /// Makes the destination tables of a call bound at `ptrs`, unless an
+    /// earlier call made them: in a new buffer (no call in flight reads
+    /// it), their bytes copied on `stream` (the control stream, ahead of
+    /// the call's fork) from pageable memory, which the driver stages before
+    /// it returns. Past [`TABLE_SETS`] address sets every set is dropped,
+    /// after `idle` (this rank's earlier calls are done).
+    pub(super) fn ensure_tables(
+        &mut self,
+        rank: &Rank,
+        ptrs: &[Vec<DevicePtr>],
+        stream: CUstream,
+        idle: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let Some(key) = self.table_key(ptrs) else {
+            return Ok(());
+        };
+        if self.tables_at.contains_key(&key) {
+            return Ok(());
+        }
+        let r = self.local[0];
+        let (rp, mine) = match (self.plan.ranks.get(r), ptrs.get(r)) {
+            (Some(rp), Some(mine)) => (rp, mine),
+            _ => return Err(CudaError::Plan(format!("no operands of rank {r}"))),
+        };
+        let tb = tile_table_bytes(&rank.own_gemms, rp, mine)?;
+        if self.tables_at.len() >= TABLE_SETS {
+            idle()?;
+            self.tables_at.clear();
+        }
+        let buf = DeviceBuffer::alloc(&rank.ctx, tb.bytes.len())?;
+        // SAFETY: the buffer holds the bytes and is new; the stream is live
+        // on its context.
+        unsafe { cu::memcpy_htod_async(buf.ptr(), &tb.bytes, stream)? };
+        let mut tables = self.no_tables.clone();
+        tables[r] = tb.at(buf.ptr());
+        self.tables_at.insert(key, (buf, tables));
+        Ok(())
+    }
+
+    /// What a fast call bound at `ptrs` issues from; its destination tables
+    /// must exist ([`OpPlan::ensure_tables`]).
     pub(super) fn shared<'a>(
         &'a self,
         ptrs: &'a [Vec<DevicePtr>],
         diag: &'a HostWords,
-    ) -> Shared<'a> {
-        Shared {
+    ) -> Result<Shared<'a>> {
+        let tables = match self.table_key(ptrs) {
+            None => &self.no_tables,
+            Some(k) => match self.tables_at.get(&k) {
+                Some((_, t)) => t,
+                None => {
+                    return Err(CudaError::Plan(
+                        "a tile GEMM's destination tables were not made before its call".into(),
+                    ))
+                }
+            },
+        };
+        Ok(Shared {
             shares_gpu: self.shares_gpu,
             plan: &self.plan,
             ptrs,
@@ -710,12 +793,12 @@ impl OpPlan {
             events: &self.events,
             flag_preds: &self.flag_preds,
             tile_share: &self.tile_share,
-            tables: &self.tables,
+            tables,
             spec: RunSpec::ONCE,
             opts: fast_opts(),
             start: &self.start,
             abort: &self.abort,
             issuing: &self.issuing,
-        }
+        })
     }
 }

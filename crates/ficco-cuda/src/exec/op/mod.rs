@@ -15,10 +15,13 @@
 //!   call shape (its streams, events and GEMMs are set up then, while
 //!   nothing runs), a call whose plan makes the shared arena or the flag
 //!   memory grow, any call after a failure, plans whose per-plan state lives
-//!   in [`super::Rank`] slots shared by every plan (a tile GEMM's table of
-//!   destination addresses, `-acc`; grouped GEMMs' tensor maps), and every
-//!   call under `FICCO_OP_SYNC=1` ([`fast_capable`]). Other tile GEMMs run
-//!   fast: their flags, counters and operands are launch arguments. When fast calls preceded it, it
+//!   in [`super::Rank`] slots shared by every plan (grouped GEMMs' tensor
+//!   maps; no operator call has them), and every call under
+//!   `FICCO_OP_SYNC=1` ([`fast_capable`]). Tile GEMMs run fast: their flags,
+//!   counters and operands are launch arguments, and a destination table
+//!   (`-acc`) is made once per address set of the buffers it names
+//!   ([`OpPlan::ensure_tables`]). Tile calls are never captured in a graph
+//!   (ours or the caller's; [`OpPlan`]'s `capturable`). When fast calls preceded it, it
 //!   first waits for this rank's device and passes one more barrier
 //!   (*quiet*): then no write of an earlier call is in flight on any rank
 //!   when the flags are reset.
@@ -331,9 +334,13 @@ impl OpRunner {
         let mut captured = None;
         {
             precheck(&st.plan, &bound.ptrs)?;
+            // Tile plans, the only ones with tables, are never captured.
+            st.ensure_tables(rank, &bound.ptrs, c, || {
+                done.synchronize().map_err(drv("cuEventSynchronize"))
+            })?;
             self.seq = self.seq.wrapping_add(1).max(1);
             let seq = self.seq;
-            let sh = st.shared(&bound.ptrs, words);
+            let sh = st.shared(&bound.ptrs, words)?;
             if action == GraphAction::Capture {
                 // Issued into a graph (nothing runs yet), launched below. A
                 // capture that fails ran nothing and was ended: the call

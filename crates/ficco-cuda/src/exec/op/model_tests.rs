@@ -688,6 +688,16 @@ mod tests {
             for shared in [false, true] {
                 run(&[&ag, &rs, &ar], shared, Handoff::of).unwrap_or_else(|e| panic!("{e}"));
             }
+            if gpus == 2 {
+                // `-acc`: each own block waits for the peer's pushed chunk
+                // and adds into the output, which peers also write.
+                let rs_acc = plan(Op::GemmRs, tile, gpus, "tile-copy-ring-acc");
+                let ar_acc = plan(Op::GemmAr, tile, gpus, "tile-copy-all-acc");
+                for shared in [false, true] {
+                    run(&[&rs_acc, &ag, &ar_acc], shared, Handoff::of)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
             for p in [&ag, &rs] {
                 let e = run_model(&[p], false, Handoff::of, false)
                     .expect_err("blocks that ignore their flags race");
