@@ -10,6 +10,8 @@ MASTER_PORT) comes from the test.
     python loopback_worker.py fail:V OUT.json   rank V dies before its call
     python loopback_worker.py failfast:V OUT.json  rank V dies after calls of the shape
                                                 the others call next (their fast path)
+    python loopback_worker.py tiledead:V OUT.json  failfast with a tile schedule (its GEMM
+                                                spins on the victim's rows)
     python loopback_worker.py graphs OUT.json   ops captured in CUDA graphs, replayed on
                                                 fresh data, eager calls in between
     python loopback_worker.py compile OUT.json  torch.compile(fullgraph=True) of ops
@@ -497,20 +499,23 @@ def run_fail(rank, world, victim, out_path):
     after_victim_dies(rank, victim, out_path, call)
 
 
-def run_failfast(rank, world, victim, out_path):
+def run_failfast(rank, world, victim, out_path, schedule="shard-copy-ring"):
     """Every rank runs the same shape a few times (its later calls take the
     fast path); then the victim dies and the others call that shape again:
     the call returns before it runs, its stream is released by ficco's
-    watch thread, and the hang is raised by ft.synchronize()."""
-    a, b = operands("ag-gemm", 1, rank, world)
+    watch thread, and the hang is raised by ft.synchronize(). With
+    `tile-copy-ring` the GEMM's blocks spin on rows the victim never
+    pushes until the watch releases every flag."""
+    shape = TILE_SHAPE if schedule.startswith("tile") else (ROWS, K, N)
+    a, b = operands("ag-gemm", 1, rank, world, shape)
     with torch.no_grad():
         for _ in range(3):
-            ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
+            ft.all_gather_matmul(a, b, schedule=schedule)
     torch.cuda.synchronize()
 
     def call():
         with torch.no_grad():
-            ft.all_gather_matmul(a, b, schedule="shard-copy-ring")
+            ft.all_gather_matmul(a, b, schedule=schedule)
         torch.cuda.synchronize()
         ft.synchronize()
 
@@ -656,6 +661,8 @@ def main():
         run_graphdead(rank, world, int(mode[10:]), out_path)
     elif mode.startswith("failfast:"):
         run_failfast(rank, world, int(mode[9:]), out_path)
+    elif mode.startswith("tiledead:"):
+        run_failfast(rank, world, int(mode[9:]), out_path, schedule="tile-copy-ring")
     elif mode.startswith("fail:"):
         # Exits normally after raising: that the process then ends (ficco's
         # atexit hook, the dropped session) is part of what is tested.

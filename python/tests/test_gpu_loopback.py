@@ -195,14 +195,16 @@ def check_time(world, tmp_path):
 
 def check_dead_rank(world, victim, mode, tmp_path):
     """`mode`: "fail" (the victim dies in a call's full path), "failfast"
-    (in its fast path) or "graphdead" (while the others replay a graph).
+    (in its fast path), "tiledead" (the same with a tile GEMM spinning on
+    the victim's rows) or "graphdead" (while the others replay a graph).
     `tmp_path` last, as every check takes it."""
     codes, ended, results = launch(
         world,
         f"{mode}:{victim}",
         tmp_path,
         limit_s=90,
-        extra_env={"FICCO_DIST_TIMEOUT_MS": "10000", "FICCO_WATCHDOG_MS": "5000"},
+        extra_env={"FICCO_DIST_TIMEOUT_MS": "10000", "FICCO_WATCHDOG_MS": "5000",
+                   "FICCO_TEST_LOOPBACK_TILE": "1"},
     )
     assert codes[victim] == 3, f"the victim's exit code {codes[victim]}; all {codes}"
     for r in range(world):
@@ -275,8 +277,10 @@ def check_graph_dead(world, victim, tmp_path):
 
 OPS_CASES = [2, 4]
 # Rank 0 (which hosts the session's store) dying, and another rank; in a
-# call's full path ("fail") and in its fast path ("failfast").
-DEAD_CASES = [(2, 0, "fail"), (4, 2, "fail"), (2, 1, "failfast"), (4, 0, "failfast")]
+# call's full path ("fail") and in its fast path ("failfast", and
+# "tiledead" with a tile GEMM).
+DEAD_CASES = [(2, 0, "fail"), (4, 2, "fail"), (2, 1, "failfast"), (4, 0, "failfast"),
+              (2, 1, "tiledead"), (4, 3, "tiledead")]
 
 if pytest is not None:
 
