@@ -756,7 +756,9 @@ impl OpPlan {
         // on its context.
         unsafe { cu::memcpy_htod_async(buf.ptr(), &tb.bytes, stream)? };
         let mut tables = self.no_tables.clone();
-        tables[r] = tb.at(buf.ptr());
+        if let Some(t) = tables.get_mut(r) {
+            *t = tb.at(buf.ptr());
+        }
         self.tables_at.insert(key, (buf, tables));
         Ok(())
     }

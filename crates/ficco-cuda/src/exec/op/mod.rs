@@ -17,14 +17,14 @@
 //!   memory grow, any call after a failure, plans whose per-plan state lives
 //!   in [`super::Rank`] slots shared by every plan (grouped GEMMs' tensor
 //!   maps; no operator call has them), and every call under
-//!   `FICCO_OP_SYNC=1` ([`fast_capable`]). Tile GEMMs run fast: their flags,
-//!   counters and operands are launch arguments, and a destination table
-//!   (`-acc`) is made once per address set of the buffers it names
-//!   ([`OpPlan::ensure_tables`]). Tile calls are never captured in a graph
-//!   (ours or the caller's; [`OpPlan`]'s `capturable`). When fast calls preceded it, it
-//!   first waits for this rank's device and passes one more barrier
-//!   (*quiet*): then no write of an earlier call is in flight on any rank
-//!   when the flags are reset.
+//!   `FICCO_OP_SYNC=1` ([`fast_capable`]). Tile GEMMs run fast: their
+//!   flags, counters and operands are launch arguments, and a destination
+//!   table (`-acc`) is made once per address set of the buffers it names
+//!   ([`OpPlan::ensure_tables`]); tile calls are never captured in a graph
+//!   (ours or the caller's; [`OpPlan`]'s `capturable`). When fast calls
+//!   preceded it, it first waits for this rank's device and passes one
+//!   more barrier (*quiet*): then no write of an earlier call is in flight
+//!   on any rank when the flags are reset.
 //! * *fast* ([`Path::Fast`]): on the control stream, after an event of the
 //!   caller's stream, the [`fast_steps`]: wait for every peer's end of the
 //!   previous call (barrier bank `1 - parity`) and clear it; copy the inputs
