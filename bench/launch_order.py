@@ -15,7 +15,11 @@ operation, as ficco's copy streams wait), then stamps. Printed per mode:
 when the side's stamp came, µs after the kernel's start, against the
 kernel's length: near 0 is overlap, near the length is serialisation.
 
-    python bench/launch_order.py [--us 300] [--reps 20]
+    python bench/launch_order.py [--us 300] [--reps 20] [--flags F] [--capture-mode M]
+
+``--flags`` are ``cuGraphInstantiateWithFlags``'s (8: use node priorities,
+as ficco's executor instantiates); ``--capture-mode`` 0 global, 1 thread
+local, 2 relaxed.
 """
 
 import argparse
@@ -90,6 +94,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--us", type=float, default=300.0, help="how long the kernel spins")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--flags", type=int, default=0, help="graph instantiation flags")
+    p.add_argument("--capture-mode", type=int, default=2)
     args = p.parse_args()
 
     import torch
@@ -168,7 +174,7 @@ def main():
     for mode in ("no-edge", "launch-order", "after-end"):
         med, worst, length = measure(lambda: issue(mode))
         print(f"  direct  {mode:13} {med:8.1f} {worst:8.1f}   kernel {length:7.1f}", flush=True)
-        ok(cu.cuStreamBeginCapture_v2(main_s, u32(2)), "cuStreamBeginCapture")
+        ok(cu.cuStreamBeginCapture_v2(main_s, u32(args.capture_mode)), "cuStreamBeginCapture")
         try:
             issue(mode)
         finally:
@@ -182,7 +188,7 @@ def main():
         ok(cu.cuGraphGetEdges_v2(g, frm, to, data, ctypes.byref(n)), "cuGraphGetEdges")
         ports = sorted({(e.from_port, e.type) for e in data})
         ge = vp()
-        ok(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(0)), "cuGraphInstantiate")
+        ok(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(args.flags)), "cuGraphInstantiate")
         med, worst, length = measure(lambda: ok(cu.cuGraphLaunch(ge, main_s), "cuGraphLaunch"))
         print(f"  graph   {mode:13} {med:8.1f} {worst:8.1f}   kernel {length:7.1f}   "
               f"edges (from_port, type): {ports}", flush=True)
