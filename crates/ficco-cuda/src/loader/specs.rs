@@ -130,7 +130,6 @@ pub static CUDA: LibSpec = LibSpec {
         "cuFuncGetAttribute",
         "cuFuncSetAttribute",
         "cuLaunchKernel",
-        "cuLaunchKernelEx",
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         "cuOccupancyMaxActiveClusters",
         "cuTensorMapEncodeTiled",

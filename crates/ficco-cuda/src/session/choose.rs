@@ -6,7 +6,6 @@
 
 use super::{bad, Session};
 use crate::error::Result;
-use crate::exec::shared::graph_safe;
 use crate::runtime::job::needs_one_node;
 use ficco_core::choose::autotune::{self, Advice};
 use ficco_core::choose::call::{self, CallDecision};
@@ -46,11 +45,17 @@ pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
 }
 
 /// Whether a call of `s` on `p` can be captured in a CUDA graph: no tile
-/// GEMM whose blocks wait on flags ([`graph_safe`]). A model's calls may be
+/// GEMM (see `exec::op::OpPlan::capturable`). A model's calls may be
 /// captured (`torch.cuda.graph`, `torch.compile`'s CUDA graphs), so `auto`
 /// in a model picks only these.
 fn capturable(p: &Problem, s: &Schedule) -> bool {
-    lower(p, s).is_ok_and(|plan| graph_safe(&plan))
+    lower(p, s).is_ok_and(|plan| {
+        !plan.ranks.iter().any(|rp| {
+            rp.tasks
+                .iter()
+                .any(|t| matches!(t.kind, TaskKind::TileGemm(_)))
+        })
+    })
 }
 
 /// `first` where a call of it can be captured; else the fastest capturable
@@ -172,7 +177,7 @@ impl Session {
         let (candidate, entry) = if capturable(p, &first) {
             (first, entry)
         } else {
-            // The tuned winner has a tile GEMM that waits on flags: the fastest capturable one
+            // The tuned winner has a tile GEMM: the fastest capturable one
             // it measured (times are looked up by name), else the rules'.
             let raw = self.tuned_entry(p);
             let s = capturable_pick(p, first, raw.as_ref(), &hw, self.placement())?;
@@ -313,24 +318,17 @@ mod pick_tests {
         }
     }
 
-    /// `auto` in a model never runs a tile GEMM that waits on flags (a call
-    /// of it cannot be captured): such a tuned winner gives way to the
-    /// fastest capturable schedule tuning measured, else to the rules' pick
-    /// among them.
+    /// `auto` in a model never runs a tile GEMM (a call of it cannot be
+    /// captured): a tuned tile winner gives way to the fastest capturable
+    /// schedule tuning measured, else to the rules' pick among them.
     #[test]
     fn model_picks_are_capturable() {
         let at = Placement {
             loopback: false,
             multi_node: false,
         };
-        // ag-gemm's tile GEMM waits on the pushed rows: not capturable;
-        // gemm-rs's waits on nothing: capturable.
-        let rs = Problem::new(Op::GemmRs, 8192, 8192, 3584, 4).expect("problem");
-        let rs_tile: Schedule = "tile-copy-ring".parse().expect("schedule");
-        assert!(capturable(&rs, &rs_tile));
-        let p = Problem::new(Op::AgGemm, 8192, 8192, 3584, 4).expect("problem");
+        let p = Problem::new(Op::GemmRs, 8192, 8192, 3584, 4).expect("problem");
         let tile: Schedule = "tile-copy-ring".parse().expect("schedule");
-        assert!(!capturable(&p, &tile));
         let entry = TuneEntry {
             key: tune::TuneKey::new(&p, "4x GPU", "sw"),
             schedule: tile.name(),
