@@ -109,6 +109,22 @@ def check_ops(world, tmp_path):
         assert len({rows[i]["ran"] for rows in results}) == 1, [rows[i] for rows in results]
 
 
+def forced_call_failures(what, row):
+    """What is wrong with one checked call of a named schedule (`what`
+    names it): an error, NaN left in the output, a relative error over
+    the tolerance, or another schedule run."""
+    if "error" in row:
+        return [f"{what}: {row['error']}"]
+    out = []
+    if row["nan"]:
+        out.append(f"{what}: NaN left in the output")
+    if not row["err"] < TOLERANCE:
+        out.append(f"{what}: relative error {row['err']:.3g}")
+    if row["ran"] != row["schedule"]:
+        out.append(f"{what}: ran {row['ran']}")
+    return out
+
+
 def check_repeat(world, tmp_path):
     codes, _, results = launch(
         world, "repeat", tmp_path, limit_s=500, extra_env={"FICCO_DIST_TIMEOUT_MS": "60000"}
@@ -121,15 +137,7 @@ def check_repeat(world, tmp_path):
             what = f"rank {rank} call {row['call']} {row['op']} {row['shape']} {row['schedule']}"
             what += " in place" if row.get("in_place") else ""
             what += f" on stream {row['stream']}" if "stream" in row else ""
-            if "error" in row:
-                failures.append(f"{what}: {row['error']}")
-                continue
-            if row["nan"]:
-                failures.append(f"{what}: NaN left in the output")
-            if not row["err"] < TOLERANCE:
-                failures.append(f"{what}: relative error {row['err']:.3g}")
-            if row["ran"] != row["schedule"]:
-                failures.append(f"{what}: ran {row['ran']}")
+            failures += forced_call_failures(what, row)
     assert not failures, "\n".join(failures)
 
 
@@ -149,15 +157,7 @@ def check_tile(world, tmp_path):
         summary, rows = rows[-1], rows[:-1]
         for row in rows:
             what = f"rank {rank} call {row['call']} {row['op']} {row['schedule']}"
-            if "error" in row:
-                failures.append(f"{what}: {row['error']}")
-                continue
-            if row["nan"]:
-                failures.append(f"{what}: NaN left in the output")
-            if not row["err"] < TOLERANCE:
-                failures.append(f"{what}: relative error {row['err']:.3g}")
-            if row["ran"] != row["schedule"]:
-                failures.append(f"{what}: ran {row['ran']}")
+            failures += forced_call_failures(what, row)
         phases = summary["phases"]
         full = phases.get("full", 0)
         fast = sum(phases.get(p, 0) for p in ("issue", "capture", "launch"))
