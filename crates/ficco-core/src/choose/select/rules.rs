@@ -156,7 +156,7 @@ pub fn rule_inputs(p: &Problem, hw: &HwProfile) -> RuleInputs {
 ///    shard (`shard-copy-ring-acc`): every half-shard GEMM would compute
 ///    whole 128-row tiles of which it keeps a fraction (the simulator put
 ///    `fine2` 1.2-1.6x above `seq` for llama3-70b's gemm-ar at 128-256
-///    tokens). At most [`FUSE_MAX_CHUNKS`] chunks (measured: eight lose to
+///    tokens). At most `FUSE_MAX_CHUNKS` chunks (measured: eight lose to
 ///    four). Not on P > 2: the P−1
 ///    peer partials still need a reduce before the own GEMM can add them, so
 ///    the reduce stays on the critical path and the own GEMM now waits for it.

@@ -123,7 +123,8 @@ pub fn start() {
 }
 
 /// A binding (the Python extension) received a call: its clock starts
-/// here, and the session's [`begin`] ends [`Phase::Entry`].
+/// here, and the session's `begin` ends the `entry` phase (re-exported as
+/// `session::clock_enter`, so plain names: the links would be private).
 pub fn enter() {
     ENTERED.with(|e| e.set(true));
     start();
@@ -139,8 +140,8 @@ pub fn begin() {
     }
 }
 
-/// The binding returns: the end of [`Phase::Return`] (nothing where no
-/// [`enter`] preceded).
+/// The binding returns: the end of the `return` phase (nothing where no
+/// `enter` preceded).
 pub fn leave() {
     if ENTERED.with(|e| e.replace(false)) {
         lap(Phase::Return);
