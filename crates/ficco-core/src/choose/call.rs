@@ -39,11 +39,7 @@ pub const PREDICTED_TRUST: f64 = 0.6;
 /// tile GEMM takes its flags, counters and operands as launch arguments;
 /// its destination table (`-acc`) is kept per call shape and address set.
 pub fn fast_path(plan: &Plan) -> bool {
-    !plan.ranks.iter().any(|rp| {
-        rp.tasks
-            .iter()
-            .any(|t| matches!(t.kind, TaskKind::GroupedGemm { .. }))
-    })
+    !plan.has_task(|k| matches!(k, TaskKind::GroupedGemm { .. }))
 }
 
 /// Bytes a call of `plan` copies on the slowest rank: each operand that a

@@ -402,6 +402,13 @@ impl Plan {
         self.ranks.get(id.rank)?.tasks.get(id.index)
     }
 
+    /// Whether a task of some rank is of a kind `f` accepts.
+    pub fn has_task(&self, f: impl Fn(&TaskKind) -> bool) -> bool {
+        self.ranks
+            .iter()
+            .any(|rp| rp.tasks.iter().any(|t| f(&t.kind)))
+    }
+
     /// Signal words each rank needs (index = rank): one more than the highest
     /// flag that a Wait of the rank, a Signal to it, or a tile GEMM's block
     /// on it names; 0 without signals. Flags live on the waiter's rank.

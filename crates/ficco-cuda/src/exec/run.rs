@@ -520,11 +520,7 @@ fn run_bound(
     let loopback = job.map_or_else(|| is_loopback(ranks), |j| j.loopback);
     // Several of this process's ranks on one device: one issuing thread.
     let one_thread = is_loopback(ranks);
-    let has_nccl = plan.ranks.iter().any(|rp| {
-        rp.tasks
-            .iter()
-            .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
-    });
+    let has_nccl = plan.has_task(|k| matches!(k, TaskKind::Nccl { .. }));
     if loopback && has_nccl {
         return Err(CudaError::Skipped(NCCL_IN_LOOPBACK.into()));
     }

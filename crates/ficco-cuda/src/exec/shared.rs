@@ -196,11 +196,7 @@ impl Shared<'_> {
     }
 
     fn has_tile_gemm(&self) -> bool {
-        self.plan.ranks.iter().any(|rp| {
-            rp.tasks
-                .iter()
-                .any(|t| matches!(t.kind, TaskKind::TileGemm(..)))
-        })
+        self.plan.has_task(|k| matches!(k, TaskKind::TileGemm(..)))
     }
 
     /// Whether iterations are replayed from graphs for this plan. Not under

@@ -320,11 +320,7 @@ impl Job {
     /// This rank's communicator for `plan` (its NCCL limits), if it has
     /// NCCL tasks and the job is not in loopback.
     pub(crate) fn plan_comm(&mut self, plan: &Plan) -> Result<Option<CommHandle>> {
-        let has_nccl = plan.ranks.iter().any(|rp| {
-            rp.tasks
-                .iter()
-                .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
-        });
+        let has_nccl = plan.has_task(|k| matches!(k, TaskKind::Nccl { .. }));
         if !has_nccl || self.loopback {
             return Ok(None);
         }

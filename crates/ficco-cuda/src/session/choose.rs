@@ -23,11 +23,7 @@ const SELECT_HW: &str = ficco_core::sim::profile::DEFAULT_PROFILE;
 /// refuses two ranks on one GPU), no tile GEMM (its blocks spin on flags
 /// that another process's copies set; processes on one GPU time-slice).
 pub(super) fn runs_in_loopback(plan: &Plan) -> bool {
-    !plan.ranks.iter().any(|rp| {
-        rp.tasks
-            .iter()
-            .any(|t| matches!(t.kind, TaskKind::Nccl { .. } | TaskKind::TileGemm(_)))
-    })
+    !plan.has_task(|k| matches!(k, TaskKind::Nccl { .. } | TaskKind::TileGemm(_)))
 }
 
 /// Whether a test lets `plan` run in loopback although it has tile GEMMs
@@ -37,11 +33,7 @@ pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
     ficco_core::settings::Settings::current()
         .faults
         .loopback_tile
-        && !plan.ranks.iter().any(|rp| {
-            rp.tasks
-                .iter()
-                .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
-        })
+        && !plan.has_task(|k| matches!(k, TaskKind::Nccl { .. }))
 }
 
 /// Whether a call of `s` on `p` can be captured in a CUDA graph: no tile
@@ -49,13 +41,7 @@ pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
 /// captured (`torch.cuda.graph`, `torch.compile`'s CUDA graphs), so `auto`
 /// in a model picks only these.
 fn capturable(p: &Problem, s: &Schedule) -> bool {
-    lower(p, s).is_ok_and(|plan| {
-        !plan.ranks.iter().any(|rp| {
-            rp.tasks
-                .iter()
-                .any(|t| matches!(t.kind, TaskKind::TileGemm(_)))
-        })
-    })
+    lower(p, s).is_ok_and(|plan| !plan.has_task(|k| matches!(k, TaskKind::TileGemm(_))))
 }
 
 /// `first` where a call of it can be captured; else the fastest capturable

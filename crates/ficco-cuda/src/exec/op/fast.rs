@@ -665,13 +665,8 @@ impl OpPlan {
             abort: &abort,
             issuing: &issuing,
         };
-        let has = |f: fn(&TaskKind) -> bool| {
-            plan.ranks
-                .iter()
-                .any(|rp| rp.tasks.iter().any(|t| f(&t.kind)))
-        };
-        let capturable = !has(|k| matches!(k, TaskKind::TileGemm(_)));
-        let graphable = capturable && !has(|k| matches!(k, TaskKind::Nccl { .. }));
+        let capturable = !plan.has_task(|k| matches!(k, TaskKind::TileGemm(_)));
+        let graphable = capturable && !plan.has_task(|k| matches!(k, TaskKind::Nccl { .. }));
         // Events and flag operations, made once (they do not depend on
         // where the operands are).
         let iss = RankIssue::new(rank, &sh, streams, false)?;

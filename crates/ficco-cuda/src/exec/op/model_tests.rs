@@ -561,12 +561,7 @@ mod tests {
             .iter()
             .filter_map(|s| lower(&p, s).ok())
             .filter(|plan| {
-                fast_capable(plan)
-                    && !plan.ranks.iter().any(|rp| {
-                        rp.tasks
-                            .iter()
-                            .any(|t| matches!(t.kind, TaskKind::Nccl { .. }))
-                    })
+                fast_capable(plan) && !plan.has_task(|k| matches!(k, TaskKind::Nccl { .. }))
             })
             .collect()
     }
