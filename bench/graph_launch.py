@@ -95,6 +95,33 @@ def main():
                 else:
                     ok(cu.cuStreamWaitValue32_v2(s, w(i), u32(0), u32(0)), "cuStreamWaitValue32")
 
+    def handoffs(main, n_kernels, n_copies, linked, third=False):
+        """A call's shape: GEMM-like kernels on one forked stream, copies
+        on another (and, with `third`, a second copy stream), joined on
+        `main`; `linked`: copy i waits for kernel i (a cross-stream edge
+        per copy), as a push waits for the GEMM that made its chunk."""
+        a, b, c = sides[0], sides[1], sides[2]
+        go = d.event()
+        ok(cu.cuEventRecord(go, main), "cuEventRecord")
+        outs = [a, b] + ([c] if third else [])
+        for s in outs:
+            ok(cu.cuStreamWaitEvent(s, go, u32(0)), "cuStreamWaitEvent")
+        done = []
+        for _ in range(n_kernels):
+            kernel(a)
+            e = d.event()
+            ok(cu.cuEventRecord(e, a), "cuEventRecord")
+            done.append(e)
+        for i in range(n_copies):
+            s = c if third and i % 2 else b
+            if linked:
+                ok(cu.cuStreamWaitEvent(s, done[i], u32(0)), "cuStreamWaitEvent")
+            memcpy(s)
+        for s in outs:
+            e = d.event()
+            ok(cu.cuEventRecord(e, s), "cuEventRecord")
+            ok(cu.cuStreamWaitEvent(main, e, u32(0)), "cuStreamWaitEvent")
+
     cases = {
         "1 kernel": lambda s: kernel(s),
         "8 kernels": lambda s: [kernel(s) for _ in range(8)],
@@ -116,6 +143,12 @@ def main():
             fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, False), kernel(t))),
             waits_writes(s, 6, False), memset(s, 3100), waits_writes(s, 8, False), memset(s, 3200),
             waits_writes(s, 4, False)),
+        # What a call graph's cross-stream dependencies cost, beside the
+        # same nodes with only the fork and the join.
+        "2 streams, 4 kernels | 3 copies": lambda s: handoffs(s, 4, 3, False),
+        "2 streams, 3 copies each after a kernel": lambda s: handoffs(s, 4, 3, True),
+        "3 streams, 6 kernels | 6 copies": lambda s: handoffs(s, 6, 6, False, True),
+        "3 streams, 6 copies each after a kernel": lambda s: handoffs(s, 6, 6, True, True),
         "call-like, memops batched": lambda s: (
             waits_writes(s, 8, True),
             fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, True), kernel(t))),

@@ -70,14 +70,34 @@ def main():
     stream = ft._raw_stream(local)
     ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr())
 
+    class _NoNative:
+        """The session with its native call stubbed out: the public call's
+        Python layer alone."""
+
+        loopback = sess.loopback
+
+        def run_op(self, *args):
+            return name
+
+    stub = _NoNative()
+
+    def python_only():
+        real = ft._sessions[g]
+        ft._sessions[g] = stub
+        try:
+            f(a, b, schedule=s, out=out)
+        finally:
+            ft._sessions[g] = real
+
     pieces = {
         "public call, out=": lambda: f(a, b, schedule=s, out=out),
+        "public call, out=, native stubbed": python_only,
         "public call, new out": lambda: f(a, b, schedule=s),
         "native run_op (kwargs, as _execute)": lambda: sess.run_op(
             op, m, k, n, name, *ptrs, stream, b_transposed=False, gathered=0),
         "native run_op (positional)": lambda: sess.run_op(op, m, k, n, name, *ptrs, stream),
         "steady-cache lookup": lambda: ft._steady.get((op, g, a.shape, b.shape, s, False, a.get_device())),
-        "per-call checks (_quick_ok)": lambda: ft._quick_ok(a, b, out, seen),
+        "per-call checks (_quick_ok)": lambda: ft._quick_ok(a, b, out, a.get_device(), seen),
         "torch.empty of the output": lambda: torch.empty(seen[5], dtype=torch.bfloat16, device=a.device),
         "a.new_empty of the output": lambda: a.new_empty(seen[5]),
         "current raw stream": lambda: ft._raw_stream(local),
@@ -87,6 +107,11 @@ def main():
         "a.device": lambda: a.device,
         "3 x data_ptr()": lambda: (a.data_ptr(), b.data_ptr(), out.data_ptr()),
         "is_grad_enabled + is_compiling": lambda: (torch.is_grad_enabled(), torch.compiler.is_compiling()),
+        "torch.compiler.is_compiling()": lambda: torch.compiler.is_compiling(),
+        "a.requires_grad, b.requires_grad": lambda: (a.requires_grad, b.requires_grad),
+        "steady key tuple": lambda: (op, g, a.shape, b.shape, s, False, a.get_device()),
+        "a.device.index": lambda: a.device.index,
+        "sess.run_op bound method lookup": lambda: sess.run_op,
     }
 
     def slowest(v):
@@ -95,8 +120,9 @@ def main():
         return t.item()
 
     native_pieces = {}
+    public_pieces = {}
     for what, fn in pieces.items():
-        if what.startswith("native run_op (positional)"):
+        if what.startswith("native run_op (positional)") or what == "public call, out=":
             type(sess).host_times()
         reps = []
         for _ in range(args.reps):
@@ -115,12 +141,22 @@ def main():
         us = slowest(statistics.median(reps))
         if what.startswith("native run_op (positional)"):
             native_pieces = type(sess).host_times()
+        elif what == "public call, out=":
+            public_pieces = type(sess).host_times()
         if rank == 0:
-            print(f"{what:40} {us:8.2f} us", flush=True)
+            # Beside the slowest rank's median: rank 0's mean, which the
+            # native phases below are comparable with.
+            mean = statistics.fmean(reps)
+            print(f"{what:40} {us:8.2f} us   (rank 0 mean {mean:7.2f})", flush=True)
     if rank == 0:
         # This rank's native phases of the positional run_op loop (means).
         print("# native phases of run_op (rank 0, mean per call):")
         for phase, us, count in native_pieces:
+            print(f"  {phase:38} {us:8.2f} us  ({count} calls)", flush=True)
+        # The same phases inside the public calls: what the Python between
+        # the native calls does to them (cold caches).
+        print("# native phases of the public call, out= (rank 0, mean per call):")
+        for phase, us, count in public_pieces:
             print(f"  {phase:38} {us:8.2f} us  ({count} calls)", flush=True)
     ft.close()
     dist.destroy_process_group()

@@ -381,32 +381,38 @@ def _run(op, a_name, a, b, group, schedule, out, gathered=None):
     # A call like an earlier one (same op, group, shapes, schedule, device)
     # needs only the checks that can differ between such calls: a model's
     # calls cost microseconds, not the full checks' tens.
-    seen = None
     if isinstance(schedule, str) and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         g = dist.group.WORLD if group is None else group
-        seen = _steady.get((op, g, a.shape, b.shape, schedule, out is None, a.get_device()))
-    if seen is not None and _quick_ok(a, b, out, seen):
-        sess = _sessions.get(g)
-        if sess is not None:
-            name, m, k, n, size, out_shape = seen
-            if out is None:
-                out = a.new_empty(out_shape)  # a is bf16 on the device (checked)
-            return _execute(op, g, sess, name, a, b, out, m, k, n, size, gathered=gathered)
+        dev = a.get_device()
+        seen = _steady.get((op, g, a.shape, b.shape, schedule, out is None, dev))
+        if seen is not None and _quick_ok(a, b, out, dev, seen):
+            sess = _sessions.get(g)
+            if sess is not None:
+                name, m, k, n, size, out_shape = seen
+                if out is None:
+                    out = a.new_empty(out_shape)  # a is bf16 on the device (checked)
+                return _execute(op, g, sess, name, a, b, out, m, k, n, size,
+                                gathered=gathered, device=dev)
     return _run_checked(op, a_name, a, b, group, schedule, out, gathered)
 
 
-def _quick_ok(a, b, out, seen) -> bool:
+# The current CUDA device's index, without `torch.cuda.current_device()`'s
+# lazy-init check (the steady path runs after a full call initialised CUDA).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def _quick_ok(a, b, out, dev, seen) -> bool:
     """The per-call checks of a call shape seen before (else the full
-    checks run, and raise the full message)."""
+    checks run, and raise the full message); `dev` is ``a.get_device()``."""
     bf = torch.bfloat16
-    if a.dtype != bf or b.dtype != bf or not a.is_contiguous() or not b.is_contiguous():
+    # dtypes are singletons: `is` compares them without a call.
+    if a.dtype is not bf or b.dtype is not bf or not a.is_contiguous() or not b.is_contiguous():
         return False
     # get_device(): the CUDA index, -1 on the CPU (no device object made).
-    dev = a.get_device()
-    if dev < 0 or b.get_device() != dev or dev != torch.cuda.current_device():
+    if dev < 0 or b.get_device() != dev or dev != _current_device():
         return False
     if out is not None:
-        if not isinstance(out, torch.Tensor) or out.dtype != bf or not out.is_contiguous():
+        if not isinstance(out, torch.Tensor) or out.dtype is not bf or not out.is_contiguous():
             return False
         if out.shape != seen[5] or out.get_device() != dev:
             return False
@@ -480,11 +486,13 @@ def _run_checked(op, a_name, a, b, group, schedule, out, gathered=None):
     return _execute(op, group, sess, name, a, b, out, m, k, n, size, gathered=gathered)
 
 
-def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False, gathered=None):
+def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False, gathered=None,
+             device=None):
     """Runs a checked call: `name` None is "auto". `b_transposed`: `b` is
     B's transpose, ``[n, k]`` (the backward's input gradients).
     `gathered` (ag-gemm): a ``[m, k]`` tensor that also receives the
-    gathered A (autograd keeps it for the weight gradient)."""
+    gathered A (autograd keeps it for the weight gradient). `device`: the
+    operands' CUDA index when the caller has it."""
     try:
         if name is None:
             name = _auto(sess, group, op, m, k, n, a.device).schedule
@@ -494,7 +502,7 @@ def _execute(op, group, sess, name, a, b, out, m, k, n, size, b_transposed=False
                 _torch_seq(op, a, b.t() if b_transposed else b, out, group, size, gathered)
                 _last[group] = "seq"
                 return out
-        stream = _raw_stream(a.device.index)
+        stream = _raw_stream(a.device.index if device is None else device)
         target = out
         pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
         if (pa | pb | po) % 16:

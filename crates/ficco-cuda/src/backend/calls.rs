@@ -75,9 +75,10 @@ impl GpuBackend {
         let facts = exec::op::CallFacts {
             sync: job.op.sync,
             // A shape not cached takes the full path, which lays it out.
-            grows: cached.is_none_or(|st| job.grows(plan, &st.bound_in_place, st.layout_words())),
+            grows: cached.is_none_or(|st| job.grows(st.arena.1, st.layout_words())),
             cached: cached.is_some_and(|st| st.flags == flags),
-            capable: exec::op::fast_capable(plan),
+            // A cached shape was made by a fast-capable plan.
+            capable: cached.is_some() || exec::op::fast_capable(plan),
         };
         if let exec::op::Path::Fast { parity } = job.op.epoch.path(facts) {
             clock::lap(Phase::Path);
@@ -86,7 +87,7 @@ impl GpuBackend {
                 .cache
                 .get(&key)
                 .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
-            let ptrs = job.arena_ptrs(plan, &st.bound_in_place)?;
+            let ptrs = job.arena_ptrs(&st.arena.0, st.arena.1)?;
             let bound = job.op.bind(&key, r, ptrs, operands)?;
             clock::lap(Phase::Bind);
             let watchdog_ms = self.run_opts.watchdog_ms;

@@ -192,11 +192,11 @@ impl Job {
         Ok(())
     }
 
-    /// Whether `plan`, run as an operator call that binds `skip` in place
-    /// ([`arena_layout`]), needs a larger shared arena or more flag words
-    /// than the job holds (then its run replaces them, collectively).
-    pub(crate) fn grows(&self, plan: &Plan, skip: &[Vec<bool>], flag_words: usize) -> bool {
-        let (_, need) = arena_layout(plan, skip);
+    /// Whether an operator call whose buffers need `need` bytes of the
+    /// shared arena ([`arena_layout`]) and `flag_words` flag words needs a
+    /// larger arena or more flag words than the job holds (then its run
+    /// replaces them, collectively).
+    pub(crate) fn grows(&self, need: usize, flag_words: usize) -> bool {
         self.arena.as_ref().is_none_or(|a| a.bytes() < need)
             || self
                 .flags
@@ -204,15 +204,14 @@ impl Job {
                 .is_none_or(|f| f.bytes() < flag_words * 4)
     }
 
-    /// Every rank's buffers of `plan` in the current arena, which holds
-    /// them ([`Job::grows`] said no), laid out without `skip`
-    /// ([`arena_layout`]).
+    /// Every rank's buffers at `offsets` of the current arena, which holds
+    /// their `need` bytes ([`Job::grows`] said no; both from
+    /// [`arena_layout`]).
     pub(crate) fn arena_ptrs(
         &self,
-        plan: &Plan,
-        skip: &[Vec<bool>],
+        offsets: &[Vec<usize>],
+        need: usize,
     ) -> Result<Vec<Vec<DevicePtr>>> {
-        let (offsets, need) = arena_layout(plan, skip);
         let arena = self
             .arena
             .as_ref()
@@ -274,13 +273,13 @@ impl Job {
     /// rank of another node). Grows the shared arena when the plan needs
     /// more (collectively; the caller has no work in flight).
     pub(crate) fn bind(&mut self, plan: &Plan, skip: &[Vec<bool>]) -> Result<Vec<Vec<DevicePtr>>> {
-        let (_, need) = arena_layout(plan, skip);
+        let (offsets, need) = arena_layout(plan, skip);
         if self.arena.as_ref().is_none_or(|a| a.bytes() < need) {
             self.arena = None;
             let bytes = round_up(need.max(1), ARENA_STEP);
             self.arena = Some(self.exchange("arena", bytes)?);
         }
-        self.arena_ptrs(plan, skip)
+        self.arena_ptrs(&offsets, need)
     }
 
     /// Every rank's signal flags (at least `words` words each) as mapped

@@ -119,8 +119,9 @@ pub struct Session {
     /// that finds out is skipped).
     allocs: u64,
     /// Lowered plans by call, so a repeated call neither parses nor
-    /// lowers again.
-    plans: HashMap<PlanKey, (Schedule, Arc<Plan>)>,
+    /// lowers again, with the canonical name of their schedule (formatted
+    /// once, not per call).
+    plans: HashMap<PlanKey, (String, Arc<Plan>)>,
 }
 
 /// A call's problem, schedule name (`None`: auto) and whether B comes
@@ -378,8 +379,8 @@ impl Session {
         }
         let p = Problem::new(call.op, call.m, call.k, call.n, self.world()).map_err(bad)?;
         let key = (p, call.schedule.map(str::to_owned), call.b_transposed);
-        let (schedule, plan) = match self.plans.get(&key) {
-            Some((s, plan)) => (*s, plan.clone()),
+        let (name, plan) = match self.plans.get(&key) {
+            Some((name, plan)) => (name.clone(), plan.clone()),
             None => {
                 let (s, mut plan) = self.plan_of(&p, call)?;
                 if call.b_transposed {
@@ -396,8 +397,9 @@ impl Session {
                 if self.plans.len() >= PLANS_KEPT {
                     self.plans.clear();
                 }
-                self.plans.insert(key, (s, plan.clone()));
-                (s, plan)
+                let name = s.name();
+                self.plans.insert(key, (name.clone(), plan.clone()));
+                (name, plan)
             }
         };
         clock::lap(Phase::Plan);
@@ -424,9 +426,7 @@ impl Session {
         }
         clock::lap(Phase::Operands);
         self.backend.run_on(&plan, &operands, call.stream)?;
-        Ok(OpDone {
-            schedule: schedule.name(),
-        })
+        Ok(OpDone { schedule: name })
     }
 
     /// Leaves the job (this rank's calls finish, a last barrier, then the

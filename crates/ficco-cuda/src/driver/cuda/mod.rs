@@ -370,8 +370,9 @@ pub(crate) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: sys::CUstream)
     check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream))
 }
 
-/// How many nodes of each type `graph` holds, by type name: what its
-/// launch has to set up (for traces of the call path's host cost).
+/// How many nodes of each type `graph` holds, by type name, and its
+/// edges (`"edges"`): what its launch has to set up (for traces of the
+/// call path's host cost).
 ///
 /// # Safety
 /// `graph` must be a live graph.
@@ -398,6 +399,20 @@ pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, us
             None => counts.push((name, 1)),
         }
     }
+    // Dependencies beyond one chain (edges - nodes + 1) are what a launch
+    // pays for besides its nodes: forks, joins and cross-stream waits.
+    let mut edges = 0usize;
+    check(
+        "cuGraphGetEdges_v2",
+        sys::cuGraphGetEdges_v2(
+            graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut edges,
+        ),
+    )?;
+    counts.push(("edges".into(), edges));
     Ok(counts)
 }
 

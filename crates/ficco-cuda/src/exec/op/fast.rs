@@ -13,6 +13,7 @@ use crate::exec::shared::{
 };
 use crate::exec::tables::{table_buffers, tile_table_bytes};
 use crate::mem::{DeviceBuffer, DevicePtr};
+use crate::runtime::job::arena_layout;
 use crate::signal::{HostWords, SignalLayout};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaContext;
@@ -464,7 +465,7 @@ fn in_place(role: BufferRole, u: BufferUse) -> bool {
 /// operand every call binds in place ([`bind_operands`]), so the job's
 /// shared arena keeps no room for it (`runtime::job::arena_layout`). Alike
 /// on every rank: it depends on the plan only. A call shape keeps it
-/// ([`OpPlan::bound_in_place`]): deriving it costs microseconds a call.
+/// ([`OpPlan::arena`]): deriving it costs microseconds a call.
 pub fn call_local(plan: &Plan, uses: &[Vec<BufferUse>]) -> Vec<Vec<bool>> {
     plan.ranks
         .iter()
@@ -563,9 +564,10 @@ pub(super) fn fast_opts() -> RunOpts {
 pub(crate) struct OpPlan {
     pub plan: Plan,
     pub uses: Vec<Vec<BufferUse>>,
-    /// [`call_local`] of the plan: the operands its calls bind in place,
-    /// which take no room in the arena.
-    pub bound_in_place: Vec<Vec<bool>>,
+    /// Where its buffers lie in the job's shared arena, and the bytes they
+    /// need there (`runtime::job::arena_layout` without the operands its
+    /// calls bind in place, [`call_local`]): made once, not per call.
+    pub arena: (Vec<Vec<usize>>, usize),
     pub(super) layout: SignalLayout,
     pub(super) handoff: Handoff,
     pub(super) events: Vec<Vec<bool>>,
@@ -672,7 +674,7 @@ impl OpPlan {
         let iss = RankIssue::new(rank, &sh, streams, false)?;
         Ok(OpPlan {
             handoff: Handoff::of(&plan),
-            bound_in_place: call_local(&plan, &uses),
+            arena: arena_layout(&plan, &call_local(&plan, &uses)),
             plan,
             uses,
             layout,
