@@ -55,6 +55,16 @@ def main():
         with torch.cuda.stream(torch.cuda.ExternalStream(s.value, device=dev)):
             data[:256].add_(1)
 
+    # A cuBLASLt GEMM as a call's GEMM steps run (512^3 bf16, into a
+    # preallocated output: nothing is allocated under capture).
+    ga = torch.randn(512, 512, device=dev).to(torch.bfloat16)
+    gb = torch.randn(512, 512, device=dev).to(torch.bfloat16)
+    gc = torch.empty(512, 512, dtype=torch.bfloat16, device=dev)
+
+    def gemm(s):
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.value, device=dev)):
+            torch.mm(ga, gb, out=gc)
+
     def memset(s, i, n=8):
         ok(cu.cuMemsetD32Async(w(i), u32(0), ctypes.c_size_t(n), s), "cuMemsetD32Async")
 
@@ -95,7 +105,7 @@ def main():
                 else:
                     ok(cu.cuStreamWaitValue32_v2(s, w(i), u32(0), u32(0)), "cuStreamWaitValue32")
 
-    def handoffs(main, n_kernels, n_copies, linked, third=False):
+    def handoffs(main, n_kernels, n_copies, linked, third=False, work=None):
         """A call's shape: GEMM-like kernels on one forked stream, copies
         on another (and, with `third`, a second copy stream), joined on
         `main`; `linked`: copy i waits for kernel i (a cross-stream edge
@@ -108,7 +118,7 @@ def main():
             ok(cu.cuStreamWaitEvent(s, go, u32(0)), "cuStreamWaitEvent")
         done = []
         for _ in range(n_kernels):
-            kernel(a)
+            (work or kernel)(a)
             e = d.event()
             ok(cu.cuEventRecord(e, a), "cuEventRecord")
             done.append(e)
@@ -149,6 +159,11 @@ def main():
         "2 streams, 3 copies each after a kernel": lambda s: handoffs(s, 4, 3, True),
         "3 streams, 6 kernels | 6 copies": lambda s: handoffs(s, 6, 6, False, True),
         "3 streams, 6 copies each after a kernel": lambda s: handoffs(s, 6, 6, True, True),
+        # cuBLASLt's GEMM kernels as graph nodes (launch attributes such as
+        # clusters), beside the plain kernels above.
+        "1 GEMM": lambda s: gemm(s),
+        "8 GEMMs": lambda s: [gemm(s) for _ in range(8)],
+        "2 streams, 3 copies each after a GEMM": lambda s: handoffs(s, 4, 3, True, work=gemm),
         "call-like, memops batched": lambda s: (
             waits_writes(s, 8, True),
             fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, True), kernel(t))),
@@ -174,6 +189,11 @@ def main():
         cases["1 kernel + 1 batch of 8 waits, own words"] = lambda s: (
             kernel(s), batch(s, [(WAIT, 1000 + i, 0) for i in range(8)]))
 
+    # cuBLASLt's workspace and kernels are set up on every stream outside
+    # any capture.
+    for st in [main_s] + sides:
+        gemm(st)
+    torch.cuda.synchronize()
     rows = []
     for name, body in cases.items():
         ge, nodes = d.capture(main_s, body)

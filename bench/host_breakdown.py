@@ -112,6 +112,8 @@ def main():
         "steady key tuple": lambda: (op, g, a.shape, b.shape, s, False, a.get_device()),
         "a.device.index": lambda: a.device.index,
         "sess.run_op bound method lookup": lambda: sess.run_op,
+        "native getter (sess.closed)": lambda: sess.closed,
+        "native getter (sess.device, session lock)": lambda: sess.device,
     }
 
     def slowest(v):

@@ -15,7 +15,7 @@ operation, as ficco's copy streams wait), then stamps. Printed per mode:
 when the side's stamp came, µs after the kernel's start, against the
 kernel's length: near 0 is overlap, near the length is serialisation.
 
-    python bench/launch_order.py [--us 300] [--reps 20] [--flags F] [--capture-mode M]
+    python bench/launch_order.py [--us 300] [--reps 20] [--flags F] [--capture-mode M] [--library]
 
 ``--flags`` are ``cuGraphInstantiateWithFlags``'s (8: use node priorities,
 as ficco's executor instantiates); ``--capture-mode`` 0 global, 1 thread
@@ -96,6 +96,9 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--flags", type=int, default=0, help="graph instantiation flags")
     p.add_argument("--capture-mode", type=int, default=2)
+    p.add_argument("--library", action="store_true",
+                   help="load the kernels as ficco's executor does (cuLibraryLoadData, "
+                        "cuLibraryGetKernel, cuKernelGetFunction), not as a module")
     args = p.parse_args()
 
     import torch
@@ -109,9 +112,18 @@ def main():
     d = Driver()
     cu, ok = d.cu, d.ok
     mod, spin, stamp = vp(), vp(), vp()
-    ok(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(PTX.encode() + b"\0")), "cuModuleLoadData")
-    ok(cu.cuModuleGetFunction(ctypes.byref(spin), mod, b"spin"), "cuModuleGetFunction")
-    ok(cu.cuModuleGetFunction(ctypes.byref(stamp), mod, b"stamp"), "cuModuleGetFunction")
+    image = ctypes.c_char_p(PTX.encode() + b"\0")
+    if args.library:
+        ok(cu.cuLibraryLoadData(ctypes.byref(mod), image, None, None, u32(0), None, None, u32(0)),
+           "cuLibraryLoadData")
+        for f, name in ((spin, b"spin"), (stamp, b"stamp")):
+            k = vp()
+            ok(cu.cuLibraryGetKernel(ctypes.byref(k), mod, name), "cuLibraryGetKernel")
+            ok(cu.cuKernelGetFunction(ctypes.byref(f), k), "cuKernelGetFunction")
+    else:
+        ok(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
+        ok(cu.cuModuleGetFunction(ctypes.byref(spin), mod, b"spin"), "cuModuleGetFunction")
+        ok(cu.cuModuleGetFunction(ctypes.byref(stamp), mod, b"stamp"), "cuModuleGetFunction")
     main_s, side = d.stream(), d.stream()
     launched, ended = d.event(), d.event()
     keep = []

@@ -8,8 +8,8 @@ use common::{b2f, no_gpu, rand, rel_err};
 use cudarc::driver::{sys, CudaContext};
 use ficco_cuda::gemm::{GemmKey, Gemms, WORKSPACE_BYTES};
 use ficco_cuda::hgemm::{
-    signal_advance, Bf16, DestHook, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook, TileN,
-    TypedPtr, WaitHook, BLOCK_M,
+    signal_advance, Bf16, DestHook, DestLayout, GemmArgs, Hooks, HopperGemm, Occupancy, SignalHook,
+    TileN, TypedPtr, WaitHook, BLOCK_M,
 };
 use ficco_cuda::mem::DeviceBuffer;
 use ficco_testkit as common;
@@ -821,7 +821,15 @@ fn dest_maps_match_staged_epilogue() {
     let ldd = n + 8;
     let Redirect { x, dst, table, tbl } = odd_blocks_redirect(ctx, m, rows, ldd, 80);
     let maps = g
-        .dest_maps(&table, ldd, rows as u32, m, n, d.args.c, p.ldc)
+        .dest_maps(&DestLayout {
+            table: &table,
+            ld: ldd,
+            rows_per_block: rows as u32,
+            m,
+            n,
+            c: d.args.c,
+            ldc: p.ldc,
+        })
         .expect("dest maps");
     let counters = upload_u32(ctx, &vec![0u32; blocks]);
     for (tile, splits, budget) in [

@@ -8,7 +8,7 @@
 use super::addr::view_addr;
 use super::shared::TileTables;
 use crate::error::Result;
-use crate::hgemm::{Bf16, HopperGemm, TypedPtr};
+use crate::hgemm::{Bf16, DestLayout, HopperGemm, TypedPtr};
 use crate::mem::DevicePtr;
 use ficco_core::plan::{RankPlan, TaskKind, TileGemm};
 use ficco_core::problem::workload::ELEM_BYTES;
@@ -76,15 +76,15 @@ pub(crate) fn tile_table_bytes(
             let (c, ldc) = view_addr(&rp.buffers, ptrs, &g.c, "tile gemm c")?;
             maps.push((
                 i,
-                kernel.dest_map_bytes(
-                    &table,
+                kernel.dest_map_bytes(&DestLayout {
+                    table: &table,
                     ld,
-                    g.block_rows as u32,
-                    g.a.rows,
-                    g.b.cols,
-                    TypedPtr::<Bf16>::new(c.raw()),
-                    ldc / ELEM_BYTES,
-                )?,
+                    rows_per_block: g.block_rows as u32,
+                    m: g.a.rows,
+                    n: g.b.cols,
+                    c: TypedPtr::<Bf16>::new(c.raw()),
+                    ldc: ldc / ELEM_BYTES,
+                })?,
             ));
         }
         words.push((i, table));

@@ -65,24 +65,28 @@ impl DestMaps {
     }
 }
 
+/// Where a destination hook's blocks go ([`HopperGemm::dest_maps`]): for
+/// block b, `table[b]` (rows `ld` elements apart) or, where that entry is 0,
+/// C's rows of the block (rows `ldc` apart); `rows_per_block` rows each
+/// (fewer in the last) of the `m` x `n` output.
+#[derive(Debug, Clone, Copy)]
+pub struct DestLayout<'a> {
+    pub table: &'a [u64],
+    pub ld: usize,
+    pub rows_per_block: u32,
+    pub m: usize,
+    pub n: usize,
+    pub c: TypedPtr<Bf16>,
+    pub ldc: usize,
+}
+
 impl HopperGemm {
-    /// The tensor maps of a destination hook ([`DestHook::maps`](super::DestHook::maps)): for block
-    /// b, `table[b]` (rows `ld` elements apart) or, where that entry is 0,
-    /// C's rows of the block; `rows_per_block` rows each (fewer in the last),
-    /// N columns. Every destination must be 16-byte aligned with `ld` (and
-    /// `ldc`) a multiple of 8, and `rows_per_block` a multiple of 64.
-    #[allow(clippy::too_many_arguments)]
-    pub fn dest_maps(
-        &self,
-        table: &[u64],
-        ld: usize,
-        rows_per_block: u32,
-        m: usize,
-        n: usize,
-        c: TypedPtr<Bf16>,
-        ldc: usize,
-    ) -> Result<DestMaps> {
-        let bytes = self.dest_map_bytes(table, ld, rows_per_block, m, n, c, ldc)?;
+    /// The tensor maps of a destination hook ([`DestHook::maps`](super::DestHook::maps))
+    /// laid out as `at` says, in device memory of their own. Every
+    /// destination must be 16-byte aligned with `ld` (and `ldc`) a multiple
+    /// of 8, and `rows_per_block` a multiple of 64.
+    pub fn dest_maps(&self, at: &DestLayout<'_>) -> Result<DestMaps> {
+        let bytes = self.dest_map_bytes(at)?;
         let buf = crate::mem::DeviceBuffer::alloc(&self.ctx, bytes.len().max(128))?;
         buf.upload(&bytes)?;
         Ok(DestMaps { buf })
@@ -90,17 +94,16 @@ impl HopperGemm {
 
     /// The bytes of [`HopperGemm::dest_maps`] (128 per block), for the
     /// caller to place in device memory of its own (128-byte aligned).
-    #[allow(clippy::too_many_arguments)]
-    pub fn dest_map_bytes(
-        &self,
-        table: &[u64],
-        ld: usize,
-        rows_per_block: u32,
-        m: usize,
-        n: usize,
-        c: TypedPtr<Bf16>,
-        ldc: usize,
-    ) -> Result<Vec<u8>> {
+    pub fn dest_map_bytes(&self, at: &DestLayout<'_>) -> Result<Vec<u8>> {
+        let DestLayout {
+            table,
+            ld,
+            rows_per_block,
+            m,
+            n,
+            c,
+            ldc,
+        } = *at;
         let rows = rows_per_block as usize;
         if rows == 0 || rows % 64 != 0 || table.len() < m.div_ceil(rows) {
             return Err(bad(format!(

@@ -226,7 +226,7 @@ mod validate;
 mod tests;
 
 pub use compile::{compile, compile_with, CacheOutcome, CompileInfo, SOURCE};
-pub use launch::DestMaps;
+pub use launch::{DestLayout, DestMaps};
 pub use load::HopperGemm;
 pub use params::{
     signal_advance, smem_bytes, Bf16, DestHook, GemmArgs, Hooks, LaunchShape, Occupancy,

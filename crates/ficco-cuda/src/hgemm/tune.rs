@@ -16,7 +16,7 @@
 //! for any operands of the shape.
 
 use super::compile::SOURCE;
-use super::launch::DestMaps;
+use super::launch::{DestLayout, DestMaps};
 use super::load::HopperGemm;
 use super::params::{Bf16, GemmArgs, Hooks, TileN, TypedPtr};
 pub use super::schedule::{
@@ -234,15 +234,15 @@ fn scratch(g: &HopperGemm, key: &KernelTuneKey, template: &GemmArgs) -> Result<S
     if let Some(d) = hooks.dest.as_mut().filter(|d| d.maps.is_some()) {
         let table = vec![0u64; key.m.div_ceil(d.rows_per_block.max(1) as usize)];
         maps = g
-            .dest_maps(
-                &table,
-                key.ldc,
-                d.rows_per_block,
-                key.m,
-                key.n,
-                c_ptr,
-                key.ldc,
-            )
+            .dest_maps(&DestLayout {
+                table: &table,
+                ld: key.ldc,
+                rows_per_block: d.rows_per_block,
+                m: key.m,
+                n: key.n,
+                c: c_ptr,
+                ldc: key.ldc,
+            })
             .ok();
         d.maps = maps.as_ref().map(|m| m.ptr());
     }

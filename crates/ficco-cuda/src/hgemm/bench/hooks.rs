@@ -12,8 +12,8 @@ use super::{Bench, BenchEngine};
 use crate::driver::cuda::memcpy_dtod_async;
 use crate::error::Result;
 use crate::hgemm::{
-    DestHook, GemmArgs, Hooks, Occupancy, SignalHook, TileN, TypedPtr, WaitHook, BLOCK_M,
-    MIN_STAGES,
+    DestHook, DestLayout, GemmArgs, Hooks, Occupancy, SignalHook, TileN, TypedPtr, WaitHook,
+    BLOCK_M, MIN_STAGES,
 };
 use crate::mem::DeviceBuffer;
 
@@ -60,15 +60,15 @@ impl Bench {
         // per block allow (multiples of 64).
         let maps = self
             .gemm
-            .dest_maps(
-                &entries,
-                n,
-                rows as u32,
+            .dest_maps(&DestLayout {
+                table: &entries,
+                ld: n,
+                rows_per_block: rows as u32,
                 m,
                 n,
-                TypedPtr::new(o.c.ptr().raw()),
-                n,
-            )
+                c: TypedPtr::new(o.c.ptr().raw()),
+                ldc: n,
+            })
             .ok();
         let wait = WaitHook {
             flags: TypedPtr::new(flags.ptr().raw()),
