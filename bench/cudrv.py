@@ -74,9 +74,9 @@ class Driver:
         for e in ends:
             self.ok(self.cu.cuStreamWaitEvent(main, e, u32(0)), "cuStreamWaitEvent")
 
-    def capture(self, main, body):
-        """What ``body(main)`` issues (relaxed capture), instantiated and
-        uploaded: (graph exec, node count)."""
+    def capture(self, main, body, flags=0):
+        """What ``body(main)`` issues (relaxed capture), instantiated with
+        ``flags`` and uploaded: (graph exec, node count)."""
         self.ok(self.cu.cuStreamBeginCapture_v2(main, u32(2)), "cuStreamBeginCapture")
         try:
             body(main)
@@ -87,7 +87,7 @@ class Driver:
         n = ctypes.c_size_t(0)
         self.ok(self.cu.cuGraphGetNodes(g, None, ctypes.byref(n)), "cuGraphGetNodes")
         ge = vp()
-        self.ok(self.cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(0)), "cuGraphInstantiate")
+        self.ok(self.cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(flags)), "cuGraphInstantiate")
         self.ok(self.cu.cuGraphUpload(ge, main), "cuGraphUpload")
         return ge, n.value
 
@@ -95,6 +95,11 @@ class Driver:
         """Median host µs of one ``cuGraphLaunch`` (the first tenth left
         out), the device drained every ``drain_every`` launches so that the
         launch queue never fills."""
+        return self.launch_host_stats(ge, s, launches, drain_every)[0]
+
+    def launch_host_stats(self, ge, s, launches, drain_every=32):
+        """``launch_host_us``'s median and mean (the mean counts the rare
+        slow launches, as a per-call mean of the host's time does)."""
         times = []
         for i in range(launches):
             t0 = time.perf_counter_ns()
@@ -104,7 +109,8 @@ class Driver:
             if i % drain_every == drain_every - 1:
                 self.sync(s)
         self.sync(s)
-        return statistics.median(times[launches // 10:])
+        kept = times[launches // 10:]
+        return statistics.median(kept), statistics.fmean(kept)
 
     def launch_device_us(self, ge, s, reps=7, before=None):
         """Median device µs of one launch of ``ge`` (events around it; the

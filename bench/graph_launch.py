@@ -10,7 +10,7 @@ and launched ``--launches`` times; the host time of each ``cuGraphLaunch``
 call alone is taken (median, µs), with the device drained every 32
 launches so that the launch queue never fills.
 
-    python bench/graph_launch.py [--launches 2000] [--json OUT.json]
+    python bench/graph_launch.py [--launches 2000] [--json OUT.json] [--flags 0 8]
 """
 
 import argparse
@@ -26,6 +26,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launches", type=int, default=2000)
     p.add_argument("--json", default=None)
+    p.add_argument("--flags", type=int, nargs="+", default=[0, 8],
+                   help="cuGraphInstantiateWithFlags values, each case under each "
+                        "(8: node priorities, as ficco's executor instantiates)")
     args = p.parse_args()
 
     import torch
@@ -39,6 +42,11 @@ def main():
     cu, ok = d.cu, d.ok
     main_s = d.stream()
     sides = [d.stream() for _ in range(4)]
+    # A stream at the device's greatest priority, as `-hi` communication streams.
+    lo, hi = ctypes.c_int(0), ctypes.c_int(0)
+    ok(cu.cuCtxGetStreamPriorityRange(ctypes.byref(lo), ctypes.byref(hi)), "cuCtxGetStreamPriorityRange")
+    high = vp()
+    ok(cu.cuStreamCreateWithPriority(ctypes.byref(high), 1, hi), "cuStreamCreateWithPriority")
     base = words.data_ptr()
 
     def w(i):
@@ -105,12 +113,12 @@ def main():
                 else:
                     ok(cu.cuStreamWaitValue32_v2(s, w(i), u32(0), u32(0)), "cuStreamWaitValue32")
 
-    def handoffs(main, n_kernels, n_copies, linked, third=False, work=None):
+    def handoffs(main, n_kernels, n_copies, linked, third=False, work=None, prio=False):
         """A call's shape: GEMM-like kernels on one forked stream, copies
         on another (and, with `third`, a second copy stream), joined on
         `main`; `linked`: copy i waits for kernel i (a cross-stream edge
         per copy), as a push waits for the GEMM that made its chunk."""
-        a, b, c = sides[0], sides[1], sides[2]
+        a, b, c = sides[0], (high if prio else sides[1]), sides[2]
         go = d.event()
         ok(cu.cuEventRecord(go, main), "cuEventRecord")
         outs = [a, b] + ([c] if third else [])
@@ -164,6 +172,7 @@ def main():
         "1 GEMM": lambda s: gemm(s),
         "8 GEMMs": lambda s: [gemm(s) for _ in range(8)],
         "2 streams, 3 copies each after a GEMM": lambda s: handoffs(s, 4, 3, True, work=gemm),
+        "the same, copies at high priority": lambda s: handoffs(s, 4, 3, True, work=gemm, prio=True),
         "call-like, memops batched": lambda s: (
             waits_writes(s, 8, True),
             fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, True), kernel(t))),
@@ -191,15 +200,18 @@ def main():
 
     # cuBLASLt's workspace and kernels are set up on every stream outside
     # any capture.
-    for st in [main_s] + sides:
+    for st in [main_s, high] + sides:
         gemm(st)
     torch.cuda.synchronize()
     rows = []
     for name, body in cases.items():
-        ge, nodes = d.capture(main_s, body)
-        med = d.launch_host_us(ge, main_s, args.launches)
-        rows.append({"graph": name, "nodes": nodes, "launch_us": med})
-        print(f"{name:36} {nodes:4d} nodes  {med:7.2f} us/launch", flush=True)
+        for flags in args.flags:
+            ge, nodes = d.capture(main_s, body, flags)
+            med, mean = d.launch_host_stats(ge, main_s, args.launches)
+            rows.append({"graph": name, "flags": flags, "nodes": nodes, "launch_us": med,
+                         "mean_us": mean})
+            print(f"{name:40} flags {flags}  {nodes:4d} nodes  {med:7.2f} us/launch "
+                  f"(mean {mean:7.2f})", flush=True)
     t = [time.perf_counter_ns() for _ in range(1001)]
     print(f"# perf_counter_ns itself: {statistics.median(b - a for a, b in zip(t, t[1:])) / 1e3:.2f} us")
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
