@@ -44,6 +44,7 @@ pub const KEEP_GATHERED: &str = "FICCO_KEEP_GATHERED";
 pub const ADAPT_HOST: &str = "FICCO_ADAPT_HOST";
 pub const GROUPED: &str = "FICCO_GROUPED";
 pub const TRACE: &str = "FICCO_TRACE";
+pub const GRAPH_DOT: &str = "FICCO_GRAPH_DOT";
 pub const TASK_PROGRESS: &str = "FICCO_TASK_PROGRESS";
 pub const DIST_TIMEOUT_MS: &str = "FICCO_DIST_TIMEOUT_MS";
 pub const STORE_PORT: &str = "FICCO_STORE_PORT";
@@ -109,6 +110,12 @@ pub const VARS: &[Var] = &[
         takes: "0 or 1",
         default: "0",
         what: "print the phases of every measurement and run on stderr (to find where a process stalls)",
+    },
+    Var {
+        name: GRAPH_DOT,
+        takes: "a directory",
+        default: "unset",
+        what: "write each captured operator-call graph there as Graphviz DOT (`cuGraphDebugDotPrint`, verbose), to see what a replay launches",
     },
     Var {
         name: TASK_PROGRESS,
@@ -233,6 +240,7 @@ pub struct Settings {
     pub adapt_host: bool,
     pub grouped: Grouped,
     pub trace: bool,
+    pub graph_dot: Option<PathBuf>,
     pub task_progress: bool,
     pub dist_timeout_ms: u64,
     pub tune_cache: Option<PathBuf>,
@@ -251,6 +259,7 @@ impl Default for Settings {
             adapt_host: true,
             grouped: Grouped::Auto,
             trace: false,
+            graph_dot: None,
             task_progress: false,
             dist_timeout_ms: DEFAULT_DIST_TIMEOUT_MS,
             tune_cache: None,
@@ -333,6 +342,7 @@ impl Settings {
             adapt_host: flag(ADAPT_HOST, true)?,
             grouped,
             trace: flag(TRACE, false)?,
+            graph_dot: value(GRAPH_DOT).map(PathBuf::from),
             task_progress: flag(TASK_PROGRESS, false)?,
             dist_timeout_ms: positive(DIST_TIMEOUT_MS, DEFAULT_DIST_TIMEOUT_MS)?,
             tune_cache: value(TUNE_CACHE).map(PathBuf::from),
@@ -438,6 +448,7 @@ mod tests {
             (ADAPT_HOST, "0"),
             (GROUPED, "loop"),
             (TRACE, "1"),
+            (GRAPH_DOT, "/tmp/dot"),
             (TASK_PROGRESS, " 1 "),
             (DIST_TIMEOUT_MS, "8000"),
             (TUNE_CACHE, "/tmp/t.json"),
@@ -467,6 +478,7 @@ mod tests {
         assert_eq!(s.grouped, Grouped::Loop);
         assert_eq!(s.dist_timeout_ms, 8000);
         assert_eq!(s.tune_cache, Some(PathBuf::from("/tmp/t.json")));
+        assert_eq!(s.graph_dot, Some(PathBuf::from("/tmp/dot")));
         assert_eq!(s.cubin_cache, Some(PathBuf::from("/tmp/cubin")));
         assert_eq!(s.faults.drop_signal, Some((1, 3)));
         assert_eq!(s.faults.kill_rank, Some(2));

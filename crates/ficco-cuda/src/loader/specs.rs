@@ -78,6 +78,7 @@ pub static CUDA: LibSpec = LibSpec {
         "cuStreamGetCtx",
         "cuStreamIsCapturing",
         "cuGraphLaunch",
+        "cuGraphDebugDotPrint",
         "cuGraphGetEdges_v2",
         "cuGraphGetNodes",
         "cuGraphNodeGetType",

@@ -416,6 +416,21 @@ pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, us
     Ok(counts)
 }
 
+/// Writes `graph` to `path` as Graphviz DOT with every node's parameters
+/// (`cuGraphDebugDotPrint`, verbose): what its launches set up.
+///
+/// # Safety
+/// `graph` must be a live graph.
+pub(crate) unsafe fn graph_dot_print(graph: sys::CUgraph, path: &std::path::Path) -> Result<()> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| CudaError::Plan(format!("{} has a NUL byte", path.display())))?;
+    // 1: CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.
+    check(
+        "cuGraphDebugDotPrint",
+        sys::cuGraphDebugDotPrint(graph, path.as_ptr(), 1),
+    )
+}
+
 /// Whether work issued on `stream` is being captured into a CUDA graph
 /// (then nothing may synchronize it, or the device).
 ///

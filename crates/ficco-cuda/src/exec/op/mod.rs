@@ -356,6 +356,7 @@ impl OpRunner {
                             let census = unsafe { cu::graph_census(g.cu_graph()) };
                             format!("op {}: call graph captured: {census:?}", key.plan)
                         });
+                        dump_graph(&g, &key.plan, rank.rank, seq);
                         graph = Some(g.cu_graph_exec());
                         captured = Some(g);
                     }
@@ -445,6 +446,23 @@ impl OpRunner {
             .get_mut(key)
             .ok_or_else(|| CudaError::Plan("a fast call of a shape never run".into()))?;
         bind_operands(&st.plan, r, &st.uses, ptrs, operands)
+    }
+}
+
+/// With [`ficco_core::settings::GRAPH_DOT`] set, writes a call graph just
+/// captured there as `call-<schedule>-r<rank>-<n>.dot` (diagnostics: a
+/// failure is traced, the call goes on).
+fn dump_graph(g: &cudarc::driver::CudaGraph, plan: &str, rank: usize, seq: u32) {
+    let Some(dir) = &ficco_core::settings::Settings::current().graph_dot else {
+        return;
+    };
+    let path = dir.join(format!("call-{plan}-r{rank}-{seq}.dot"));
+    let written = std::fs::create_dir_all(dir)
+        .map_err(|e| CudaError::Plan(format!("{}: {e}", dir.display())))
+        // SAFETY: the graph just captured, live.
+        .and_then(|()| unsafe { cu::graph_dot_print(g.cu_graph(), &path) });
+    if let Err(e) = written {
+        ficco_core::settings::trace(|| format!("op {plan}: no DOT of the call graph: {e}"));
     }
 }
 
