@@ -140,6 +140,40 @@ def main():
             ok(cu.cuEventRecord(e, s), "cuEventRecord")
             ok(cu.cuStreamWaitEvent(main, e, u32(0)), "cuStreamWaitEvent")
 
+    def p2_gemm_rs(main, redundant, prio=True):
+        """The graph ficco captures for a P = 2 gemm-rs `shard-copy-ring`
+        call (FICCO_GRAPH_DOT, 2026-11-29): a start kernel; the peer
+        chunk's GEMM, then the own one; the push of the peer chunk after
+        the first GEMM and its landed write; a wait kernel and the reduce on
+        a high-priority stream after the second GEMM; an end kernel after
+        all. `redundant`: every forked stream also waits for the start (as
+        captured: 12 edges); else only what orders the work (9 edges)."""
+        g, c, r = sides[0], sides[1], (high if prio else sides[2])
+        kernel(main)
+        start = d.event()
+        ok(cu.cuEventRecord(start, main), "cuEventRecord")
+        forked = [g, c, r] if redundant else [g]
+        for s_ in forked:
+            ok(cu.cuStreamWaitEvent(s_, start, u32(0)), "cuStreamWaitEvent")
+        gemm(g)
+        first = d.event()
+        ok(cu.cuEventRecord(first, g), "cuEventRecord")
+        ok(cu.cuStreamWaitEvent(c, first, u32(0)), "cuStreamWaitEvent")
+        memcpy(c)
+        d.memops(c, [(WRITE, base + 4 * 2100, 1)])
+        gemm(g)
+        second = d.event()
+        ok(cu.cuEventRecord(second, g), "cuEventRecord")
+        ok(cu.cuStreamWaitEvent(r, second, u32(0)), "cuStreamWaitEvent")
+        kernel(r)
+        kernel(r)
+        joined = [g, c, r] if redundant else [c, r]
+        for s_ in joined:
+            e = d.event()
+            ok(cu.cuEventRecord(e, s_), "cuEventRecord")
+            ok(cu.cuStreamWaitEvent(main, e, u32(0)), "cuStreamWaitEvent")
+        kernel(main)
+
     cases = {
         "1 kernel": lambda s: kernel(s),
         "8 kernels": lambda s: [kernel(s) for _ in range(8)],
@@ -173,6 +207,9 @@ def main():
         "8 GEMMs": lambda s: [gemm(s) for _ in range(8)],
         "2 streams, 3 copies each after a GEMM": lambda s: handoffs(s, 4, 3, True, work=gemm),
         "the same, copies at high priority": lambda s: handoffs(s, 4, 3, True, work=gemm, prio=True),
+        "P=2 gemm-rs call graph, as captured": lambda s: p2_gemm_rs(s, True),
+        "the same, no redundant edges": lambda s: p2_gemm_rs(s, False),
+        "the same as captured, no high priority": lambda s: p2_gemm_rs(s, True, prio=False),
         "call-like, memops batched": lambda s: (
             waits_writes(s, 8, True),
             fork_join(2, lambda t: (kernel(t), memcpy(t), waits_writes(t, 3, True), kernel(t))),
