@@ -249,6 +249,29 @@ def main():
                          "mean_us": mean})
             print(f"{name:40} flags {flags}  {nodes:4d} nodes  {med:7.2f} us/launch "
                   f"(mean {mean:7.2f})", flush=True)
+    # The launch into the legacy default stream (CUstream 0, PyTorch's
+    # default current stream, where a model's calls are issued unless it
+    # sets a stream): legacy semantics order it against every blocking
+    # stream of the context.
+    for name in ("1 kernel", "P=2 gemm-rs call graph, as captured"):
+        ge, nodes = d.capture(main_s, cases[name], 8)
+        med, mean = d.launch_host_stats(ge, vp(0), args.launches)
+        rows.append({"graph": name, "flags": 8, "nodes": nodes, "launch_us": med,
+                     "mean_us": mean, "stream": "legacy"})
+        print(f"{name + ', into stream 0':40} flags 8  {nodes:4d} nodes  {med:7.2f} us/launch "
+              f"(mean {mean:7.2f})", flush=True)
+    # What the op path adds after a replay: one event record on the
+    # caller's stream.
+    ev = d.event()
+    for label, st in (("a created stream", main_s), ("stream 0", vp(0))):
+        times = []
+        for _ in range(args.launches):
+            t0 = time.perf_counter_ns()
+            ok(cu.cuEventRecord(ev, st), "cuEventRecord")
+            times.append((time.perf_counter_ns() - t0) / 1e3)
+        d.sync(st)
+        print(f"{'cuEventRecord on ' + label:40}          {statistics.median(times):7.2f} us "
+              f"(mean {statistics.fmean(times):7.2f})", flush=True)
     t = [time.perf_counter_ns() for _ in range(1001)]
     print(f"# perf_counter_ns itself: {statistics.median(b - a for a, b in zip(t, t[1:])) / 1e3:.2f} us")
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
