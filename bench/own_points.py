@@ -8,7 +8,6 @@ the hook rows' `stages=S` settings vary the chooser's tile, which differs by sha
 Usage: python3 bench/own_points.py GEMM.json "SOURCE TEXT" > block.toml
 """
 import json
-import math
 import sys
 
 

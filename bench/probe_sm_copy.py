@@ -3,7 +3,7 @@ set; on another stream a copy (or memset) runs, then a stream write (no SMs)
 sets the flag. If the copy needs SMs it cannot start until the spinning
 kernel gives up (its 2 s timeout): the copy "needed SMs". Run on the GPU
 machine: python3 bench/probe_sm_copy.py (2 GPUs for the peer rows)."""
-import ctypes, sys, time
+import ctypes, time
 import cupy as cp
 
 cuda = ctypes.CDLL("libcuda.so.1")
@@ -65,7 +65,7 @@ def main():
     for size in (1 << 16, 8 << 20, 64 << 20):
         with cp.cuda.Device(0):
             a = cp.ones(size // 2, dtype=cp.float16); b = cp.zeros_like(a)
-        trial(f"nothing (control) ", lambda s: None)
+        trial("nothing (control) ", lambda s: None)
         trial(f"cuMemcpyAsync same device {size>>10} KiB",
               lambda s: check(cuda.cuMemcpyAsync(ctypes.c_uint64(b.data.ptr), ctypes.c_uint64(a.data.ptr),
                                                  ctypes.c_size_t(size), ctypes.c_void_p(s.ptr)), "cuMemcpyAsync"))
