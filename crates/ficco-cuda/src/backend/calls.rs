@@ -5,6 +5,7 @@ use super::{GpuBackend, Operand};
 use crate::error::{drv, CudaError, Result};
 use crate::exec::op::clock::{self, Phase};
 use crate::exec::{self, RunSpec};
+use crate::runtime::job::arena_layout;
 use ficco_core::plan::Plan;
 
 impl GpuBackend {
@@ -128,7 +129,8 @@ impl GpuBackend {
         capable: bool,
     ) -> Result<()> {
         let uses = ficco_core::plan::validate::buffer_use(plan);
-        let ptrs = self.bind(plan, &exec::op::call_local(plan, &uses))?;
+        let local = exec::op::call_local(plan, &uses);
+        let ptrs = self.bind(plan, &local)?;
         let r = self.ranks[0].rank;
         let bound = exec::op::bind_operands(plan, r, &uses, ptrs, operands)?;
         let rank = &self.ranks[0];
@@ -162,6 +164,7 @@ impl GpuBackend {
             job.op.prepare(
                 &mut self.ranks[0],
                 plan.clone(),
+                arena_layout(plan, &local),
                 flags,
                 comm,
                 watchdog_ms,

@@ -13,7 +13,6 @@ use crate::exec::shared::{
 };
 use crate::exec::tables::{table_buffers, tile_table_bytes};
 use crate::mem::{DeviceBuffer, DevicePtr};
-use crate::runtime::job::arena_layout;
 use crate::signal::{HostWords, SignalLayout};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaContext;
@@ -566,7 +565,8 @@ pub(crate) struct OpPlan {
     pub uses: Vec<Vec<BufferUse>>,
     /// Where its buffers lie in the job's shared arena, and the bytes they
     /// need there (`runtime::job::arena_layout` without the operands its
-    /// calls bind in place, [`call_local`]): made once, not per call.
+    /// calls bind in place, [`call_local`]; the full call that prepared it
+    /// laid it out): kept, not derived per call.
     pub arena: (Vec<Vec<usize>>, usize),
     pub(super) layout: SignalLayout,
     pub(super) handoff: Handoff,
@@ -615,6 +615,7 @@ impl OpPlan {
     pub(crate) fn new(
         rank: &mut Rank,
         plan: Plan,
+        arena: (Vec<Vec<usize>>, usize),
         flags: Vec<DevicePtr>,
         comm: Option<CommHandle>,
         diag: &HostWords,
@@ -674,7 +675,7 @@ impl OpPlan {
         let iss = RankIssue::new(rank, &sh, streams, false)?;
         Ok(OpPlan {
             handoff: Handoff::of(&plan),
-            arena: arena_layout(&plan, &call_local(&plan, &uses)),
+            arena,
             plan,
             uses,
             layout,

@@ -401,13 +401,16 @@ impl OpRunner {
     }
 
     /// After a full call of `plan` (its GEMMs prepared, nothing in flight):
-    /// keeps what its fast calls reuse, under its call shape. `shares_gpu`:
-    /// other ranks of the job are on this rank's GPU (loopback).
+    /// keeps what its fast calls reuse, under its call shape. `arena`: where
+    /// the full call laid its buffers out in the job's shared arena
+    /// (`runtime::job::arena_layout`). `shares_gpu`: other ranks of the job
+    /// are on this rank's GPU (loopback).
     #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         &mut self,
         rank: &mut Rank,
         plan: Plan,
+        arena: (Vec<Vec<usize>>, usize),
         flags: Vec<DevicePtr>,
         comm: Option<CommHandle>,
         watchdog_ms: u64,
@@ -428,7 +431,15 @@ impl OpRunner {
             return Err(CudaError::Plan("the call watchdog is missing".into()));
         };
         let key = OpKey::of(&plan);
-        let st = OpPlan::new(rank, plan, flags, comm, &watch.state.words, shares_gpu)?;
+        let st = OpPlan::new(
+            rank,
+            plan,
+            arena,
+            flags,
+            comm,
+            &watch.state.words,
+            shares_gpu,
+        )?;
         self.cache.insert(key, st);
         Ok(())
     }
