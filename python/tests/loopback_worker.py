@@ -593,7 +593,8 @@ def run_tile(rank, world, out_path):
     (so later calls find their addresses, and `-acc` its tables, again) and
     the caller overwrites its inputs right after the call. Then the native
     host phases: how many calls took the full path (each call shape's first
-    only, if tile plans run fast); and a captured call, which is refused."""
+    only, if tile plans run fast); then a captured gemm-rs tile call
+    replayed on fresh data, and a captured ag-gemm one, which is refused."""
     results = []
     pairs = [(op, s) for op in OPS for s in TILE_SCHEDULES]
     outs = {
@@ -629,7 +630,27 @@ def run_tile(rank, world, out_path):
         results.append(row)
     ft.synchronize()
     phases = {phase: count for phase, _, count in type(ft.session()).host_times()}
-    # A captured call of a warmed-up tile shape is refused before anything runs.
+    # A captured gemm-rs tile call (its GEMM waits on no flag) replays on
+    # fresh data; a captured ag-gemm one (its GEMM waits on the pushed rows)
+    # is refused before anything runs.
+    captured = []
+    a_s, b_s, out_s = static_operands("gemm-rs", world, TILE_SHAPE)
+    try:
+        g = capture([lambda: ft.matmul_reduce_scatter(a_s, b_s, schedule="tile-copy-ring", out=out_s)])
+        for j in range(3):
+            case = 12500 + j
+            a0, b0 = operands("gemm-rs", case, rank, world, TILE_SHAPE)
+            a_s.copy_(a0)
+            b_s.copy_(b0)
+            out_s.fill_(float("nan"))
+            g.replay()
+            row = {"op": "gemm-rs", "schedule": "tile-copy-ring", "replay": j}
+            check(out_s.clone(), "gemm-rs", case, rank, world, TILE_SHAPE, row)
+            captured.append(row)
+        torch.cuda.synchronize()
+        del g
+    except Exception as e:
+        captured.append({"error": f"{type(e).__name__}: {e}"})
     op, schedule = pairs[0]
     a, b = operands(op, 12000, rank, world, TILE_SHAPE)
     out = outs[(op, schedule)][0]
@@ -641,7 +662,7 @@ def run_tile(rank, world, out_path):
     except Exception as e:
         refusal = f"{type(e).__name__}: {e}"
     results.append({"phases": phases, "calls": TILE_ROUNDS * len(pairs), "shapes": len(pairs),
-                    "capture": refusal})
+                    "capture": refusal, "captured": captured})
     with open(out_path, "w") as fh:
         json.dump(results, fh)
     ft.close()

@@ -144,7 +144,8 @@ def check_repeat(world, tmp_path):
 def check_tile(world, tmp_path):
     """`tile` schedules on the op path (the test setting lets them run in
     loopback, time-sliced): exact, every call after its shape's first on
-    the stream-ordered path, and a captured call refused with a clear
+    the stream-ordered path; a captured gemm-rs one replays exactly, and a
+    captured ag-gemm one (its GEMM waits on flags) is refused with a clear
     error."""
     codes, _, results = launch(
         world, "tile", tmp_path, limit_s=500,
@@ -166,6 +167,13 @@ def check_tile(world, tmp_path):
                 f"rank {rank}: {full} full and {fast} fast calls of {summary['calls']} "
                 f"({summary['shapes']} shapes): {phases}"
             )
+        for row in summary["captured"]:
+            if "error" in row:
+                failures.append(f"rank {rank}: a captured gemm-rs tile call: {row['error']}")
+            elif row["nan"] or not row["err"] < TOLERANCE:
+                failures.append(f"rank {rank}: a captured gemm-rs tile call, replay {row['replay']}: {row}")
+        if len(summary["captured"]) != 3:
+            failures.append(f"rank {rank}: {len(summary['captured'])} replays of the captured gemm-rs tile call")
         refusal = summary["capture"] or ""
         if not (refusal.startswith("ValueError") and "tile GEMM" in refusal):
             failures.append(f"rank {rank}: a captured tile call was not refused as expected: {refusal!r}")

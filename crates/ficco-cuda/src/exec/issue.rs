@@ -24,7 +24,7 @@ use crate::gemm::GemmKey;
 use crate::kernels::ReduceSrcs;
 use crate::mem::{copy_2d_async, CopyEnd, DevicePtr};
 use crate::signal::{word, SET};
-use cudarc::driver::sys::CUstream;
+use cudarc::driver::sys::{CUevent, CUstream};
 use cudarc::driver::CudaStream;
 use ficco_core::plan::{GemmGroup, NcclOp, RankView, TaskKind, TileGemm, View};
 use ficco_core::problem::workload::ELEM_BYTES;
@@ -32,6 +32,8 @@ use ficco_core::space::GemmEngine;
 
 /// Enqueues `kind` on `stream` (plan stream `stream_idx`) of `rank`. Under a
 /// green split the stream's own context is made current for the call.
+/// `launched`: for a tile GEMM, an event its launch records once every block
+/// has begun.
 pub(super) fn issue(
     rank: &mut Rank,
     sh: &Shared<'_>,
@@ -39,6 +41,7 @@ pub(super) fn issue(
     stream_idx: usize,
     index: usize,
     kind: &TaskKind,
+    launched: Option<CUevent>,
 ) -> Result<()> {
     let mut go = || match kind {
         TaskKind::Gemm { .. } => gemm(rank, sh, stream.cu_stream(), stream_idx, kind),
@@ -67,7 +70,14 @@ pub(super) fn issue(
             // SAFETY: the word is inside this rank's live flag buffer.
             unsafe { cu::stream_wait_value32_geq(stream.cu_stream(), w, target) }
         }
-        TaskKind::TileGemm(g) => tile_gemm(rank, sh, stream.cu_stream(), stream_idx, index, g),
+        TaskKind::TileGemm(g) => tile_gemm(
+            rank,
+            sh,
+            stream.cu_stream(),
+            (stream_idx, index),
+            g,
+            launched,
+        ),
     };
     if sh.plan.resources.green_sms.is_some() {
         // SAFETY: the stream is live (held by the rank for the plan).
@@ -246,9 +256,9 @@ fn tile_gemm(
     rank: &Rank,
     sh: &Shared<'_>,
     s: CUstream,
-    stream_idx: usize,
-    index: usize,
+    (stream_idx, index): (usize, usize),
     g: &TileGemm,
+    launched: Option<CUevent>,
 ) -> Result<()> {
     let r = rank.rank;
     let kernel = rank.own_gemms.get(stream_idx).ok_or_else(|| {
@@ -294,7 +304,7 @@ fn tile_gemm(
     // table holds one entry per block. A wait hook whose flag never comes
     // hangs the kernel: the validator proved every waited flag is
     // signalled, and the watchdog releases every flag of a hung run.
-    unsafe { kernel.launch(s, &args) }
+    unsafe { kernel.launch_ordered(s, &args, launched) }
 }
 
 /// The pitch (bytes) shared by every destination view of a tile GEMM.

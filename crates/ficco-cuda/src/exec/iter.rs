@@ -23,10 +23,11 @@ use std::sync::Arc;
 /// each cross-rank dependency and each Signal -> Wait pair into a graph
 /// edge, so the driver orders producer before consumer on the device's
 /// shared hardware queues (the flag wait stays in the graph too). A tile
-/// GEMM block's counter gets no edge: an edge can only follow the whole
-/// GEMM, which on 2 GPUs with `-acc` waits for the peer's pushes of its own
-/// counters (a cycle); the kernel is issued before every Wait on its
-/// counters, and a running kernel does not hold up its hardware queue.
+/// GEMM block's counter gets no such edge (it could only follow the whole
+/// GEMM, and the counters are waited on while it runs): every other stream
+/// of the rank follows the GEMM's launch instead (`launched`, a
+/// `LAUNCH_ORDER` edge), and plans whose tile GEMMs wait on flags are not
+/// captured at all ([`super::shared::graph_safe`]).
 pub(crate) type CrossEvents = Vec<Vec<Option<CudaEvent>>>;
 
 /// The events and streams one rank issues an iteration with.
@@ -49,6 +50,12 @@ pub(crate) struct RankIssue {
     /// Per task: its (waits, writes) go by the signal kernel (see
     /// [`kernel_flags`]).
     kernel_task: Vec<(bool, bool)>,
+    /// Per task: for a tile GEMM whose blocks wait on no flag, an event its
+    /// launch records once every block has begun; every other stream of
+    /// the rank waits for it before its next task, so no wait on the GEMM's
+    /// counters is queued ahead of its launch, also in a graph
+    /// ([`Shared::graphs`]).
+    launched: Vec<Option<CudaEvent>>,
 }
 
 /// Per task of rank `r` of `plan`: whether its flag waits (issued on its
@@ -174,6 +181,17 @@ impl RankIssue {
             }
             None => vec![],
         };
+        // Events of the primary context: not under green contexts, whose
+        // streams belong to others (nor are their iterations captured).
+        let launched = rp
+            .tasks
+            .iter()
+            .map(|t| {
+                (sh.plan.resources.green_sms.is_none() && super::shared::launch_ordered(&t.kind))
+                    .then(plain)
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
         let mut task_ev = vec![];
         if timeline {
             for _ in 0..n_tasks {
@@ -193,6 +211,7 @@ impl RankIssue {
             flag_writes,
             signal,
             kernel_task,
+            launched,
             control: rank.control().clone(),
             streams,
         })
@@ -310,8 +329,17 @@ impl RankIssue {
         // The test hook drops a Signal task too (its waiter hangs).
         let dropped = sh.opts.drop_signal == Some((r, i))
             && matches!(task.kind, ficco_core::plan::TaskKind::Signal { .. });
+        let launched = self.launched.get(i).and_then(|e| e.as_ref());
         if !dropped {
-            issue(rank, sh, stream, task.stream, i, &task.kind)?;
+            let ev = launched.map(|e| e.cu_event());
+            issue(rank, sh, stream, task.stream, i, &task.kind, ev)?;
+        }
+        if let Some(ev) = launched {
+            for (k, s) in self.streams.iter().enumerate() {
+                if k != task.stream {
+                    s.wait(ev).map_err(drv("cuStreamWaitEvent"))?;
+                }
+            }
         }
         if timeline {
             self.task_ev[i]

@@ -201,16 +201,39 @@ impl Shared<'_> {
 
     /// Whether iterations are replayed from graphs for this plan. Not under
     /// green contexts (their streams belong to other contexts), and not for
-    /// plans with a tile GEMM: its blocks spin inside the kernel on flags
-    /// that copy streams set, an order no graph edge can express (an edge
-    /// could only follow the whole kernel): in a replay the driver may queue
-    /// a Wait on one of the kernel's counters ahead of the kernel's launch in
-    /// a shared hardware queue. (The loopback hang once blamed on graphs, 2
-    /// of 192 runs, fits the SM starvation that [`tile_sm_cap`] now rules
-    /// out; see `docs/signals.md`.)
+    /// plans with a tile GEMM whose blocks wait on flags ([`graph_safe`]).
+    /// (The loopback hang once blamed on graphs, 2 of 192 runs, fits the SM
+    /// starvation that [`tile_sm_cap`] now rules out; see `docs/signals.md`.)
     pub(crate) fn graphs(&self) -> bool {
-        self.opts.graphs && self.plan.resources.green_sms.is_none() && !self.has_tile_gemm()
+        self.opts.graphs && self.plan.resources.green_sms.is_none() && graph_safe(self.plan)
     }
+}
+
+/// Whether a task's launch orders the rank's other streams after it began
+/// (`super::iter::RankIssue`'s `launched` events; in a graph a
+/// `LAUNCH_ORDER` edge): a tile GEMM whose blocks wait on no flag (gemm-rs
+/// and gemm-ar without `-acc`). Copy and reduce streams wait on its
+/// counters while it runs; in a graph replay the driver could queue such a
+/// wait ahead of the GEMM's launch on a shared hardware queue, and the
+/// GEMM would never start. After the edge no such wait precedes it (and on
+/// an H200 the followers still start 11 µs into the kernel, not at its end:
+/// `bench/launch_order.py`).
+pub(crate) fn launch_ordered(kind: &TaskKind) -> bool {
+    matches!(kind, TaskKind::TileGemm(g) if g.wait.is_none())
+}
+
+/// Whether `plan` may be captured in a graph: no tile GEMM whose blocks
+/// wait on flags (ag-gemm's, `-acc`'s own blocks). The driver keeps a
+/// launch-order edge best effort (a follower may be held until the kernel
+/// ends): harmless for a GEMM that waits on nothing ([`launch_ordered`]),
+/// but a GEMM spinning on a flag that a held stream (its own rank's pushes,
+/// which feed the peers' GEMMs) would set never ends.
+pub(crate) fn graph_safe(plan: &Plan) -> bool {
+    !plan.ranks.iter().any(|rp| {
+        rp.tasks
+            .iter()
+            .any(|t| matches!(&t.kind, TaskKind::TileGemm(g) if g.wait.is_some()))
+    })
 }
 
 /// Where a rank's tile GEMMs find their destination hooks in device memory

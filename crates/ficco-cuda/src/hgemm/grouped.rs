@@ -333,7 +333,14 @@ impl HopperGemm {
             &mut p as *mut KernelParams as *mut c_void,
             &mut tp as *mut GroupTableParams as *mut c_void,
         ];
-        self.launch_raw(stream, kernel, g.shape.grid, g.shape.dyn_smem, &mut params)
+        self.launch_raw(
+            stream,
+            kernel,
+            g.shape.grid,
+            g.shape.dyn_smem,
+            &mut params,
+            None,
+        )
     }
 }
 

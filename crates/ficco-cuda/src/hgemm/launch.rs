@@ -142,6 +142,22 @@ impl HopperGemm {
     /// their rows), alive until the launch completes. A wait hook whose flags
     /// never reach the epoch hangs the kernel.
     pub unsafe fn launch(&self, stream: sys::CUstream, args: &GemmArgs) -> Result<()> {
+        self.launch_ordered(stream, args, None)
+    }
+
+    /// [`HopperGemm::launch`] that also records `launched` once every block
+    /// has begun (`cu::launch_kernel_launched`): streams that wait for it
+    /// follow the launch, not the end, of a persistent GEMM.
+    ///
+    /// # Safety
+    /// As [`HopperGemm::launch`]; `launched` is a live event of the stream's
+    /// context, created without timing.
+    pub unsafe fn launch_ordered(
+        &self,
+        stream: sys::CUstream,
+        args: &GemmArgs,
+        launched: Option<sys::CUevent>,
+    ) -> Result<()> {
         if args.m == 0 || args.n == 0 {
             return Ok(());
         }
@@ -224,7 +240,14 @@ impl HopperGemm {
             &mut cm as *mut TensorMap as *mut c_void,
             &mut p as *mut KernelParams as *mut c_void,
         ];
-        self.launch_raw(stream, kernel, shape.grid, shape.dyn_smem, &mut params)
+        self.launch_raw(
+            stream,
+            kernel,
+            shape.grid,
+            shape.dyn_smem,
+            &mut params,
+            launched,
+        )
     }
 
     /// Launches `kernel` (one of this library's) with `params` on `stream`,
@@ -240,11 +263,19 @@ impl HopperGemm {
         grid: u32,
         dyn_smem: u32,
         params: &mut [*mut c_void],
+        launched: Option<sys::CUevent>,
     ) -> Result<()> {
         cu::with_stream_ctx(stream, || {
             let f = cu::kernel_get_function(kernel)?;
-            cu::launch_kernel(f, (grid, 1, 1), (THREADS, 1, 1), dyn_smem, stream, params)
-                .map_err(named("cuLaunchKernel(ficco_hgemm)"))
+            let (grid, block) = ((grid, 1, 1), (THREADS, 1, 1));
+            match launched {
+                None => cu::launch_kernel(f, grid, block, dyn_smem, stream, params)
+                    .map_err(named("cuLaunchKernel(ficco_hgemm)")),
+                Some(ev) => {
+                    cu::launch_kernel_launched(f, grid, block, dyn_smem, stream, params, ev)
+                        .map_err(named("cuLaunchKernelEx(ficco_hgemm)"))
+                }
+            }
         })
     }
 }

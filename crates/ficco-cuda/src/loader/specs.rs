@@ -132,6 +132,7 @@ pub static CUDA: LibSpec = LibSpec {
         "cuFuncGetAttribute",
         "cuFuncSetAttribute",
         "cuLaunchKernel",
+        "cuLaunchKernelEx",
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         "cuOccupancyMaxActiveClusters",
         "cuTensorMapEncodeTiled",

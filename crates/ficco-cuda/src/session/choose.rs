@@ -6,6 +6,7 @@
 
 use super::{bad, Session};
 use crate::error::Result;
+use crate::exec::shared::graph_safe;
 use crate::runtime::job::needs_one_node;
 use ficco_core::choose::autotune::{self, Advice};
 use ficco_core::choose::call::{self, CallDecision};
@@ -37,11 +38,15 @@ pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
 }
 
 /// Whether a call of `s` on `p` can be captured in a CUDA graph: no tile
-/// GEMM (see `exec::op::OpPlan::capturable`). A model's calls may be
+/// GEMM whose blocks wait on flags ([`graph_safe`]). A model's calls may be
 /// captured (`torch.cuda.graph`, `torch.compile`'s CUDA graphs), so `auto`
 /// in a model picks only these.
 fn capturable(p: &Problem, s: &Schedule) -> bool {
+<<<<<<< HEAD
     lower(p, s).is_ok_and(|plan| !plan.has_task(|k| matches!(k, TaskKind::TileGemm(_))))
+=======
+    lower(p, s).is_ok_and(|plan| graph_safe(&plan))
+>>>>>>> fde20fd (tile GEMMs that wait on no flag (gemm-rs and gemm-ar without -acc) are captured: their launch records a launch-completion event that every other stream of the rank waits for (a LAUNCH_ORDER edge), so no wait on their counters is queued ahead of them; plans whose tile GEMMs wait on flags stay out of graphs (the order is best effort); op-path calls and auto follow; docs)
 }
 
 /// `first` where a call of it can be captured; else the fastest capturable
@@ -163,7 +168,7 @@ impl Session {
         let (candidate, entry) = if capturable(p, &first) {
             (first, entry)
         } else {
-            // The tuned winner has a tile GEMM: the fastest capturable one
+            // The tuned winner has a tile GEMM that waits on flags: the fastest capturable one
             // it measured (times are looked up by name), else the rules'.
             let raw = self.tuned_entry(p);
             let s = capturable_pick(p, first, raw.as_ref(), &hw, self.placement())?;
@@ -304,17 +309,24 @@ mod pick_tests {
         }
     }
 
-    /// `auto` in a model never runs a tile GEMM (a call of it cannot be
-    /// captured): a tuned tile winner gives way to the fastest capturable
-    /// schedule tuning measured, else to the rules' pick among them.
+    /// `auto` in a model never runs a tile GEMM that waits on flags (a call
+    /// of it cannot be captured): such a tuned winner gives way to the
+    /// fastest capturable schedule tuning measured, else to the rules' pick
+    /// among them.
     #[test]
     fn model_picks_are_capturable() {
         let at = Placement {
             loopback: false,
             multi_node: false,
         };
-        let p = Problem::new(Op::GemmRs, 8192, 8192, 3584, 4).expect("problem");
+        // ag-gemm's tile GEMM waits on the pushed rows: not capturable;
+        // gemm-rs's waits on nothing: capturable.
+        let rs = Problem::new(Op::GemmRs, 8192, 8192, 3584, 4).expect("problem");
+        let rs_tile: Schedule = "tile-copy-ring".parse().expect("schedule");
+        assert!(capturable(&rs, &rs_tile));
+        let p = Problem::new(Op::AgGemm, 8192, 8192, 3584, 4).expect("problem");
         let tile: Schedule = "tile-copy-ring".parse().expect("schedule");
+        assert!(!capturable(&p, &tile));
         let entry = TuneEntry {
             key: tune::TuneKey::new(&p, "4x GPU", "sw"),
             schedule: tile.name(),

@@ -674,6 +674,48 @@ pub(crate) unsafe fn launch_kernel(
     )
 }
 
+/// `cuLaunchKernelEx` of `f` on `stream` that records `launched` once every
+/// block of the grid has begun (`CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT`;
+/// captured, a `LAUNCH_ORDER` edge): a stream that waits for it may run
+/// beside the kernel but is never queued behind its launch. The driver
+/// calls this best effort (a waiter may be held until the kernel ends), so
+/// only a kernel that waits on nothing may rely on it for progress.
+///
+/// # Safety
+/// As [`launch_kernel`]; `launched` is a live event of the stream's
+/// context, created without timing.
+pub(crate) unsafe fn launch_kernel_launched(
+    f: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    dyn_smem: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+    launched: sys::CUevent,
+) -> Result<()> {
+    // SAFETY: a plain C struct; all-zero is a valid (IGNORE) attribute.
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+    attr.value.launchCompletionEvent.event = launched;
+    attr.value.launchCompletionEvent.flags = 0;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: dyn_smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    check(
+        "cuLaunchKernelEx",
+        sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()),
+    )
+}
+
 // ---------------------------------------------------------------------------
 // Green contexts
 

@@ -8,8 +8,8 @@ use crate::exec::iter::RankIssue;
 use crate::exec::progress::Issuing;
 use crate::exec::rank::Rank;
 use crate::exec::shared::{
-    flag_preds, same_rank_events, tile_share, CommHandle, FlagPreds, RunOpts, RunSpec, Shared,
-    TileTables,
+    flag_preds, graph_safe, same_rank_events, tile_share, CommHandle, FlagPreds, RunOpts, RunSpec,
+    Shared, TileTables,
 };
 use crate::exec::tables::{table_buffers, tile_table_bytes};
 use crate::mem::{DeviceBuffer, DevicePtr};
@@ -597,10 +597,8 @@ pub(crate) struct OpPlan {
     /// cannot be captured at all, nor after a capture of one failed.
     pub(super) graphable: std::cell::Cell<bool>,
     /// Whether a call may be captured in a graph (the caller's or ours):
-    /// not with a tile GEMM, whose blocks wait on flags that copies on
-    /// other streams set, an order no graph edge can keep (in a replay the
-    /// driver may queue a copy's wait on one of the GEMM's counters ahead
-    /// of the GEMM's launch; [`crate::exec::shared::Shared::graphs`]).
+    /// not with a tile GEMM whose blocks wait on flags (ag-gemm's, `-acc`;
+    /// [`crate::exec::shared::graph_safe`]).
     pub(super) capturable: bool,
     pub(super) start: std::sync::Barrier,
     pub(super) abort: AtomicBool,
@@ -668,7 +666,7 @@ impl OpPlan {
             abort: &abort,
             issuing: &issuing,
         };
-        let capturable = !plan.has_task(|k| matches!(k, TaskKind::TileGemm(_)));
+        let capturable = graph_safe(&plan);
         let graphable = capturable && !plan.has_task(|k| matches!(k, TaskKind::Nccl { .. }));
         // Events and flag operations, made once (they do not depend on
         // where the operands are).

@@ -20,8 +20,9 @@
 //!   `FICCO_OP_SYNC=1` ([`fast_capable`]). Tile GEMMs run fast: their
 //!   flags, counters and operands are launch arguments, and a destination
 //!   table (`-acc`) is made once per address set of the buffers it names
-//!   ([`OpPlan::ensure_tables`]); tile calls are never captured in a graph
-//!   (ours or the caller's; [`OpPlan`]'s `capturable`). When fast calls
+//!   ([`OpPlan::ensure_tables`]); calls of a tile GEMM whose blocks wait on
+//!   flags (ag-gemm's, `-acc`) are never captured in a graph (ours or the
+//!   caller's; [`OpPlan`]'s `capturable`). When fast calls
 //!   preceded it, it first waits for this rank's device and passes one
 //!   more barrier (*quiet*): then no write of an earlier call is in flight
 //!   on any rank when the flags are reset.
@@ -279,7 +280,7 @@ impl OpRunner {
         let capturing = unsafe { cu::stream_is_capturing(caller_stream)? };
         if capturing && !st.capturable {
             return Err(CudaError::Capture(format!(
-                "ficco: an operator call cannot be captured in a CUDA graph: schedule {} has a tile GEMM, whose blocks wait on flags that copies on other streams set, an order a graph cannot keep; pick another schedule (or \"auto\", which never runs tile in a model) for captured code",
+                "ficco: an operator call cannot be captured in a CUDA graph: schedule {} has a tile GEMM whose blocks wait on flags that the peers' copies set, which a graph cannot order safely; pick another schedule (or \"auto\", which never runs such a one in a model) for captured code",
                 st.plan.name
             )));
         }
@@ -334,7 +335,7 @@ impl OpRunner {
         let mut captured = None;
         {
             precheck(&st.plan, &bound.ptrs)?;
-            // Tile plans, the only ones with tables, are never captured.
+            // `-acc` plans, the only ones with tables, are never captured.
             st.ensure_tables(rank, &bound.ptrs, c, || {
                 done.synchronize().map_err(drv("cuEventSynchronize"))
             })?;
