@@ -16,10 +16,14 @@ when the side's stamp came, µs after the kernel's start, against the
 kernel's length: near 0 is overlap, near the length is serialisation.
 
     python bench/launch_order.py [--us 300] [--reps 20] [--flags F] [--capture-mode M] [--library]
+                                 [--upload]
 
 ``--flags`` are ``cuGraphInstantiateWithFlags``'s (8: use node priorities,
 as ficco's executor instantiates); ``--capture-mode`` 0 global, 1 thread
-local, 2 relaxed.
+local, 2 relaxed. ``--upload`` uploads each graph before its first launch:
+with a ``LAUNCH_ORDER`` edge that crashed inside the CUDA 13.0 driver in
+ficco's executor (``bench/segv_report.c``), so the executor leaves such a
+graph to its first launch.
 """
 
 import argparse
@@ -96,6 +100,8 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--flags", type=int, default=0, help="graph instantiation flags")
     p.add_argument("--capture-mode", type=int, default=2)
+    p.add_argument("--upload", action="store_true",
+                   help="cuGraphUpload each graph before its first launch (as ficco's executor did)")
     p.add_argument("--library", action="store_true",
                    help="load the kernels as ficco's executor does (cuLibraryLoadData, "
                         "cuLibraryGetKernel, cuKernelGetFunction), not as a module")
@@ -201,6 +207,9 @@ def main():
         ports = sorted({(e.from_port, e.type) for e in data})
         ge = vp()
         ok(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, u64(args.flags)), "cuGraphInstantiate")
+        if args.upload:
+            print(f"  graph   {mode:13} cuGraphUpload ...", flush=True)
+            ok(cu.cuGraphUpload(ge, main_s), "cuGraphUpload")
         med, worst, length = measure(lambda: ok(cu.cuGraphLaunch(ge, main_s), "cuGraphLaunch"))
         print(f"  graph   {mode:13} {med:8.1f} {worst:8.1f}   kernel {length:7.1f}   "
               f"edges (from_port, type): {ports}", flush=True)

@@ -519,7 +519,14 @@ fn capture_mode(
     let graph = graph.map_err(drv("cuStreamEndCapture"))?;
     let graph =
         graph.ok_or_else(|| CudaError::Plan("stream capture produced an empty graph".into()))?;
-    graph.upload().map_err(drv("cuGraphUpload"))?;
+    // A graph with a launch-order edge (a tile GEMM's launch, which the
+    // rank's other streams follow) is uploaded by its first launch:
+    // `cuGraphUpload` of one crashes inside the CUDA 13.0 driver (H200;
+    // `bench/launch_order.py --upload`, `bench/segv_report.c`).
+    // SAFETY: the graph is live (held by `graph`).
+    if !unsafe { cu::graph_has_launch_order_edge(graph.cu_graph()) }? {
+        graph.upload().map_err(drv("cuGraphUpload"))?;
+    }
     Ok(graph)
 }
 

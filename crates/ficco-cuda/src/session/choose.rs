@@ -42,11 +42,7 @@ pub(super) fn test_tile_in_loopback(plan: &Plan) -> bool {
 /// captured (`torch.cuda.graph`, `torch.compile`'s CUDA graphs), so `auto`
 /// in a model picks only these.
 fn capturable(p: &Problem, s: &Schedule) -> bool {
-<<<<<<< HEAD
-    lower(p, s).is_ok_and(|plan| !plan.has_task(|k| matches!(k, TaskKind::TileGemm(_))))
-=======
     lower(p, s).is_ok_and(|plan| graph_safe(&plan))
->>>>>>> fde20fd (tile GEMMs that wait on no flag (gemm-rs and gemm-ar without -acc) are captured: their launch records a launch-completion event that every other stream of the rank waits for (a LAUNCH_ORDER edge), so no wait on their counters is queued ahead of them; plans whose tile GEMMs wait on flags stay out of graphs (the order is best effort); op-path calls and auto follow; docs)
 }
 
 /// `first` where a call of it can be captured; else the fastest capturable

@@ -416,6 +416,41 @@ pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, us
     Ok(counts)
 }
 
+/// Whether `graph` has an edge from a kernel's launch (a `LAUNCH_ORDER`
+/// port: a stream captured waiting on a launch-completion event).
+///
+/// # Safety
+/// `graph` must be a live graph.
+pub(crate) unsafe fn graph_has_launch_order_edge(graph: sys::CUgraph) -> Result<bool> {
+    let mut n = 0usize;
+    check(
+        "cuGraphGetEdges_v2",
+        sys::cuGraphGetEdges_v2(
+            graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut n,
+        ),
+    )?;
+    let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    let mut to = from.clone();
+    // SAFETY: a plain C struct; all-zero is the default edge.
+    let mut data: Vec<sys::CUgraphEdgeData> = vec![std::mem::zeroed(); n];
+    check(
+        "cuGraphGetEdges_v2",
+        sys::cuGraphGetEdges_v2(
+            graph,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            data.as_mut_ptr(),
+            &mut n,
+        ),
+    )?;
+    let port = sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8;
+    Ok(data.iter().take(n).any(|e| e.from_port == port))
+}
+
 /// Writes `graph` to `path` as Graphviz DOT with every node's parameters
 /// (`cuGraphDebugDotPrint`, verbose): what its launches set up.
 ///
