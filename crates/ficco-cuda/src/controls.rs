@@ -333,7 +333,7 @@ impl Kernel {
                     dyn_smem as i32,
                 )?;
             }
-            cu::launch_kernel(f, grid, block, dyn_smem, stream, params)
+            cu::launch_kernel(f, grid, block, dyn_smem, stream, params, None)
         })
     }
 

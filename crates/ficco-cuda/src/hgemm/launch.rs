@@ -146,7 +146,7 @@ impl HopperGemm {
     }
 
     /// [`HopperGemm::launch`] that also records `launched` once every block
-    /// has begun (`cu::launch_kernel_launched`): streams that wait for it
+    /// has begun (`cu::launch_kernel`): streams that wait for it
     /// follow the launch, not the end, of a persistent GEMM.
     ///
     /// # Safety
@@ -268,14 +268,12 @@ impl HopperGemm {
         cu::with_stream_ctx(stream, || {
             let f = cu::kernel_get_function(kernel)?;
             let (grid, block) = ((grid, 1, 1), (THREADS, 1, 1));
-            match launched {
-                None => cu::launch_kernel(f, grid, block, dyn_smem, stream, params)
-                    .map_err(named("cuLaunchKernel(ficco_hgemm)")),
-                Some(ev) => {
-                    cu::launch_kernel_launched(f, grid, block, dyn_smem, stream, params, ev)
-                        .map_err(named("cuLaunchKernelEx(ficco_hgemm)"))
-                }
-            }
+            let call = match launched {
+                None => "cuLaunchKernel(ficco_hgemm)",
+                Some(_) => "cuLaunchKernelEx(ficco_hgemm)",
+            };
+            cu::launch_kernel(f, grid, block, dyn_smem, stream, params, launched)
+                .map_err(named(call))
         })
     }
 }

@@ -401,18 +401,7 @@ pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, us
     }
     // Dependencies beyond one chain (edges - nodes + 1) are what a launch
     // pays for besides its nodes: forks, joins and cross-stream waits.
-    let mut edges = 0usize;
-    check(
-        "cuGraphGetEdges_v2",
-        sys::cuGraphGetEdges_v2(
-            graph,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut edges,
-        ),
-    )?;
-    counts.push(("edges".into(), edges));
+    counts.push(("edges".into(), graph_edges(graph)?.len()));
     Ok(counts)
 }
 
@@ -422,16 +411,20 @@ pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, us
 /// # Safety
 /// `graph` must be a live graph.
 pub(crate) unsafe fn graph_has_launch_order_edge(graph: sys::CUgraph) -> Result<bool> {
+    let port = sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8;
+    Ok(graph_edges(graph)?.iter().any(|e| e.from_port == port))
+}
+
+/// Every edge's data (ports and type) of `graph`.
+///
+/// # Safety
+/// `graph` must be a live graph.
+unsafe fn graph_edges(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphEdgeData>> {
     let mut n = 0usize;
+    let null = std::ptr::null_mut::<sys::CUgraphNode>;
     check(
         "cuGraphGetEdges_v2",
-        sys::cuGraphGetEdges_v2(
-            graph,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut n,
-        ),
+        sys::cuGraphGetEdges_v2(graph, null(), null(), std::ptr::null_mut(), &mut n),
     )?;
     let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
     let mut to = from.clone();
@@ -447,8 +440,8 @@ pub(crate) unsafe fn graph_has_launch_order_edge(graph: sys::CUgraph) -> Result<
             &mut n,
         ),
     )?;
-    let port = sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8;
-    Ok(data.iter().take(n).any(|e| e.from_port == port))
+    data.truncate(n);
+    Ok(data)
 }
 
 /// Writes `graph` to `path` as Graphviz DOT with every node's parameters
@@ -677,12 +670,19 @@ pub(crate) unsafe fn occupancy_blocks_per_sm(
     Ok(n.max(0) as u32)
 }
 
-/// `cuLaunchKernel` of `f` on `stream`.
+/// `cuLaunchKernel` of `f` on `stream`; with `launched`, `cuLaunchKernelEx`
+/// that also records that event once every block of the grid has begun
+/// (`CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT`; captured, a
+/// `LAUNCH_ORDER` edge): a stream that waits for it may run beside the
+/// kernel but is never queued behind its launch. The driver calls that
+/// best effort (a waiter may be held until the kernel ends), so only a
+/// kernel that waits on nothing may rely on it for progress.
 ///
 /// # Safety
 /// `params` points to the kernel's arguments, each of the type and layout the
 /// kernel declares; every pointer argument is valid for what the kernel does
-/// with it; `f` belongs to the current context and `stream` to its device.
+/// with it; `f` belongs to the current context and `stream` to its device;
+/// `launched` is a live event of that context, created without timing.
 pub(crate) unsafe fn launch_kernel(
     f: sys::CUfunction,
     grid: (u32, u32, u32),
@@ -690,44 +690,26 @@ pub(crate) unsafe fn launch_kernel(
     dyn_smem: u32,
     stream: sys::CUstream,
     params: &mut [*mut c_void],
+    launched: Option<sys::CUevent>,
 ) -> Result<()> {
-    check(
-        "cuLaunchKernel",
-        sys::cuLaunchKernel(
-            f,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            dyn_smem,
-            stream,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ),
-    )
-}
-
-/// `cuLaunchKernelEx` of `f` on `stream` that records `launched` once every
-/// block of the grid has begun (`CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT`;
-/// captured, a `LAUNCH_ORDER` edge): a stream that waits for it may run
-/// beside the kernel but is never queued behind its launch. The driver
-/// calls this best effort (a waiter may be held until the kernel ends), so
-/// only a kernel that waits on nothing may rely on it for progress.
-///
-/// # Safety
-/// As [`launch_kernel`]; `launched` is a live event of the stream's
-/// context, created without timing.
-pub(crate) unsafe fn launch_kernel_launched(
-    f: sys::CUfunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    dyn_smem: u32,
-    stream: sys::CUstream,
-    params: &mut [*mut c_void],
-    launched: sys::CUevent,
-) -> Result<()> {
+    let Some(launched) = launched else {
+        return check(
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(
+                f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                dyn_smem,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+        );
+    };
     // SAFETY: a plain C struct; all-zero is a valid (IGNORE) attribute.
     let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;

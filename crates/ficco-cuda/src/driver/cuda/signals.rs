@@ -209,7 +209,7 @@ pub(crate) unsafe fn signal_kernel(
             args.kind[i] = kind;
         }
         let mut params = [(&mut args as *mut SignalOps).cast::<c_void>()];
-        super::launch_kernel(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut params)?;
+        super::launch_kernel(f, (1, 1, 1), (32, 1, 1), 0, stream, &mut params, None)?;
     }
     Ok(())
 }
