@@ -229,11 +229,7 @@ pub(crate) fn launch_ordered(kind: &TaskKind) -> bool {
 /// but a GEMM spinning on a flag that a held stream (its own rank's pushes,
 /// which feed the peers' GEMMs) would set never ends.
 pub(crate) fn graph_safe(plan: &Plan) -> bool {
-    !plan.ranks.iter().any(|rp| {
-        rp.tasks
-            .iter()
-            .any(|t| matches!(&t.kind, TaskKind::TileGemm(g) if g.wait.is_some()))
-    })
+    !plan.has_task(|k| matches!(k, TaskKind::TileGemm(g) if g.wait.is_some()))
 }
 
 /// Where a rank's tile GEMMs find their destination hooks in device memory
@@ -308,4 +304,50 @@ pub(crate) fn tile_share(plan: &Plan, loopback: bool) -> Vec<usize> {
     per.iter()
         .map(|&n| if loopback { all } else { n })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{graph_safe, launch_ordered};
+    use ficco_core::plan::lower::lower;
+    use ficco_core::problem::workload::{Op, Problem};
+    use ficco_core::space::{enumerate, Granularity, SpaceOptions};
+
+    /// A graph may hold a tile GEMM only where it waits on no flag (gemm-rs
+    /// and gemm-ar without `-acc`), and exactly there its launch orders the
+    /// rank's other streams; ag-gemm's tile GEMM and `-acc`'s spin on flags
+    /// and are issued directly. Plans without a tile GEMM are unaffected.
+    #[test]
+    fn graphs_hold_only_tile_gemms_that_wait_on_nothing() {
+        let opts = SpaceOptions {
+            controls: true,
+            sm_count: 132,
+            nccl_sms: 16,
+        };
+        let (mut captured, mut direct) = (0, 0);
+        for p in [2, 4] {
+            for op in [Op::AgGemm, Op::GemmRs, Op::GemmAr] {
+                let problem = Problem::new(op, 8192, 2048, 2048, p).expect("problem");
+                for s in enumerate(op, opts) {
+                    let Ok(plan) = lower(&problem, &s) else {
+                        continue;
+                    };
+                    let tile = s.granularity == Granularity::Tile;
+                    let safe = !tile || (op != Op::AgGemm && !s.fused_reduce);
+                    let what = format!("{op:?} P={p} {}", s.name());
+                    assert_eq!(graph_safe(&plan), safe, "{what}");
+                    let ordered = plan
+                        .ranks
+                        .iter()
+                        .flat_map(|rp| &rp.tasks)
+                        .any(|t| launch_ordered(&t.kind));
+                    assert_eq!(ordered, tile && safe, "{what}");
+                    if tile {
+                        *if safe { &mut captured } else { &mut direct } += 1;
+                    }
+                }
+            }
+        }
+        assert!(captured > 0 && direct > 0, "{captured} {direct}");
+    }
 }
