@@ -105,18 +105,20 @@ pub fn evaluate(
     // Per scenario: (abs error, "scenario schedule") of each valid row.
     let mut errors: Vec<Vec<(f64, String)>> = Vec::new();
     for rep in reports {
-        let valid: Vec<_> = rep.schedules.iter().filter(|r| r.is_valid()).collect();
-        let Some(best) = valid
+        // Valid rows, with their time (a valid row has one).
+        let valid: Vec<_> = rep
+            .schedules
             .iter()
-            .min_by(|a, b| a.time_ms.unwrap().total_cmp(&b.time_ms.unwrap()))
-        else {
+            .filter(|r| r.is_valid())
+            .filter_map(|r| Some((r, r.time_ms?)))
+            .collect();
+        let Some(&(best, best_ms)) = valid.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
             continue;
         };
-        let best_ms = best.time_ms.unwrap();
         let p = rep.problem();
         let mut errs = Vec::new();
         let mut measured: Vec<Schedule> = Vec::new();
-        for r in &valid {
+        for &(r, ms) in &valid {
             let Ok(s) = r.name.parse::<Schedule>() else {
                 continue;
             };
@@ -126,7 +128,7 @@ pub fn evaluate(
             }
             let pred = select::predict_ms(&p, &s, hw)?;
             errs.push((
-                (pred / r.time_ms.unwrap() - 1.0).abs(),
+                (pred / ms - 1.0).abs(),
                 format!("{} {}", rep.scenario, r.name),
             ));
         }
