@@ -399,8 +399,9 @@ pub(crate) unsafe fn graph_census(graph: sys::CUgraph) -> Result<Vec<(String, us
             None => counts.push((name, 1)),
         }
     }
-    // Dependencies beyond one chain (edges - nodes + 1) are what a launch
-    // pays for besides its nodes: forks, joins and cross-stream waits.
+    // Forks, joins and cross-stream waits; a launch was measured to pay
+    // nothing for them beyond their nodes (`bench/graph_launch.py`), but
+    // they show the graph's shape.
     counts.push(("edges".into(), graph_edges(graph)?.len()));
     Ok(counts)
 }
